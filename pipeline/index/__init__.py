@@ -1,0 +1,1 @@
+"""Ray Data encoding into embedding shards, FAISS indexes, retrieval to TREC runs."""

@@ -1,0 +1,169 @@
+"""FAISS indexes built from embedding shards: exact inner product by default, any factory string.
+
+The build streams shard by shard (memory-mapped), trains IVF/PQ on a sample,
+estimates the final size from a probe and checks it against available RAM
+before adding anything, uses GPU FAISS when present, and saves atomically:
+
+    index_dir/index.faiss   the index (always a CPU index on disk)
+    index_dir/pids.txt      row i of the index is pid on line i+1
+    index_dir/index.json    factory, metric, size, corpus + model identity (written with the rest)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import IndexConfig
+from ..errors import ConfigError, InputError, ResourceError
+from ..io_utils import atomic_path
+from .shards import iter_shards, load_meta
+
+INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def _metric(metric: str):
+    faiss = _faiss()
+    return faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+
+
+def gpu_count() -> int:
+    faiss = _faiss()
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def _want_gpu(cfg: IndexConfig) -> bool:
+    n = gpu_count()
+    if cfg.use_gpu == "yes" and n == 0:
+        raise ResourceError("index.use_gpu=yes but FAISS sees no GPU (install the `gpu` extra: make setup FAISS=gpu)")
+    return cfg.use_gpu != "no" and n > 0
+
+
+def _sample(emb_dir: Path, n_total: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    take = min(k, n_total)
+    chosen = np.sort(rng.choice(n_total, size=take, replace=False))
+    out, offset = [], 0
+    for _, vecs in iter_shards(emb_dir):
+        lo, hi = np.searchsorted(chosen, [offset, offset + len(vecs)])
+        if hi > lo:
+            out.append(np.asarray(vecs[chosen[lo:hi] - offset], dtype=np.float32))
+        offset += len(vecs)
+    return np.concatenate(out)
+
+
+def estimate_bytes(index, probe: np.ndarray) -> float:
+    """Bytes per added vector, measured by adding `probe` to a clone of the (trained) index."""
+    faiss = _faiss()
+    empty = faiss.serialize_index(index).nbytes
+    clone = faiss.clone_index(index)
+    clone.add(probe)
+    return (faiss.serialize_index(clone).nbytes - empty) / max(len(probe), 1)
+
+
+def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, progress: bool = True) -> dict:
+    """Build a FAISS index over all complete shards of `emb_dir`; returns index.json's content."""
+    import psutil
+    from tqdm import tqdm
+
+    faiss = _faiss()
+    emb_dir, out_dir = Path(emb_dir), Path(out_dir)
+    meta = load_meta(emb_dir)
+    n_total, dim = int(meta["rows"]), int(meta["dim"])
+    t0 = time.time()
+    try:
+        index = faiss.index_factory(dim, cfg.factory, _metric(cfg.metric))
+    except RuntimeError as e:
+        raise ConfigError(f"index.factory={cfg.factory!r} is not a valid FAISS factory string: {e}") from None
+    sample = None
+    if not index.is_trained:
+        sample = _sample(emb_dir, n_total, cfg.train_sample)
+        if progress:
+            print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors", flush=True)
+        index.train(sample)
+    probe = sample[:2000] if sample is not None else _sample(emb_dir, n_total, 2000)
+    per_vec = estimate_bytes(index, probe)
+    need = per_vec * n_total + faiss.serialize_index(index).nbytes
+    avail = psutil.virtual_memory().available
+    if progress:
+        print(f"[index] {cfg.factory} over {n_total:,} x {dim}: ~{per_vec:,.0f} B/vector, "
+              f"estimated {need / 2**30:.2f} GiB (available {avail / 2**30:.1f} GiB)", flush=True)
+    if need > cfg.max_ram_fraction * avail:
+        raise ResourceError(f"index needs ~{need / 2**30:.2f} GiB, more than {cfg.max_ram_fraction:.0%} of the "
+                            f"{avail / 2**30:.1f} GiB available; use a compressed factory (e.g. 'IVF4096,PQ64') "
+                            "or raise index.max_ram_fraction")
+    on_gpu = _want_gpu(cfg)
+    work = index
+    if on_gpu:
+        try:
+            work = faiss.index_cpu_to_all_gpus(index)
+        except RuntimeError as e:  # e.g. HNSW has no GPU version
+            print(f"[index] {cfg.factory} cannot run on GPU ({str(e).splitlines()[0]}); building on CPU", flush=True)
+            on_gpu, work = False, index
+    del sample, probe
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        bar = tqdm(total=n_total, unit="vec", desc="index", disable=not progress, mininterval=2.0)
+        with open(tmp / PIDS_FILE, "w", encoding="utf-8") as pid_file:
+            for pids, vecs in iter_shards(emb_dir):
+                for s in range(0, len(vecs), cfg.add_batch_size):
+                    chunk = np.ascontiguousarray(vecs[s:s + cfg.add_batch_size], dtype=np.float32)
+                    work.add(chunk)
+                    bar.update(len(chunk))
+                pid_file.write("".join(p + "\n" for p in pids))
+        bar.close()
+        if work.ntotal != n_total:
+            raise InputError(emb_dir, None, f"shards hold {work.ntotal} vectors, the manifest says {n_total}")
+        final = faiss.index_gpu_to_cpu(work) if on_gpu else work
+        faiss.write_index(final, str(tmp / INDEX_FILE))
+        info = {
+            "factory": cfg.factory, "metric": cfg.metric, "ntotal": int(final.ntotal), "dim": dim,
+            "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
+            "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir.resolve()),
+            **{k: meta[k] for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus")},
+        }
+        (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    if progress:
+        print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
+              f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
+    return info
+
+
+class LoadedIndex:
+    """A FAISS index with its pid list and metadata, ready to search."""
+
+    def __init__(self, index_dir: str | Path, cfg: IndexConfig | None = None):
+        faiss = _faiss()
+        index_dir = Path(index_dir)
+        meta_path = index_dir / META_FILE
+        if not meta_path.exists():
+            raise InputError(meta_path, None, "no index here: run `pipeline index` first")
+        self.meta = json.loads(meta_path.read_text())
+        self.index = faiss.read_index(str(index_dir / INDEX_FILE))
+        self.pids = (index_dir / PIDS_FILE).read_text(encoding="utf-8").splitlines()
+        if len(self.pids) != self.index.ntotal:
+            raise InputError(index_dir / PIDS_FILE, None, f"{len(self.pids)} ids for {self.index.ntotal} vectors")
+        cfg = cfg or IndexConfig()
+        params = faiss.ParameterSpace()
+        if cfg.nprobe:
+            params.set_index_parameter(self.index, "nprobe", cfg.nprobe)
+        if cfg.ef_search:
+            params.set_index_parameter(self.index, "efSearch", cfg.ef_search)
+        if _want_gpu(cfg):
+            try:
+                self.index = faiss.index_cpu_to_all_gpus(self.index)
+            except RuntimeError:
+                pass  # index type without a GPU version: search on CPU
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, D) float32 -> scores (Q, k), row ids (Q, k); -1 where fewer than k exist."""
+        return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)

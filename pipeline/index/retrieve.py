@@ -1,0 +1,70 @@
+"""`pipeline retrieve`: queries -> query vectors -> FAISS top-k -> a standard TREC run file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ModelConfig, PipelineConfig
+from ..data.readers import load_queries
+from ..io_utils import atomic_path, write_json_atomic
+from .faiss_index import LoadedIndex
+
+
+def write_run(path: str | Path, qids: list[str], pids: list[str], scores: np.ndarray, ids: np.ndarray,
+              tag: str) -> int:
+    """TREC run `qid Q0 docid rank score tag`, atomically. Returns lines written."""
+    n = 0
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for qi, qid in enumerate(qids):
+            rank = 0
+            for score, row in zip(scores[qi], ids[qi]):
+                if row < 0:
+                    continue
+                rank += 1
+                f.write(f"{qid} Q0 {pids[row]} {rank} {float(score):.6f} {tag}\n")
+                n += 1
+    return n
+
+
+def query_model_config(index_meta: dict, override: ModelConfig | None) -> ModelConfig:
+    """The model that encoded the corpus, unless the caller names another."""
+    if override is not None:
+        return override
+    saved = dict(index_meta["model_config"])
+    return ModelConfig(**saved)
+
+
+def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
+             queries_format: str = "auto", model_cfg: ModelConfig | None = None, model=None,
+             progress: bool = True) -> dict:
+    """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`)."""
+    t0 = time.time()
+    index = LoadedIndex(index_dir, cfg.index)
+    queries = load_queries(queries_path, queries_format)
+    if model is None:
+        from ..models import BiEncoder
+
+        model = BiEncoder.load(query_model_config(index.meta, model_cfg))
+    qids = list(queries)
+    k = cfg.retrieve.top_k
+    all_scores, all_ids = [], []
+    bs = cfg.retrieve.batch_size
+    for s in range(0, len(qids), bs):
+        vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs)
+        scores, ids = index.search(vecs, k)
+        all_scores.append(scores)
+        all_ids.append(ids)
+    scores = np.concatenate(all_scores) if all_scores else np.zeros((0, k))
+    ids = np.concatenate(all_ids) if all_ids else np.zeros((0, k), dtype=np.int64)
+    lines = write_run(run_path, qids, index.pids, scores, ids, cfg.retrieve.run_tag)
+    meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
+    meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,
+                 "index": str(Path(index_dir).resolve()), "seconds": round(time.time() - t0, 2)})
+    write_json_atomic(str(run_path) + ".meta.json", meta)
+    if progress:
+        print(f"[retrieve] done: {len(qids):,} queries, top {k}, {lines:,} run lines in "
+              f"{time.time() - t0:.1f}s -> {run_path}", flush=True)
+    return meta
