@@ -63,7 +63,7 @@ class EncodeConfig:
     fp16: bool = False
     # torch intra-op threads per actor; 0 = max(1, floor(cpus_per_actor)).
     torch_threads: int = 0
-    # Split each corpus part into this many Ray blocks so several actors share it; 0 = one per actor.
+    # Split each corpus part into this many Ray blocks (repartition); 0 = only when parts < 2 x actors.
     blocks_per_part: int = 0
     show_progress: bool = True
 

@@ -65,7 +65,7 @@ def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
     def texts():
         for no, text in lines:
             current[0] = no
-            yield text
+            yield text + "\n"  # csv needs the line end to keep a newline inside a quoted field
 
     reader = csv.reader(texts(), delimiter="\t", quotechar='"')
     header = next(reader, None)
@@ -74,8 +74,10 @@ def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
     header = [_strip_bom(h).strip().lower() for h in header]
     if header[:3] != ["id", "text", "title"]:
         raise InputError(path, 1, f"expected header 'id\\ttext\\ttitle', found {header!r}")
+    end = current[0]
     for row in reader:
-        start = current[0]
+        # A quoted field may span lines: the record starts after the previous one ended.
+        start, end = end + 1, current[0]
         if len(row) != 3:
             raise InputError(path, start, f"expected 3 tab-separated columns (id, text, title), found {len(row)}")
         pid, text, title = row
@@ -169,6 +171,8 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
     for no, row in enumerate(ds, 1):
         if id_field not in row or text_field not in row:
             raise InputError(path, no, f"missing column {id_field!r} or {text_field!r}")
+        if row[id_field] is None:
+            raise InputError(path, no, f"missing value in column {id_field!r}")
         title = row.get(title_field) if title_field else ""
         text = row[text_field]
         if text is None:

@@ -119,7 +119,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         paths = [str((corpus_dir / p["file"]).resolve()) for _, p in todo]
         index_of = {path: i for path, (i, _) in zip(paths, todo)}
         rows_of = {path: p["rows"] for path, (_, p) in zip(paths, todo)}
-        ds = ray.data.read_parquet(paths, include_paths=True, columns=["pid", "title", "text"])
+        ds = ray.data.read_parquet(paths, include_paths=True).select_columns(["pid", "title", "text", "path"])
+        # A Parquet file is read as one block, so fewer parts than actors would starve
+        # all but a few actors (STACK.md §6): then split them; large corpora never need it.
         blocks = enc.blocks_per_part * len(paths) if enc.blocks_per_part else (
             enc.num_actors * 4 if len(paths) < enc.num_actors * 2 else 0)
         if blocks:

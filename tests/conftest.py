@@ -1,0 +1,44 @@
+"""Shared fixtures: offline HF settings, a tiny random BERT, one local Ray per session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before Ray / transformers are imported anywhere (STACK.md: auth + Train poll interval).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-tests-hf"))
+
+from pipeline.runtime_env import setup_offline_env  # noqa: E402
+
+setup_offline_env()
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from pipeline.models.tiny import build_tiny_bert
+
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    """One local Ray for the whole session (2 CPUs, small object store, no dashboard)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=256 * 1024 * 1024, _node_ip_address="127.0.0.1",
+                 _temp_dir=str(Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))))
+    yield ray
+    ray.shutdown()
