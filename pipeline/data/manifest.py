@@ -44,7 +44,7 @@ def check_title_join(join: str) -> str:
 
 def join_title(title: str, text: str, join: str) -> str:
     """The text the document encoder sees. An empty title never leaves a dangling separator."""
-    if join == "none" or not title:
+    if join == "none" or not title or not title.strip():
         return text
     return TITLE_JOINS[join].format(title=title, text=text)
 

@@ -52,12 +52,21 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
     return run
 
 
+def _trec_order(docs: dict[str, float]) -> list[str]:
+    return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)]
+
+
 def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig) -> dict:
     """Aggregate (and optionally per-query) metrics for one run."""
     measures = measures_for(cfg)
     name_of = {m: name for name, m in measures.items()}
-    qrels_list = [ir_measures.Qrel(q, d, r) for q, docs in qrels.items() for d, r in docs.items()]
-    run_list = [ir_measures.ScoredDoc(q, d, s) for q, docs in run.items() for d, s in docs.items()]
+    # Average over judged queries that are in the run (trec_eval without -c): ir-measures
+    # would otherwise score every judged query missing from the run as 0.
+    qrels_list = [ir_measures.Qrel(q, d, r) for q, docs in qrels.items() if q in run for d, r in docs.items()]
+    # One ranking for every measure, trec_eval's: score descending, ties by docid descending.
+    # ir-measures' RR (msmarco provider) breaks ties by docid ascending, so pass ranks as scores.
+    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q, docs in run.items()
+                for i, d in enumerate(_trec_order(docs))]
     agg = ir_measures.calc_aggregate(list(measures.values()), qrels_list, run_list)
     result = {
         "metrics": {name: float(agg[m]) for name, m in measures.items()},

@@ -89,6 +89,12 @@ def test_dpr_wiki_unterminated_quote_names_the_first_line_of_the_record(tmp_path
     _raises_at(p, 2, readers.read_dpr_wiki, p)
 
 
+def test_dpr_wiki_multiline_quoted_field(tmp_path):
+    p = _write(tmp_path / "psgs.tsv", 'id\ttext\ttitle\n1\t"two\nlines"\tT\n2\tok\tT2\n')
+    assert [(r["pid"], r["text"], r["line"]) for r in readers.read_dpr_wiki(p)] == [
+        ("1", "two\nlines", 2), ("2", "ok", 4)]
+
+
 def test_dpr_wiki_bad_utf8(tmp_path):
     p = _write(tmp_path / "psgs.tsv", b"id\ttext\ttitle\n1\tok\tT\n2\tbad \xff byte\tT\n")
     err = _raises_at(p, 3, readers.read_dpr_wiki, p)

@@ -1,0 +1,276 @@
+"""pipeline.eval.metrics against hand-computed values, a reference implementation and pytrec_eval.
+
+Conventions checked (trec_eval's, METHODS.md §7): the run is ranked by score
+descending, ties broken by docid descending; averages are over the queries that
+are judged and in the run; nDCG uses gain = grade, discount log2(rank + 1) and
+the ideal ranking of all judged documents; binary measures count grade >= rel_level.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import EvalConfig
+from pipeline.data.readers import load_qrels
+from pipeline.errors import InputError
+from pipeline.eval.metrics import evaluate_files, evaluate_run, read_run
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+REAL_RUN = DATA / "python_faq_minilm_top20.trec"
+REAL_QRELS = DATA / "python_faq_all.qrels"
+
+# --------------------------------------------------------------------------- (a) hand-computed
+
+QRELS = {
+    "q1": {"d1": 2, "d2": 1, "d3": 0, "d4": 1},
+    "q2": {"d5": 1, "d6": 2},
+    "q3": {"d8": 1, "d9": 2},
+}
+RUN = {
+    # ranks: 1 d3(0)  2 d1(2)  3 x1  4 d2(1)  5 x2          (d4 not retrieved)
+    "q1": {"d3": 0.9, "d1": 0.8, "x1": 0.7, "d2": 0.6, "x2": 0.5},
+    # ranks 1-10 unjudged, 11 d6(2), 12 d5(1)
+    "q2": {**{f"n{i:02d}": 2.0 - i / 100 for i in range(1, 11)}, "d6": 0.5, "d5": 0.4},
+    # ranks: 1 d8(1)  2 d9(2)
+    "q3": {"d8": 5.0, "d9": 4.0},
+}
+L2, L3, L5 = math.log2(2), math.log2(3), math.log2(5)
+
+# nDCG@10 per query (gain = grade, discount log2(rank+1), ideal from all judged docs):
+#   q1: DCG = 2/log2(3) + 1/log2(5) = 1.26186 + 0.43068 = 1.69254
+#       IDCG (grades 2,1,1,0) = 2/1 + 1/log2(3) + 1/log2(4) = 3.13093      -> 0.54059
+#   q2: nothing judged relevant in the top 10                                   -> 0
+#   q3: DCG = 1/1 + 2/log2(3) = 2.26186; IDCG = 2/1 + 1/log2(3) = 2.63093  -> 0.85972
+NDCG_Q1 = (2 / L3 + 1 / L5) / (2 / L2 + 1 / L3 + 1 / 2)
+NDCG_Q3 = (1 + 2 / L3) / (2 + 1 / L3)
+
+EXPECTED = {
+    1: {
+        # rel >= 1. q1 relevant {d1,d2,d4}, q2 {d5,d6}, q3 {d8,d9}
+        # RR@10: q1 first relevant at rank 2, q2 none in the top 10, q3 rank 1
+        "MRR@10": (1 / 2 + 0 + 1) / 3,                              # 0.5
+        "MRR@100": (1 / 2 + 1 / 11 + 1) / 3,                        # 0.53030
+        # AP: q1 (P@2 + P@4)/3 = (1/2 + 2/4)/3; q2 (1/11 + 2/12)/2; q3 (1/1 + 2/2)/2
+        "MAP@100": (1 / 3 + (1 / 11 + 2 / 12) / 2 + 1) / 3,         # 0.48737
+        "R@1": (0 + 0 + 1 / 2) / 3,                                 # 0.16667
+        "R@5": (2 / 3 + 0 + 1) / 3,                                 # 0.55556
+        "R@10": (2 / 3 + 0 + 1) / 3,
+        "R@100": (2 / 3 + 1 + 1) / 3,                               # 0.88889
+        "nDCG@10": (NDCG_Q1 + 0 + NDCG_Q3) / 3,                     # 0.46677
+    },
+    2: {
+        # rel >= 2: grade-1 docs no longer count. q1 {d1}, q2 {d6}, q3 {d9}
+        "MRR@10": (1 / 2 + 0 + 1 / 2) / 3,                          # 0.33333
+        "MRR@100": (1 / 2 + 1 / 11 + 1 / 2) / 3,
+        "MAP@100": (1 / 2 + 1 / 11 + 1 / 2) / 3,                    # q3: P@2 = 1/2
+        "R@1": 0.0,
+        "R@5": (1 + 0 + 1) / 3,
+        "R@10": (1 + 0 + 1) / 3,
+        "R@100": 1.0,
+        "nDCG@10": (NDCG_Q1 + 0 + NDCG_Q3) / 3,                     # graded: unchanged
+    },
+}
+
+
+@pytest.mark.parametrize("rel_level", [1, 2])
+def test_hand_computed(rel_level):
+    cfg = EvalConfig(recall_ks=(1, 5, 10, 100), rel_level=rel_level)
+    got = evaluate_run(RUN, QRELS, cfg)["metrics"]
+    assert set(got) == set(EXPECTED[rel_level])
+    for name, value in EXPECTED[rel_level].items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name
+
+
+def test_rel_level_changes_binary_measures():
+    one = evaluate_run(RUN, QRELS, EvalConfig(recall_ks=(5,), rel_level=1))["metrics"]
+    two = evaluate_run(RUN, QRELS, EvalConfig(recall_ks=(5,), rel_level=2))["metrics"]
+    assert one["MRR@10"] != pytest.approx(two["MRR@10"])
+    assert one["R@5"] != pytest.approx(two["R@5"])
+    assert one["nDCG@10"] == pytest.approx(two["nDCG@10"])
+
+
+def test_per_query():
+    res = evaluate_run(RUN, QRELS, EvalConfig(recall_ks=(5,), per_query=True))
+    per = res["per_query"]
+    assert set(per) == {"q1", "q2", "q3"}
+    assert per["q1"]["MRR@10"] == pytest.approx(0.5)
+    assert per["q2"]["MRR@10"] == 0.0
+    assert per["q2"]["MRR@100"] == pytest.approx(1 / 11)
+    assert per["q1"]["nDCG@10"] == pytest.approx(NDCG_Q1, abs=1e-6)
+    assert per["q3"]["MAP@100"] == pytest.approx(1.0)
+
+
+def test_unjudged_run_queries_are_not_averaged_and_missing_ones_are_counted():
+    run = {**RUN, "q-unjudged": {"d1": 1.0}}
+    del run["q3"]
+    qrels = {**QRELS, "q4": {"d1": 1}}
+    res = evaluate_run(run, qrels, EvalConfig(recall_ks=(10,)))
+    assert res["queries"] == {"judged": 4, "in_run": 3, "evaluated": 2, "judged_missing_from_run": 2}
+    # averaged over q1 and q2 only (trec_eval without -c)
+    assert res["metrics"]["MRR@10"] == pytest.approx((1 / 2 + 0) / 2)
+    assert res["metrics"]["MRR@100"] == pytest.approx((1 / 2 + 1 / 11) / 2)
+
+
+def test_ties_follow_trec_eval_order_in_every_measure():
+    # Equal scores: trec_eval ranks docid descending, so 'b' (non-relevant) comes before 'a'.
+    qrels = {"q": {"a": 1}}
+    run = {"q": {"a": 1.0, "b": 1.0}}
+    m = evaluate_run(run, qrels, EvalConfig(recall_ks=(1,)))["metrics"]
+    assert m["MRR@10"] == pytest.approx(0.5)
+    assert m["MRR@100"] == pytest.approx(0.5)
+    assert m["MAP@100"] == pytest.approx(0.5)
+    assert m["R@1"] == 0.0
+    assert m["nDCG@10"] == pytest.approx(1 / math.log2(3))
+
+
+# --------------------------------------------------------------------------- (b) a real run
+
+
+def _trec_order(docs: dict[str, float]) -> list[str]:
+    """trec_eval's ranking: score descending, then docid descending."""
+    return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)]
+
+
+def _reference(run, qrels, rel_level=1):
+    """Straightforward per-query formulas, averaged over judged queries present in the run."""
+    per = {"MRR@10": [], "MAP@100": [], "nDCG@10": [], "R@10": []}
+    for qid, judged in qrels.items():
+        if qid not in run:
+            continue
+        ranking = _trec_order(run[qid])
+        relevant = {d for d, g in judged.items() if g >= rel_level}
+        rr = 0.0
+        for i, d in enumerate(ranking[:10], 1):
+            if d in relevant:
+                rr = 1 / i
+                break
+        per["MRR@10"].append(rr)
+        hits, precisions = 0, []
+        for i, d in enumerate(ranking[:100], 1):
+            if d in relevant:
+                hits += 1
+                precisions.append(hits / i)
+        per["MAP@100"].append(sum(precisions) / len(relevant) if relevant else 0.0)
+        dcg = sum(judged.get(d, 0) / math.log2(i + 1) for i, d in enumerate(ranking[:10], 1) if judged.get(d, 0) > 0)
+        ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:10]
+        idcg = sum(g / math.log2(i + 1) for i, g in enumerate(ideal, 1))
+        per["nDCG@10"].append(dcg / idcg if idcg else 0.0)
+        per["R@10"].append(len(relevant & set(ranking[:10])) / len(relevant) if relevant else 0.0)
+    return {k: sum(v) / len(v) for k, v in per.items()}
+
+
+def _raw_run(path: Path) -> dict[str, dict[str, float]]:
+    run: dict[str, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        q, _, d, _, s, _ = line.split()
+        run.setdefault(q, {})[d] = float(s)
+    return run
+
+
+def _raw_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines():
+        q, _, d, r = line.split()
+        qrels.setdefault(q, {})[d] = int(r)
+    return qrels
+
+
+def test_real_run_file_is_what_we_think():
+    run, qrels = _raw_run(REAL_RUN), _raw_qrels(REAL_QRELS)
+    assert len(run) == 176 and set(run) == set(qrels)
+    assert all(len(docs) == 20 for docs in run.values())
+    assert read_run(REAL_RUN) == run
+    assert load_qrels(REAL_QRELS) == qrels
+    # file rank order is the trec_eval order (no tied scores in this run)
+    lines = [l.split() for l in REAL_RUN.read_text().splitlines()]
+    for qid, docs in run.items():
+        assert len(set(docs.values())) == len(docs)
+        assert [l[2] for l in lines if l[0] == qid] == _trec_order(docs)
+
+
+def test_real_run_matches_reference_and_pytrec_eval():
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    run, qrels = _raw_run(REAL_RUN), _raw_qrels(REAL_QRELS)
+    ref = _reference(run, qrels)
+
+    ev = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank", "map_cut_100", "ndcg_cut_10", "recall_10"})
+    per = ev.evaluate(run)
+    assert set(per) == set(qrels)
+    te = {name: sum(v[key] for v in per.values()) / len(per)
+          for name, key in [("MAP@100", "map_cut_100"), ("nDCG@10", "ndcg_cut_10"), ("R@10", "recall_10")]}
+    # trec_eval's recip_rank has no cut-off: MRR@10 <= it, and equal when every first hit is in the top 10
+    rr_all = sum(v["recip_rank"] for v in per.values()) / len(per)
+    for name in te:
+        assert te[name] == pytest.approx(ref[name], abs=1e-6), name
+    assert ref["MRR@10"] <= rr_all + 1e-12
+
+    got = evaluate_files(REAL_RUN, REAL_QRELS, EvalConfig(recall_ks=(10, 20)))
+    for name in ("MRR@10", "MAP@100", "nDCG@10", "R@10"):
+        assert got["metrics"][name] == pytest.approx(ref[name], abs=1e-6), name
+    assert got["metrics"]["MRR@100"] == pytest.approx(rr_all, abs=1e-6)  # top-20 run: RR@100 == RR
+    assert got["queries"] == {"judged": 176, "in_run": 176, "evaluated": 176, "judged_missing_from_run": 0}
+    assert got["run"] == str(REAL_RUN) and got["qrels"] == str(REAL_QRELS)
+    # sanity: a sensible MiniLM run, not a degenerate one
+    assert 0.3 < got["metrics"]["MRR@10"] < 1.0
+    assert got["metrics"]["R@10"] <= got["metrics"]["R@20"] <= 1.0
+
+
+def test_real_run_with_ties_matches_pytrec_eval():
+    """Round the scores to create many ties; every measure must rank them as trec_eval does."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    run = {q: {d: round(s, 1) for d, s in docs.items()} for q, docs in _raw_run(REAL_RUN).items()}
+    qrels = _raw_qrels(REAL_QRELS)
+    assert sum(len(docs) - len(set(docs.values())) for docs in run.values()) > 100
+    ref = _reference(run, qrels)
+    per = pytrec_eval.RelevanceEvaluator(qrels, {"map_cut_100", "ndcg_cut_10", "recall_10"}).evaluate(run)
+    got = evaluate_run(run, qrels, EvalConfig(recall_ks=(10,)))["metrics"]
+    for name, key in [("MAP@100", "map_cut_100"), ("nDCG@10", "ndcg_cut_10"), ("R@10", "recall_10")]:
+        te = sum(v[key] for v in per.values()) / len(per)
+        assert ref[name] == pytest.approx(te, abs=1e-6), name
+        assert got[name] == pytest.approx(te, abs=1e-6), name
+    assert got["MRR@10"] == pytest.approx(ref["MRR@10"], abs=1e-6)
+
+
+# --------------------------------------------------------------------------- (c) read_run errors
+
+
+def _bad_run(tmp_path, bad_line):
+    p = tmp_path / "run.trec"
+    p.write_text("q1 Q0 d1 1 0.9 tag\nq1 Q0 d2 2 0.8 tag\n" + bad_line + "\n")
+    return p
+
+
+@pytest.mark.parametrize("bad_line, reason", [
+    ("q1 Q0 d3 3 0.7", "found 5"),
+    ("q1 Q0 d3 3 0.7 tag extra", "found 7"),
+    ("q1 Q0 d3 3 high tag", "not a number"),
+    ("q1 Q0 d1 3 0.7 tag", "twice"),
+])
+def test_read_run_errors(tmp_path, bad_line, reason):
+    p = _bad_run(tmp_path, bad_line)
+    with pytest.raises(InputError) as info:
+        read_run(p)
+    err = info.value
+    assert Path(err.path) == p and err.line == 3
+    assert f"{p}:3" in str(err)
+    assert reason in err.reason
+
+
+def test_read_run_ok(tmp_path):
+    p = tmp_path / "run.trec"
+    p.write_text("q1 Q0 d1 1 0.9 tag\n\nq2\tQ0\td1\t1\t-1.5e-3\ttag\r\nq1 Q0 d2 2 0.8 tag\n")
+    assert read_run(p) == {"q1": {"d1": 0.9, "d2": 0.8}, "q2": {"d1": -0.0015}}
+
+
+def test_evaluate_files_reads_beir_qrels(tmp_path):
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d1 1 0.9 t\nq1 Q0 d2 2 0.8 t\nq2 Q0 d1 1 0.5 t\n")
+    qrels = tmp_path / "test.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td2\t1\nq2\td1\t1\nq3\td1\t1\n")
+    res = evaluate_files(run, qrels, EvalConfig(recall_ks=(1,)))
+    assert res["metrics"]["MRR@10"] == pytest.approx((1 / 2 + 1) / 2)
+    assert res["metrics"]["R@1"] == pytest.approx((0 + 1) / 2)
+    assert res["queries"]["judged_missing_from_run"] == 1
