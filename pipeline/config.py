@@ -151,6 +151,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if value is None:  # an empty YAML section means "all defaults"
+            value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return from_dict(tp, value, prefix=key + ".")

@@ -43,8 +43,8 @@ def _find_duplicate(records_factory, dup_hashes: set[int]):
     for r in records_factory():
         if _pid_hash(r["pid"]) in dup_hashes:
             if r["pid"] in first:
-                return r["pid"], first[r["pid"]], r["line"]
-            first[r["pid"]] = r["line"]
+                return r["pid"], first[r["pid"]], r["path"], r["line"]
+            first[r["pid"]] = f"{r['path']}:{r['line']}"
     return None
 
 
@@ -125,7 +125,9 @@ def ingest(
 
     def records():
         for p in inputs:
-            yield from readers.corpus_reader(fmt, p, **(hf_fields or {}))
+            for r in readers.corpus_reader(fmt, p, **(hf_fields or {})):
+                r["path"] = p
+                yield r
 
     t0 = time.time()
     skipped: list[dict] = []
@@ -138,10 +140,10 @@ def ingest(
         for r in records():
             if not r["text"].strip():
                 if on_empty == "error":
-                    raise InputError(inputs[0] if len(inputs) == 1 else "input", r["line"], f"empty text for passage {r['pid']!r}")
+                    raise InputError(r["path"], r["line"], f"empty text for passage {r['pid']!r}")
                 n_skipped += 1
                 if len(skipped) < 20:
-                    skipped.append({"line": r["line"], "pid": r["pid"], "reason": "empty text"})
+                    skipped.append({"file": str(r["path"]), "line": r["line"], "pid": r["pid"], "reason": "empty text"})
                 continue
             hashes.append(_pid_hash(r["pid"]))
             writer.add(r["pid"], r["title"], r["text"])
@@ -158,9 +160,8 @@ def ingest(
         if (counts > 1).any():
             dup = _find_duplicate(records, set(int(h) for h in uniq[counts > 1]))
             if dup is not None:
-                pid, first_line, line = dup
-                src = inputs[0] if len(inputs) == 1 else "input"
-                raise InputError(src, line, f"duplicate passage id {pid!r} (first seen at line {first_line})")
+                pid, first_at, path, line = dup
+                raise InputError(path, line, f"duplicate passage id {pid!r} (first seen at {first_at})")
         del hashes, arr, uniq, counts
 
         extra: dict = {}

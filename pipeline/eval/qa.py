@@ -41,14 +41,14 @@ def has_answer(passage: str, answers: list[str]) -> bool:
 
 
 def fetch_passages(corpus_dir: str | Path, pids: set[str]) -> dict[str, str]:
-    """`title text` of just the pids asked for, read part by part with a pid filter."""
+    """Text of just the pids asked for, read part by part with a pid filter."""
     manifest = load_manifest(corpus_dir)
     want = list(pids)
     out: dict[str, str] = {}
     for part in manifest["parts"]:
         table = pq.read_table(Path(corpus_dir) / part["file"], filters=pc.field("pid").isin(want))
-        for pid, title, text in zip(table["pid"].to_pylist(), table["title"].to_pylist(), table["text"].to_pylist()):
-            out[pid] = f"{title} {text}" if title else text
+        for pid, text in zip(table["pid"].to_pylist(), table["text"].to_pylist()):
+            out[pid] = text  # DPR's has_answer looks at the passage text, not the title
     return out
 
 
