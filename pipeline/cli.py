@@ -1,4 +1,4 @@
-"""`pipeline` console script: verbs over the library (ingest, encode, index, retrieve, evaluate, demo).
+"""`pipeline` console script: verbs over the library (ingest, encode, index, retrieve, evaluate, train, demo).
 
 Every verb takes `--config FILE` and trailing `section.key=value` overrides,
 e.g. `pipeline encode --corpus runs/c --out runs/e encode.num_actors=2 encode.cpus_per_actor=0.5`.
@@ -99,6 +99,24 @@ def cmd_evaluate(args) -> None:
         print(f"[evaluate] wrote {args.json}")
 
 
+def cmd_train(args) -> None:
+    from .train.config import load_train_config
+    from .train.trainer import train
+
+    job = load_train_config(args.config, list(args.overrides))
+    train(job, validate_fn=make_validator(job))
+
+
+def make_validator(job):
+    """The validation function handed to the trainer (None without a validation corpus)."""
+    if not job.validation.corpus:
+        return None
+    from .index.validate import Validator
+
+    v = job.validation
+    return Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval)
+
+
 def cmd_demo(args) -> None:
     from .demo import run_demo
 
@@ -163,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the metrics as JSON here")
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("train", help="train a bi-encoder with Ray Train (DPR, DAR)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")

@@ -341,3 +341,26 @@ def load_queries(path: str | Path, fmt: str = "auto") -> dict[str, str]:
             raise InputError(path, r["line"], f"duplicate query id {r['qid']!r}")
         out[r["qid"]] = r["text"]
     return out
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def read_run_file(path: str | Path) -> Iterator[dict]:
+    """TREC run `qid Q0 docid rank score tag` -> {qid, docid, rank, score, line}."""
+    path = Path(path)
+    for no, line in iter_lines(path):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 6:
+            raise InputError(path, no, f"expected 6 columns 'qid Q0 docid rank score tag', found {len(parts)}")
+        try:
+            score = float(parts[4])
+        except ValueError:
+            raise InputError(path, no, f"score {parts[4]!r} is not a number") from None
+        try:
+            rank = int(parts[3])
+        except ValueError:
+            raise InputError(path, no, f"rank {parts[3]!r} is not an integer") from None
+        yield {"qid": parts[0], "docid": parts[2], "rank": rank, "score": score, "line": no}

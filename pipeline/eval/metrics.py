@@ -15,7 +15,7 @@ from ir_measures import AP, R, RR, nDCG
 
 from ..config import EvalConfig
 from ..errors import InputError
-from ..data.readers import iter_lines, load_qrels
+from ..data.readers import load_qrels, read_run_file
 
 
 def measures_for(cfg: EvalConfig) -> dict[str, object]:
@@ -35,20 +35,11 @@ def measures_for(cfg: EvalConfig) -> dict[str, object]:
 def read_run(path: str | Path) -> dict[str, dict[str, float]]:
     """TREC run -> {qid: {docid: score}}; malformed lines fail with file:line."""
     run: dict[str, dict[str, float]] = {}
-    for no, line in iter_lines(path):
-        if not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) != 6:
-            raise InputError(path, no, f"expected 6 columns 'qid Q0 docid rank score tag', found {len(parts)}")
-        try:
-            score = float(parts[4])
-        except ValueError:
-            raise InputError(path, no, f"score {parts[4]!r} is not a number") from None
-        docs = run.setdefault(parts[0], {})
-        if parts[2] in docs:
-            raise InputError(path, no, f"document {parts[2]!r} appears twice for query {parts[0]!r}")
-        docs[parts[2]] = score
+    for r in read_run_file(path):
+        docs = run.setdefault(r["qid"], {})
+        if r["docid"] in docs:
+            raise InputError(path, r["line"], f"document {r['docid']!r} appears twice for query {r['qid']!r}")
+        docs[r["docid"]] = r["score"]
     return run
 
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import unicodedata
 from pathlib import Path
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import regex
 
-from ..data.manifest import load_manifest
+from ..data.corpus import fetch_passages
 from ..data.readers import read_dpr_qa
 
 _TOKEN = regex.compile(r"[\p{L}\p{N}\p{M}]+")
@@ -40,18 +38,6 @@ def has_answer(passage: str, answers: list[str]) -> bool:
     return False
 
 
-def fetch_passages(corpus_dir: str | Path, pids: set[str]) -> dict[str, str]:
-    """Text of just the pids asked for, read part by part with a pid filter."""
-    manifest = load_manifest(corpus_dir)
-    want = list(pids)
-    out: dict[str, str] = {}
-    for part in manifest["parts"]:
-        table = pq.read_table(Path(corpus_dir) / part["file"], filters=pc.field("pid").isin(want))
-        for pid, text in zip(table["pid"].to_pylist(), table["text"].to_pylist()):
-            out[pid] = text  # DPR's has_answer looks at the passage text, not the title
-    return out
-
-
 def qa_accuracy(run: dict[str, dict[str, float]], qa_path: str | Path, corpus_dir: str | Path,
                 ks: tuple[int, ...] = (1, 5, 20, 100)) -> dict:
     """Top-k accuracy for a run whose qids are the DPR QA file's 0-based row indices."""
@@ -59,7 +45,7 @@ def qa_accuracy(run: dict[str, dict[str, float]], qa_path: str | Path, corpus_di
     ranked = {q: [d for d, _ in sorted(docs.items(), key=lambda x: -x[1])] for q, docs in run.items()}
     kmax = max(ks)
     needed = {d for q in questions for d in ranked.get(q, [])[:kmax]}
-    texts = fetch_passages(corpus_dir, needed)
+    texts = fetch_passages(corpus_dir, needed, join="none")  # DPR's has_answer: passage text, no title
     first_hit: dict[str, int | None] = {}
     for qid, q in questions.items():
         first_hit[qid] = None

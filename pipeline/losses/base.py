@@ -25,10 +25,12 @@ class LossConfig:
     mix_detach_negatives: bool = False
 
     def validate(self) -> None:
+        from ..errors import ConfigError
+
         if self.temperature <= 0:
-            raise ValueError("loss.temperature must be > 0")
+            raise ConfigError("loss.temperature must be > 0")
         if self.n_perturb < 0 or not 0 <= self.dropout_p < 1 or not 0 <= self.mix_weight <= 1:
-            raise ValueError("loss: n_perturb >= 0, 0 <= dropout_p < 1, 0 <= mix_weight <= 1")
+            raise ConfigError("loss: need n_perturb >= 0, 0 <= dropout_p < 1, 0 <= mix_weight <= 1")
 
 
 def scores(q: torch.Tensor, docs: torch.Tensor, cfg: LossConfig) -> torch.Tensor:

@@ -95,6 +95,12 @@ class BiEncoder(nn.Module):
         self.query_tokenizer = doc_tokenizer if self.shared else (query_tokenizer or doc_tokenizer)
         self.pooling = cfg.pooling or "cls"
         self.normalize = bool(cfg.normalize)
+        # BERT-style pooler heads are never used (we pool hidden states ourselves); freezing
+        # them keeps DDP from waiting for gradients that never come. They are still saved.
+        for tower in {id(self.doc_encoder): self.doc_encoder, id(self.query_encoder): self.query_encoder}.values():
+            pooler = getattr(tower, "pooler", None)
+            if isinstance(pooler, nn.Module):
+                pooler.requires_grad_(False)
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -163,6 +169,10 @@ class BiEncoder(nn.Module):
     def encode_docs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised documents -> (B, D) vectors (with gradients when training)."""
         return self._forward(self.doc_encoder, batch)
+
+    def forward(self, queries: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]):
+        """Training forward (what DDP wraps): each tower runs once. -> (B, D), (N, D)."""
+        return self.encode_queries(queries), self.encode_docs(docs)
 
     @torch.inference_mode()
     def embed(self, texts: list[str], side: str, batch_size: int = 64, device: str | torch.device = "cpu",

@@ -1,0 +1,25 @@
+"""Random access to an ingested corpus by pid (streams the Parquet parts with a pid filter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .manifest import join_title, load_manifest
+
+
+def fetch_passages(corpus_dir: str | Path, pids, join: str | None = "none") -> dict[str, str]:
+    """{pid: text} for the pids asked for; `join` applies a title-join template (None = manifest's)."""
+    manifest = load_manifest(corpus_dir)
+    join = manifest["title_join"] if join is None else join
+    want = list(pids)
+    out: dict[str, str] = {}
+    if not want:
+        return out
+    for part in manifest["parts"]:
+        table = pq.read_table(Path(corpus_dir) / part["file"], filters=pc.field("pid").isin(want))
+        for pid, title, text in zip(table["pid"].to_pylist(), table["title"].to_pylist(), table["text"].to_pylist()):
+            out[pid] = join_title(title, text, join)
+    return out

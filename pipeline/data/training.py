@@ -1,0 +1,219 @@
+"""Training examples: (query, positive[, hard negatives]) from DPR JSON, or qrels + corpus (+ a TREC run).
+
+Sources
+- DPR retriever training JSON (`question`, `answers`, `positive_ctxs`, `negative_ctxs`,
+  `hard_negative_ctxs`; ctx = `title`, `text`, `passage_id`), read as a stream: the
+  top-level array is decoded object by object, never loaded whole.
+- BEIR / MS MARCO: an ingested corpus, its queries and a qrels split; one example per
+  (query, relevant passage); hard negatives from a TREC run (BM25 or dense) with every
+  judged-relevant passage removed.
+
+Output (what Ray Data streams into the training workers):
+
+    examples/part-00000.parquet  idx, qid, query, positive, negatives (list<string>)
+    examples/examples.json       source, counts, skipped (with reasons), title join; written last
+
+Document texts are stored already title-joined with the corpus's template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InputError, PipelineError
+from ..io_utils import atomic_path, sha256_file
+from .corpus import fetch_passages
+from .manifest import join_title, load_manifest
+from .readers import load_queries, read_qrels, read_run_file
+
+EXAMPLES_META = "examples.json"
+SCHEMA = pa.schema([("idx", pa.int64()), ("qid", pa.string()), ("query", pa.string()),
+                    ("positive", pa.string()), ("negatives", pa.list_(pa.string()))])
+
+
+def iter_json_array(path: str | Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, int, dict]]:
+    """Stream the objects of a top-level JSON array: yields (index, line, object)."""
+    path = Path(path)
+    decoder = json.JSONDecoder()
+    if not path.exists():
+        raise InputError(path, None, "file not found")
+    with open(path, "r", encoding="utf-8", errors="strict") as f:
+        buf, pos, line, idx = "", 0, 1, 0
+        started = False
+
+        def more() -> bool:
+            nonlocal buf, pos
+            try:
+                chunk = f.read(chunk_size)
+            except UnicodeDecodeError as e:
+                raise InputError(path, line, f"invalid UTF-8: {e.reason}") from None
+            if not chunk:
+                return False
+            buf = buf[pos:] + chunk
+            pos = 0
+            return True
+
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                if buf[pos] == "\n":
+                    line += 1
+                if buf[pos] == "," and not started:
+                    raise InputError(path, line, "expected '[' at the start of the file")
+                pos += 1
+            if pos >= len(buf):
+                if not more():
+                    raise InputError(path, line, "unexpected end of file (unterminated JSON array)")
+                continue
+            ch = buf[pos]
+            if not started:
+                if ch != "[":
+                    raise InputError(path, line, "expected a JSON array of examples ('[' at the start)")
+                started, pos = True, pos + 1
+                continue
+            if ch == "]":
+                return
+            while True:
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError as e:
+                    # usually the object continues in the next chunk; a real error persists to EOF
+                    if more():
+                        continue
+                    raise InputError(path, line + buf.count("\n", pos, e.pos), f"invalid JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise InputError(path, line, "each array element must be a JSON object")
+            yield idx, line, obj
+            line += buf.count("\n", pos, end)
+            pos, idx = end, idx + 1
+
+
+def _ctx_text(ctx: dict, join: str) -> str:
+    return join_title(ctx.get("title") or "", ctx.get("text") or "", join)
+
+
+def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", negatives: str = "hard",
+                      skipped: dict | None = None) -> Iterator[dict]:
+    """Examples from DPR training JSON. `negatives`: 'hard' (hard_negative_ctxs, falling back to
+    negative_ctxs), 'random' (negative_ctxs) or 'both'. Questions without a positive are skipped
+    and counted in `skipped` (as DPR's own loader does)."""
+    skipped = skipped if skipped is not None else {}
+    for i, line, obj in iter_json_array(path):
+        if "question" not in obj or "positive_ctxs" not in obj:
+            raise InputError(path, line, f"example {i}: missing 'question' or 'positive_ctxs'")
+        if not obj["positive_ctxs"]:
+            skipped["no_positive"] = skipped.get("no_positive", 0) + 1
+            continue
+        hard = obj.get("hard_negative_ctxs") or []
+        rand = obj.get("negative_ctxs") or []
+        negs = {"hard": hard or rand, "random": rand, "both": hard + rand}[negatives]
+        yield {"qid": str(obj.get("id", i)), "query": obj["question"],
+               "positive": _ctx_text(obj["positive_ctxs"][0], join),
+               "negatives": [_ctx_text(c, join) for c in negs]}
+
+
+def qrels_examples(corpus_dir: str | Path, queries: str | Path, qrels: str | Path,
+                   negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
+                   max_negatives: int = 30, skipped: dict | None = None) -> Iterator[dict]:
+    """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run)."""
+    skipped = skipped if skipped is not None else {}
+    qtext = load_queries(queries)
+    positives: dict[str, list[str]] = {}
+    judged: dict[str, set[str]] = {}
+    for r in read_qrels(qrels):
+        judged.setdefault(r["qid"], set()).add(r["docid"])
+        if r["rel"] >= rel_level:
+            if r["qid"] not in qtext:
+                raise InputError(qrels, r["line"], f"query {r['qid']!r} is not in {queries}")
+            positives.setdefault(r["qid"], []).append(r["docid"])
+    negs: dict[str, list[str]] = {}
+    if negatives_run:
+        for r in read_run_file(negatives_run):
+            if r["qid"] in positives and r["rank"] <= depth and r["docid"] not in judged.get(r["qid"], ()):
+                lst = negs.setdefault(r["qid"], [])
+                if len(lst) < max_negatives:
+                    lst.append(r["docid"])
+    need = {p for ps in positives.values() for p in ps} | {n for ns in negs.values() for n in ns}
+    texts = fetch_passages(corpus_dir, need, join=None)
+    missing = need - set(texts)
+    if missing:
+        raise PipelineError(f"{len(missing)} qrels/run passages are not in {corpus_dir}, e.g. {sorted(missing)[:3]}")
+    for qid in sorted(positives):
+        for pid in positives[qid]:
+            yield {"qid": qid, "query": qtext[qid], "positive": texts[pid],
+                   "negatives": [texts[n] for n in negs.get(qid, [])]}
+
+
+def write_examples(examples: Iterator[dict], out: str | Path, meta: dict, part_rows: int = 50_000,
+                   skipped: dict | None = None) -> dict:
+    """Write examples as Parquet parts with a running `idx`; the meta file marks completion."""
+    out = Path(out)
+    n = 0
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        buf: list[dict] = []
+        parts = 0
+
+        def flush():
+            nonlocal buf, parts
+            if buf:
+                pq.write_table(pa.Table.from_pylist(buf, schema=SCHEMA), tmp / f"part-{parts:05d}.parquet")
+                parts += 1
+                buf = []
+
+        for ex in examples:
+            buf.append({"idx": n, **ex})
+            n += 1
+            if len(buf) >= part_rows:
+                flush()
+        flush()
+        if n == 0:
+            raise PipelineError(f"no training examples from {meta.get('source')}")
+        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {})}
+        (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta
+
+
+def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
+    """Build (or reuse, when the sources are unchanged) the training examples for `data_cfg`."""
+    out = Path(out)
+    if data_cfg.source == "dpr-json":
+        if not data_cfg.path:
+            raise PipelineError("data.source=dpr-json needs data.path (the DPR training JSON)")
+        sources = [data_cfg.path]
+        meta = {"source": "dpr-json", "path": str(Path(data_cfg.path).resolve()), "title_join": data_cfg.title_join,
+                "negatives": data_cfg.negatives}
+    else:
+        if not data_cfg.corpus:
+            raise PipelineError("data.source=qrels needs data.corpus (an ingested corpus folder)")
+        corpus = Path(data_cfg.corpus)
+        manifest = load_manifest(corpus)
+        queries = data_cfg.queries or str(corpus / "queries.tsv")
+        qrels = data_cfg.qrels or str(corpus / "qrels" / "train.trec")
+        sources = [queries, qrels] + ([data_cfg.negatives_run] if data_cfg.negatives_run else [])
+        meta = {"source": "qrels", "corpus": str(corpus.resolve()), "corpus_fingerprint": manifest["fingerprint"],
+                "variant": manifest["variant"], "title_join": manifest["title_join"], "queries": str(queries),
+                "qrels": str(qrels), "negatives_run": data_cfg.negatives_run, "depth": data_cfg.negatives_depth,
+                "rel_level": data_cfg.rel_level}
+    meta["sources_sha256"] = {str(s): sha256_file(s) for s in sources if Path(s).exists()}
+    meta_path = out / EXAMPLES_META
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in meta} == meta:
+            return old
+    skipped: dict = {}
+    if data_cfg.source == "dpr-json":
+        examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped)
+    else:
+        examples = qrels_examples(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
+                                  data_cfg.rel_level, skipped=skipped)
+    result = write_examples(examples, out, meta, skipped=skipped)
+    if progress:
+        skip = f", skipped {skipped}" if skipped else ""
+        print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} -> {out}", flush=True)
+    return result

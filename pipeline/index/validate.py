@@ -1,0 +1,64 @@
+"""Validation during training through the spine: encode -> FAISS index -> retrieve -> evaluate.
+
+Runs in-process on the training worker (rank 0) with the model being trained, using the
+same pieces as the CLI (BiEncoder.embed, a FAISS inner-product index, the TREC run
+writer, the ir-measures evaluator), and returns `val_<metric>` values for Ray Train/Tune.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ..config import EvalConfig
+from ..data.manifest import join_title, load_manifest
+from ..data.readers import load_qrels, load_queries
+from ..eval.metrics import evaluate_run, read_run
+from .retrieve import write_run
+
+
+class Validator:
+    """Picklable callable: model -> {"val_MRR@10": …, "val_metric": …}."""
+
+    def __init__(self, corpus: str, queries: str | None = None, qrels: str | None = None,
+                 metric: str = "MRR@10", top_k: int = 100, batch_size: int = 64, eval_cfg: EvalConfig | None = None):
+        self.corpus = Path(corpus).resolve()
+        self.queries = Path(queries or self.corpus / "queries.tsv").resolve()
+        self.qrels_path = Path(qrels or self.corpus / "qrels" / "test.trec").resolve()
+        self.metric, self.top_k, self.batch_size = metric, top_k, batch_size
+        self.eval_cfg = eval_cfg or EvalConfig()
+        manifest = load_manifest(self.corpus)
+        self.fingerprint = manifest["fingerprint"]
+
+    def __call__(self, model, device: str | None = None) -> dict:
+        import faiss
+        import torch
+
+        t0 = time.time()
+        device = device or str(next(model.parameters()).device)
+        manifest = load_manifest(self.corpus)
+        qrels = load_qrels(self.qrels_path)
+        queries = {q: t for q, t in load_queries(self.queries).items() if q in qrels}
+        index = faiss.IndexFlatIP(model.dim)
+        pids: list[str] = []
+        with torch.no_grad():
+            for part in manifest["parts"]:
+                t = pq.read_table(self.corpus / part["file"])
+                texts = [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+                index.add(model.embed(texts, "doc", batch_size=self.batch_size, device=device))
+                pids.extend(t["pid"].to_pylist())
+            qids = list(queries)
+            qv = model.embed([queries[q] for q in qids], "query", batch_size=self.batch_size, device=device)
+        scores, ids = index.search(np.ascontiguousarray(qv, dtype=np.float32), min(self.top_k, len(pids)))
+        with tempfile.TemporaryDirectory() as tmp:
+            run_path = Path(tmp) / "val.trec"
+            write_run(run_path, qids, pids, scores, ids, "validation")
+            result = evaluate_run(read_run(run_path), qrels, self.eval_cfg)
+        out = {f"val_{k}": v for k, v in result["metrics"].items()}
+        out["val_metric"] = out[f"val_{self.metric}"]
+        out["val_seconds"] = time.time() - t0
+        return out

@@ -1,0 +1,1 @@
+"""Ray Train trainers (DPR, DAR, …): the per-worker loop, checkpoints and resume."""

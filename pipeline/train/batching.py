@@ -1,0 +1,67 @@
+"""Deterministic batches for data-parallel training: exact resume without lost or repeated data.
+
+Each worker r streams its own Ray Data dataset (examples with idx % world == r, order
+preserved), shuffles it through a buffer seeded by (seed, epoch, rank), and cuts fixed-size
+batches. Given the same inputs, the b-th batch of an epoch is always the same, so a resumed
+run skips exactly the batches it already trained on (without tokenising them).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Iterator
+
+
+def epoch_rng(seed: int, epoch: int, rank: int) -> random.Random:
+    return random.Random(seed * 1_000_003 + epoch * 10_007 + rank)
+
+
+def buffer_shuffle(rows: Iterable[dict], window: int, rng: random.Random) -> Iterator[dict]:
+    """Seeded streaming shuffle through a buffer of `window` rows (window <= 1: no shuffle)."""
+    if window <= 1:
+        yield from rows
+        return
+    buf: list[dict] = []
+    for row in rows:
+        if len(buf) < window:
+            buf.append(row)
+            continue
+        i = rng.randrange(len(buf))
+        buf[i], row = row, buf[i]
+        yield row
+    rng.shuffle(buf)
+    yield from buf
+
+
+def fixed_batches(rows: Iterable[dict], batch_size: int, max_batches: int) -> Iterator[list[dict]]:
+    """Cut `rows` into `max_batches` batches of exactly `batch_size` (the rest is dropped)."""
+    if max_batches <= 0:
+        return
+    batch: list[dict] = []
+    n = 0
+    for row in rows:
+        batch.append(row)
+        if len(batch) == batch_size:
+            yield batch
+            n += 1
+            batch = []
+            if n == max_batches:
+                return
+
+
+def pick_negatives(row: dict, k: int, rng: random.Random) -> list[str]:
+    """k hard negatives for one example: a seeded sample, cycling when fewer than k exist."""
+    negs = list(row["negatives"])
+    if k == 0:
+        return []
+    if not negs:
+        raise ValueError(f"example {row['idx']} has no negatives but {k} are asked for")
+    if len(negs) >= k:
+        return rng.sample(negs, k)
+    rng.shuffle(negs)
+    return [negs[i % len(negs)] for i in range(k)]
+
+
+def steps_per_epoch(n_examples: int, world: int, batch_size: int) -> int:
+    """Every rank must take the same number of steps: the smallest rank share, in whole batches."""
+    return (n_examples // world) // batch_size

@@ -1,0 +1,94 @@
+"""Configuration of a training run (`pipeline train --config jobs/configs/dpr.yaml`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import EvalConfig, IndexConfig, ModelConfig, RayConfig, load_config
+from ..losses.base import LossConfig
+
+
+@dataclass(frozen=True)
+class TrainDataConfig:
+    """Where training examples come from (see pipeline/data/training.py)."""
+
+    source: Literal["qrels", "dpr-json"] = "qrels"
+    path: str | None = None                 # dpr-json: the DPR training JSON
+    title_join: str = "{title} [SEP] {text}"  # dpr-json: how ctx titles join the text
+    negatives: Literal["hard", "random", "both"] = "hard"  # dpr-json: which ctx lists are negatives
+    corpus: str | None = None               # qrels: ingested corpus folder
+    queries: str | None = None              # qrels: default <corpus>/queries.tsv
+    qrels: str | None = None                # qrels: default <corpus>/qrels/train.trec
+    negatives_run: str | None = None        # qrels: TREC run to mine hard negatives from
+    negatives_depth: int = 100
+    rel_level: int = 1
+    hard_negatives: int = 0                 # hard negatives per query per step
+    shuffle_window: int = 10_000            # seeded per-epoch shuffle buffer (examples)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: Literal["adamw", "lamb"] = "adamw"
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    grad_clip: float = 2.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str = "dpr"
+    storage_path: str = "runs/train"
+    # auto: continue from the newest complete checkpoint of this run if there is one;
+    # never: refuse to reuse a run name that has checkpoints; or a checkpoint path.
+    resume: str = "auto"
+    epochs: int = 1
+    max_steps: int = 0                      # 0 = epochs x steps per epoch
+    batch_size: int = 32                    # per worker
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0            # used when use_gpu
+    amp: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    seed: int = 0
+    checkpoint_every: int = 0               # steps; 0 = only at the end
+    keep_checkpoints: int = 2
+    eval_every: int = 0                     # steps; 0 = only at the end
+    report_every: int = 10
+    max_failures: int = 0
+    torch_threads: int = 0                  # 0 = max(1, floor(cpus_per_worker))
+    log_batches: bool = False               # write every step's example ids (resume audits)
+    fail_at_step: int = 0                   # testing: raise in the worker at this step
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Held-out retrieval evaluation through encode -> index -> retrieve -> evaluate."""
+
+    corpus: str | None = None
+    queries: str | None = None              # default <corpus>/queries.tsv
+    qrels: str | None = None                # default <corpus>/qrels/test.trec
+    metric: str = "MRR@10"                  # the one reported as `val_metric` (for Tune)
+    top_k: int = 100
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class TrainJobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: TrainDataConfig = field(default_factory=TrainDataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def load_train_config(path=None, overrides=None) -> TrainJobConfig:
+    return load_config(path, overrides, cls=TrainJobConfig)

@@ -1,0 +1,63 @@
+"""Optimizers and the warmup + linear-decay schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim import Optimizer
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al., 2020, Alg. 2), as used in the ANCE settings: Adam moments, then a
+    layer-wise trust ratio ||w|| / ||update|| scaling the step (1 where either norm is 0)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["m"] = torch.zeros_like(p)
+                    state["v"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v, t = state["m"], state["v"], state["step"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update = update + group["weight_decay"] * p
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = (w_norm / u_norm) if w_norm > 0 and u_norm > 0 else torch.ones((), device=p.device)
+                p.add_(update, alpha=-group["lr"] * float(trust))
+        return loss
+
+
+def build_optimizer(params, cfg) -> Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if cfg.name == "lamb":
+        return Lamb(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def warmup_linear(optimizer: Optimizer, warmup: int, total: int):
+    """LR × step/warmup during warmup, then linear decay to 0 at `total`."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def warmup_steps(cfg, total: int) -> int:
+    return cfg.warmup_steps or int(math.ceil(cfg.warmup_ratio * total))
