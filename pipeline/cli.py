@@ -120,7 +120,7 @@ def make_validator(job):
 def cmd_demo(args) -> None:
     from .demo import run_demo
 
-    run_demo(Path(args.out), _cfg(args), fresh=args.fresh)
+    run_demo(Path(args.out), _cfg(args), fresh=args.fresh, train=not args.no_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--fresh", action="store_true", help="recompute every step")
+    p.add_argument("--no-train", action="store_true", help="zero-shot only (skip the DPR/DAR fine-tuning)")
     _add_config_args(p)
     p.set_defaults(func=cmd_demo)
     return parser

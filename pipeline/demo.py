@@ -1,9 +1,14 @@
 """`pipeline demo` / `make demo`: the whole flow on the bundled Python FAQ corpus.
 
-ingest (BEIR layout) -> encode with Ray Data (MiniLM from the installed package)
--> exact inner-product FAISS index -> retrieve -> evaluate, then one table, saved
-as `report.md` and `results.json` in the output folder. Steps whose output is
-complete are reused (pass --fresh to recompute).
+1. ingest (BEIR layout) -> encode with Ray Data (MiniLM from the installed package)
+   -> exact inner-product FAISS index -> retrieve -> evaluate: zero-shot numbers;
+2. fine-tune MiniLM with Ray Train on the training split, as DPR and as DAR
+   (jobs/configs/dpr.yaml, dar.yaml), and evaluate each through the same spine
+   on the held-out test split;
+3. one comparison table (printed, and saved with the training curves plot as
+   `report.md`, `training_curves.png`, `results.json` in the output folder).
+
+Steps whose output is complete are reused (pass --fresh to recompute).
 """
 
 from __future__ import annotations
@@ -16,52 +21,128 @@ from importlib import resources
 from pathlib import Path
 
 from .config import PipelineConfig
+from .errors import PipelineError
 from .io_utils import write_json_atomic, write_text_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+METHODS = ("dpr", "dar")
 
 
 def demo_data_dir() -> Path:
     return Path(str(resources.files("pipeline") / "resources" / "python_faq"))
 
 
-def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False) -> dict:
-    from .data.ingest import ingest
-    from .data.manifest import MANIFEST_NAME
+def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str, Path]) -> dict:
+    """encode -> index -> retrieve -> evaluate for one model; returns {split: result}."""
     from .eval.metrics import evaluate_files
-    from .eval.report import format_table
     from .index.encode import encode_corpus
     from .index.faiss_index import META_FILE, build_index
     from .index.retrieve import retrieve
+
+    encode_corpus(corpus, work / "embeddings", cfg)
+    if not (work / "index" / META_FILE).exists():
+        build_index(work / "embeddings", work / "index", cfg.index)
+    run = work / "run.trec"
+    retrieve(work / "index", corpus / "queries.tsv", run, cfg)
+    meta = json.loads(Path(str(run) + ".meta.json").read_text())
+    out = {}
+    for split, qrels in split_files.items():
+        res = evaluate_files(run, qrels, cfg.eval)
+        res["corpus"] = {"fingerprint": meta["corpus_fingerprint"], "variant": meta["variant"],
+                         "title_join": meta["title_join"]}
+        out[split] = res
+    return out
+
+
+def _train(method: str, corpus: Path, out: Path, fresh: bool) -> dict:
+    from .train.config import load_train_config
+    from .train.trainer import train
+
+    cfg_path = REPO / "jobs" / "configs" / f"{method}.yaml"
+    if not cfg_path.exists():
+        raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
+    job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
+                                       "validation.corpus=null"])
+    summary_path = out / "train" / job.train.name / "summary.json"
+    if summary_path.exists() and not fresh:
+        summary = json.loads(summary_path.read_text())
+        if summary["steps"] >= summary["total_steps"]:
+            print(f"[demo] reusing trained {method} model: {summary['model']}", flush=True)
+            return summary
+    return train(job)
+
+
+def _plot(histories: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, hist in histories.items():
+        pts = [(h["step"], h["loss"]) for h in hist if "loss" in h]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=f"{label} loss")
+        nll = [(h["step"], h["nll"]) for h in hist if "mix" in h and h.get("mix", 0) > 0]
+        if nll:
+            ax.plot([p[0] for p in nll], [p[1] for p in nll], ls="--", label=f"{label} nll term")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Fine-tuning MiniLM on the Python FAQ (train split)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = True) -> dict:
+    from .data.ingest import ingest
+    from .data.manifest import MANIFEST_NAME
+    from .eval.report import comparison_table, format_table
 
     t0 = time.time()
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    # 2 cores: one encoder actor on one CPU leaves room for Ray Data's read task.
     if cfg.encode.num_actors == 1 and cfg.encode.cpus_per_actor == 1.0 and cfg.ray.address is None:
         cfg = replace(cfg, encode=replace(cfg.encode, batch_size=32))
     data = demo_data_dir()
-    corpus, emb, index, run = out / "corpus", out / "embeddings", out / "index", out / "run.trec"
+    corpus = out / "corpus"
     print(f"[demo] Python FAQ corpus ({data}) -> {out}", flush=True)
     if not (corpus / MANIFEST_NAME).exists():
         ingest([data], "beir", corpus, overwrite=True)
-    encode_corpus(corpus, emb, cfg)
-    if not (index / META_FILE).exists() or fresh:
-        build_index(emb, index, cfg.index)
-    retrieve(index, corpus / "queries.tsv", run, cfg)
-    rows, results = {}, {}
-    for split in ("all", "test"):
-        res = evaluate_files(run, corpus / "qrels" / f"{split}.trec", cfg.eval)
-        label = f"MiniLM zero-shot ({split}, {res['queries']['evaluated']} q)"
-        rows[label] = res["metrics"]
-        results[split] = res
-    table = format_table(rows)
-    manifest = json.loads((corpus / MANIFEST_NAME).read_text())
-    md = ("# Demo: zero-shot dense retrieval on the Python FAQ\n\n"
-          f"Corpus: {manifest['variant']}, {manifest['rows']} passages, fingerprint {manifest['fingerprint']}; "
-          f"model: {cfg.model.name_or_path}; index: {cfg.index.factory}.\n\n"
-          + format_table(rows, markdown=True) + "\n")
-    write_text_atomic(out / "report.md", md)
-    write_json_atomic(out / "results.json", results)
-    print("\n" + table + "\n")
+    splits = {s: corpus / "qrels" / f"{s}.trec" for s in ("all", "test")}
+    results: dict[str, dict] = {"zero-shot": _spine(corpus, out / "zero_shot", cfg, splits)}
+    zs = results["zero-shot"]
+    print("\n" + format_table({f"MiniLM zero-shot ({s}, {zs[s]['queries']['evaluated']} q)": zs[s]["metrics"]
+                                for s in splits}) + "\n", flush=True)
+
+    summaries: dict[str, dict] = {}
+    if train:
+        for method in METHODS:
+            summaries[method] = _train(method, corpus, out, fresh)
+            mcfg = replace(cfg, model=replace(cfg.model, name_or_path=summaries[method]["model"]))
+            results[method] = _spine(corpus, out / method, mcfg, {"test": splits["test"]})
+
+    labels = {"zero-shot": "MiniLM zero-shot", "dpr": "MiniLM + DPR fine-tune", "dar": "MiniLM + DAR fine-tune"}
+    test_rows = {labels[k]: {"metrics": v["test"]["metrics"], "corpus": v["test"]["corpus"]} for k, v in results.items()}
+    n_test = zs["test"]["queries"]["evaluated"]
+    table = comparison_table(test_rows)
+    md = ["# Demo: dense retrieval on the Python FAQ", "",
+          f"Held-out test split ({n_test} queries) of the bundled Python FAQ corpus "
+          f"({zs['test']['corpus']['variant']}, fingerprint {zs['test']['corpus']['fingerprint']}); "
+          f"index {cfg.index.factory} ({cfg.index.metric}).", "", comparison_table(test_rows, markdown=True), ""]
+    if summaries:
+        md += ["## Training", "", "| method | steps | global batch | examples | wall s | final loss |", "|---|---|---|---|---|---|"]
+        for m, s in summaries.items():
+            md.append(f"| {m} | {s['steps']} | {s['global_batch']} | {s['examples']} | {s['wall_seconds']} | "
+                      f"{s['final_metrics'].get('loss', float('nan')):.4f} |")
+        _plot({m.upper(): s["history"] for m, s in summaries.items()}, out / "training_curves.png")
+        md += ["", "![training curves](training_curves.png)", ""]
+    md += ["Zero-shot on all queries:", "", format_table({"MiniLM zero-shot (all)": zs["all"]["metrics"]}, markdown=True), ""]
+    write_text_atomic(out / "report.md", "\n".join(md))
+    write_json_atomic(out / "results.json", {"results": results, "training": {
+        m: {k: v for k, v in s.items() if k != "history"} for m, s in summaries.items()}})
+    print(f"\nHeld-out test split ({n_test} queries):\n" + table + "\n")
     print(f"[demo] done in {time.time() - t0:.0f}s; report: {out / 'report.md'}", flush=True)
     return results

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,11 +38,12 @@ def _datasets(examples_dir: Path, world: int) -> dict:
     base = ray.data.read_parquet(str(examples_dir), num_cpus=DATA_TASK_CPUS)
 
     def take(rank: int):
-        def keep(batch):
-            mask = batch["idx"] % world == rank
-            return {k: v[mask] for k, v in batch.items()}
+        def keep(table):  # Arrow in and out: the list<string> negatives column stays columnar
+            import pyarrow as pa
 
-        return base.map_batches(keep, batch_format="numpy", batch_size=4096, num_cpus=DATA_TASK_CPUS)
+            return table.filter(pa.array(table["idx"].to_numpy() % world == rank))
+
+        return base.map_batches(keep, batch_format="pyarrow", batch_size=4096, num_cpus=DATA_TASK_CPUS)
 
     return {f"train_{r}": take(r) for r in range(world)}
 
@@ -86,7 +88,9 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
         print(f"[train] {tc.name}: already complete at {resume.name}", flush=True)
     save_config(job, run_dir / "config.yaml")
 
-    init_ray(job.ray)
+    # Train V2's controller queries actor state through the dashboard's API: a local Ray for
+    # training starts it (bound to 127.0.0.1 like everything else).
+    init_ray(replace(job.ray, dashboard=True))
     gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
     # Ray Data's read tasks need a slice of CPU beside the workers (STACK.md §5).
     # Measured on Ray 2.60: Ray Data's budget beside Train workers rounds down to whole CPUs,
