@@ -1,0 +1,271 @@
+"""pipeline.data.training: streaming DPR JSON, DPR/qrels examples, and build_examples reuse."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.data.ingest import ingest
+from pipeline.data.training import (EXAMPLES_META, build_examples, dpr_json_examples, iter_json_array,
+                                    qrels_examples)
+from pipeline.errors import InputError
+from pipeline.train.config import TrainDataConfig
+
+
+def _ctx(title, text, pid):
+    return {"title": title, "text": text, "passage_id": pid, "score": 1.0}
+
+
+DPR = [
+    {"dataset": "nq", "question": "who wrote hamlet", "answers": ["Shakespeare"],
+     "positive_ctxs": [_ctx("Hamlet", "Hamlet is a tragedy by Shakespeare.", "1"), _ctx("X", "second pos", "9")],
+     "negative_ctxs": [_ctx("Cats", "Cats purr.", "2")],
+     "hard_negative_ctxs": [_ctx("Macbeth", "Macbeth is a tragedy.", "3"), _ctx("", "untitled hard", "4")]},
+    {"dataset": "nq", "question": "no positive here", "answers": ["x"],
+     "positive_ctxs": [], "negative_ctxs": [_ctx("A", "a", "5")], "hard_negative_ctxs": []},
+    {"dataset": "nq", "question": "capital of france", "answers": ["Paris"],
+     "positive_ctxs": [_ctx("Paris", "Paris is the capital of France. {braces} \"quotes\" [brackets], commas",
+                            "6")],
+     "negative_ctxs": [_ctx("Lyon", "Lyon is a city.", "7")],
+     "hard_negative_ctxs": []},
+    {"id": "custom-id", "question": "unicode é ü 漢字", "answers": ["y"],
+     "positive_ctxs": [_ctx("Ünï", "text with\nnewline", "8")], "negative_ctxs": [], "hard_negative_ctxs": []},
+]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("layout", ["pretty", "compact"])
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_iter_json_array_streams_objects_and_lines(tmp_path, layout, chunk):
+    if layout == "pretty":
+        text = json.dumps(DPR, indent=2, ensure_ascii=False)
+        # each top-level element starts on a line that is exactly "  {"
+        want_lines = [no for no, line in enumerate(text.split("\n"), 1) if line == "  {"]
+    else:
+        text = json.dumps(DPR, ensure_ascii=False)
+        want_lines = [1] * len(DPR)
+    assert len(want_lines) == len(DPR)
+    path = _write(tmp_path / "train.json", text + "\n")
+    got = list(iter_json_array(path, chunk_size=chunk))
+    assert [i for i, _, _ in got] == list(range(len(DPR)))
+    assert [o for _, _, o in got] == DPR
+    assert [line for _, line, _ in got] == want_lines
+
+
+def test_iter_json_array_edge_cases(tmp_path):
+    assert list(iter_json_array(_write(tmp_path / "e.json", "[]"), chunk_size=1)) == []
+    assert list(iter_json_array(_write(tmp_path / "w.json", "\n\n  [ \n ]\n"), chunk_size=2)) == []
+    got = list(iter_json_array(_write(tmp_path / "n.json", '\n[{"a": 1},\n\n{"b": 2}]'), chunk_size=3))
+    assert got == [(0, 2, {"a": 1}), (1, 4, {"b": 2})]
+    with pytest.raises(InputError, match="file not found"):
+        list(iter_json_array(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_iter_json_array_malformed_names_the_line(tmp_path, chunk):
+    text = ('[\n'
+            '  {"question": "q1", "positive_ctxs": []},\n'
+            '  {"question": "q2",\n'
+            '   "positive_ctxs": [] "oops": 1},\n'   # line 4: missing comma
+            '  {"question": "q3"}\n'
+            ']\n')
+    path = _write(tmp_path / "bad.json", text)
+    it = iter_json_array(path, chunk_size=chunk)
+    assert next(it)[2] == {"question": "q1", "positive_ctxs": []}  # streamed before the error
+    with pytest.raises(InputError) as e:
+        next(it)
+    assert e.value.line == 4 and "invalid JSON" in e.value.reason and e.value.path == str(path)
+
+
+def test_iter_json_array_unterminated(tmp_path):
+    with pytest.raises(InputError) as e:
+        list(iter_json_array(_write(tmp_path / "t.json", '[\n{"a": 1},\n{"b": '), chunk_size=4))
+    assert e.value.line == 3
+    with pytest.raises(InputError, match="unterminated"):
+        list(iter_json_array(_write(tmp_path / "t2.json", '[\n{"a": 1},\n'), chunk_size=4))
+
+
+@pytest.mark.parametrize("text", ['{"question": "q"}', 'question,answers\n', '  "x"', ",[]"])
+def test_iter_json_array_needs_an_array(tmp_path, text):
+    with pytest.raises(InputError) as e:
+        list(iter_json_array(_write(tmp_path / "o.json", text)))
+    assert e.value.line == 1 and "[" in e.value.reason
+
+
+def test_iter_json_array_elements_must_be_objects(tmp_path):
+    with pytest.raises(InputError, match="JSON object") as e:
+        list(iter_json_array(_write(tmp_path / "l.json", '[{"a": 1},\n [1, 2]]')))
+    assert e.value.line == 2
+
+
+def test_dpr_json_examples_hard_with_fallback_and_skips(tmp_path):
+    path = _write(tmp_path / "train.json", json.dumps(DPR, indent=2))
+    skipped: dict = {}
+    ex = list(dpr_json_examples(path, negatives="hard", skipped=skipped))
+    assert skipped == {"no_positive": 1}
+    assert [e["query"] for e in ex] == ["who wrote hamlet", "capital of france", "unicode é ü 漢字"]
+    assert [e["qid"] for e in ex] == ["0", "2", "custom-id"]  # array index unless the example has an id
+    # positive: the first positive ctx, title-joined
+    assert ex[0]["positive"] == "Hamlet [SEP] Hamlet is a tragedy by Shakespeare."
+    assert ex[2]["positive"] == "Ünï [SEP] text with\nnewline"
+    # hard negatives, an empty title leaves no dangling separator
+    assert ex[0]["negatives"] == ["Macbeth [SEP] Macbeth is a tragedy.", "untitled hard"]
+    # no hard negatives -> falls back to negative_ctxs
+    assert ex[1]["negatives"] == ["Lyon [SEP] Lyon is a city."]
+    assert ex[2]["negatives"] == []
+
+
+def test_dpr_json_examples_random_both_and_join(tmp_path):
+    path = _write(tmp_path / "train.json", json.dumps(DPR))
+    rand = list(dpr_json_examples(path, negatives="random"))
+    assert rand[0]["negatives"] == ["Cats [SEP] Cats purr."]
+    both = list(dpr_json_examples(path, negatives="both"))
+    assert both[0]["negatives"] == ["Macbeth [SEP] Macbeth is a tragedy.", "untitled hard", "Cats [SEP] Cats purr."]
+    assert both[1]["negatives"] == ["Lyon [SEP] Lyon is a city."]
+    plain = list(dpr_json_examples(path, join="none"))
+    assert plain[0]["positive"] == "Hamlet is a tragedy by Shakespeare."
+    spaced = list(dpr_json_examples(path, join="{title} {text}"))
+    assert spaced[0]["positive"] == "Hamlet Hamlet is a tragedy by Shakespeare."
+
+
+def test_dpr_json_examples_missing_fields(tmp_path):
+    path = _write(tmp_path / "bad.json", '[\n{"question": "q", "positive_ctxs": [{"title": "t", "text": "x"}]},\n'
+                                        '{"answers": []}\n]')
+    with pytest.raises(InputError) as e:
+        list(dpr_json_examples(path))
+    assert e.value.line == 3 and "example 1" in e.value.reason
+
+
+# --------------------------------------------------------------------------- qrels + corpus
+
+
+CORPUS = {f"p{i}": f"passage text number {i}" for i in range(1, 10)}
+QUERIES = {"q1": "first query", "q2": "second query"}
+QRELS = ("q1 0 p1 1\n"
+         "q1 0 p2 2\n"
+         "q1 0 p3 0\n"      # judged, not relevant: never a negative either
+         "q2 0 p4 1\n"
+         "q3 0 p5 0\n")     # a query with no relevant passage and no text: ignored
+RUN = ("q1 Q0 p3 1 9.0 bm25\n"   # judged (rel 0) -> excluded
+       "q1 Q0 p1 2 8.0 bm25\n"   # positive -> excluded
+       "q1 Q0 p5 3 7.0 bm25\n"
+       "q1 Q0 p6 4 6.0 bm25\n"
+       "q1 Q0 p7 5 5.0 bm25\n"   # beyond depth 4
+       "q2 Q0 p8 1 3.0 bm25\n"
+       "q2 Q0 p4 2 2.0 bm25\n"   # positive -> excluded
+       "q2 Q0 p1 3 1.0 bm25\n"   # relevant for q1, not judged for q2 -> a negative for q2
+       "q9 Q0 p9 1 1.0 bm25\n")  # not a training query: ignored
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    src = _write(tmp_path / "collection.tsv", "".join(f"{p}\t{t}\n" for p, t in CORPUS.items()))
+    queries = _write(tmp_path / "queries.tsv", "".join(f"{q}\t{t}\n" for q, t in QUERIES.items()))
+    qrels = _write(tmp_path / "qrels.train.trec", QRELS)
+    out = tmp_path / "corpus"
+    ingest([src], "msmarco", out, queries=queries, qrels={"train": qrels}, progress=False)
+    run = _write(tmp_path / "bm25.trec", RUN)
+    return {"dir": out, "queries": queries, "qrels": qrels, "run": run}
+
+
+def test_qrels_examples_one_per_relevant_pair_and_clean_negatives(corpus):
+    ex = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=4))
+    assert [(e["qid"], e["positive"]) for e in ex] == [
+        ("q1", CORPUS["p1"]), ("q1", CORPUS["p2"]), ("q2", CORPUS["p4"])]
+    assert all(e["query"] == QUERIES[e["qid"]] for e in ex)
+    assert ex[0]["negatives"] == ex[1]["negatives"] == [CORPUS["p5"], CORPUS["p6"]]
+    assert ex[2]["negatives"] == [CORPUS["p8"], CORPUS["p1"]]
+    judged = {"q1": {"p1", "p2", "p3"}, "q2": {"p4"}}
+    for e in ex:
+        assert not {CORPUS[p] for p in judged[e["qid"]]} & set(e["negatives"])
+
+
+def test_qrels_examples_depth_cap_level_and_no_run(corpus):
+    deep = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=100))
+    assert deep[0]["negatives"] == [CORPUS["p5"], CORPUS["p6"], CORPUS["p7"]]
+    capped = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=100,
+                                 max_negatives=1))
+    assert capped[0]["negatives"] == [CORPUS["p5"]]
+    shallow = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=1))
+    assert [e["negatives"] for e in shallow] == [[], [], [CORPUS["p8"]]]
+    level2 = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], rel_level=2))
+    assert [(e["qid"], e["positive"], e["negatives"]) for e in level2] == [("q1", CORPUS["p2"], [])]
+
+
+def test_qrels_examples_query_missing_from_queries(corpus, tmp_path):
+    qrels = _write(tmp_path / "more.trec", "q1 0 p1 1\nq7 0 p2 1\n")
+    with pytest.raises(InputError) as e:
+        list(qrels_examples(corpus["dir"], corpus["queries"], qrels))
+    assert e.value.line == 2 and "q7" in e.value.reason
+
+
+def test_qrels_examples_passage_missing_from_corpus(corpus, tmp_path):
+    from pipeline.errors import PipelineError
+
+    run = _write(tmp_path / "r.trec", "q1 Q0 nope 1 1.0 x\n")
+    with pytest.raises(PipelineError, match="nope"):
+        list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], run))
+
+
+# --------------------------------------------------------------------------- build_examples
+
+
+def _rows(out: Path) -> list[dict]:
+    return [r for p in sorted(out.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def test_build_examples_dpr_json_reuse_and_rebuild(tmp_path):
+    src = _write(tmp_path / "train.json", json.dumps(DPR, indent=2))
+    cfg = TrainDataConfig(source="dpr-json", path=str(src))
+    out = tmp_path / "examples"
+    meta = build_examples(cfg, out, progress=False)
+    assert meta["examples"] == 3 and meta["skipped"] == {"no_positive": 1}
+    rows = _rows(out)
+    assert [r["idx"] for r in rows] == [0, 1, 2]
+    assert rows[0]["positive"] == "Hamlet [SEP] Hamlet is a tragedy by Shakespeare."
+    assert json.loads((out / EXAMPLES_META).read_text()) == meta
+
+    stamp = os.stat(out / EXAMPLES_META).st_mtime_ns
+    again = build_examples(cfg, out, progress=False)
+    assert again == meta
+    assert os.stat(out / EXAMPLES_META).st_mtime_ns == stamp  # reused, not rewritten
+
+    # a changed option rebuilds
+    both = build_examples(TrainDataConfig(source="dpr-json", path=str(src), negatives="both"), out, progress=False)
+    assert both["negatives"] == "both"
+    assert _rows(out)[0]["negatives"][-1] == "Cats [SEP] Cats purr."
+
+    # a changed source file rebuilds (same size and name, different bytes)
+    changed = json.loads(json.dumps(DPR))
+    changed[1]["positive_ctxs"] = [_ctx("Now", "has one", "10")]
+    _write(src, json.dumps(changed, indent=2))
+    rebuilt = build_examples(TrainDataConfig(source="dpr-json", path=str(src), negatives="both"), out, progress=False)
+    assert rebuilt["examples"] == 4 and rebuilt["skipped"] == {}
+    assert rebuilt["sources_sha256"] != both["sources_sha256"]
+    assert len(_rows(out)) == 4
+
+
+def test_build_examples_qrels_defaults_reuse_and_run_change(corpus, tmp_path):
+    cfg = TrainDataConfig(source="qrels", corpus=str(corpus["dir"]), negatives_run=str(corpus["run"]),
+                          negatives_depth=4)
+    out = tmp_path / "ex"
+    meta = build_examples(cfg, out, progress=False)   # queries.tsv and qrels/train.trec of the corpus
+    assert meta["examples"] == 3 and meta["variant"] == "msmarco-official"
+    rows = _rows(out)
+    assert [(r["qid"], r["negatives"]) for r in rows] == [
+        ("q1", [CORPUS["p5"], CORPUS["p6"]]), ("q1", [CORPUS["p5"], CORPUS["p6"]]), ("q2", [CORPUS["p8"], CORPUS["p1"]])]
+    stamp = os.stat(out / EXAMPLES_META).st_mtime_ns
+    assert build_examples(cfg, out, progress=False) == meta
+    assert os.stat(out / EXAMPLES_META).st_mtime_ns == stamp
+    _write(corpus["run"], RUN.replace("q2 Q0 p8 1", "q2 Q0 p9 1"))
+    build_examples(cfg, out, progress=False)
+    assert os.stat(out / EXAMPLES_META).st_mtime_ns != stamp
+    assert _rows(out)[2]["negatives"] == [CORPUS["p9"], CORPUS["p1"]]
