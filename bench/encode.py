@@ -4,7 +4,8 @@ Prints, from one run on the same machine:
   1. passages/s of a plain loop (same model, batch size, max length, torch threads)
      and of `pipeline encode` (Ray Data, encoder actors), end to end and steady state,
      with the ratio ours / plain;
-  2. peak RSS (driver, and driver + Ray workers) encoding a corpus and one 10x larger,
+  2. peak memory (driver RSS; Ray processes' PSS, which counts shared object-store pages
+     once) encoding a corpus and one 10x larger,
      with the ratio large / small.
 
     python bench/encode.py                      # tiny random BERT (fast)
@@ -72,16 +73,17 @@ def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int
     return summary
 
 
-def _ray_rss() -> int:
+def _ray_pss() -> int:
+    """Proportional set size of every Ray process: shared object-store pages counted once."""
     import psutil
 
     total = 0
-    for p in psutil.process_iter(["cmdline", "memory_info"]):
+    for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
             if "ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd:
-                total += p.info["memory_info"].rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError):
+                total += p.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError, AttributeError):
             pass
     return total
 
@@ -101,7 +103,7 @@ def child_rss(args) -> None:
 
     def watch():
         while not stop.is_set():
-            peak["ray"] = max(peak["ray"], _ray_rss())
+            peak["ray"] = max(peak["ray"], _ray_pss())
             time.sleep(0.2)
 
     th = threading.Thread(target=watch, daemon=True)
@@ -154,7 +156,7 @@ def main() -> None:
         rate = n / r["wall"]
         print(f"{label:34s} {rate:8.1f} psg/s   ratio vs plain {rate / plain_rate:.2f}x  (wall {r['wall']:.1f}s incl. actor start)")
 
-    print("\n== peak RSS, corpus vs 10x corpus ==")
+    print("\n== peak memory, corpus vs 10x corpus ==")
     rss = {}
     for size in (args.rss_n, args.rss_n * 10):
         c = make_corpus(tmp, size, part_rows=max(1, args.rss_n // 2))
@@ -166,7 +168,8 @@ def main() -> None:
             print(proc.stdout[-2000:], proc.stderr[-4000:])
             raise SystemExit("RSS child failed")
         rss[size] = json.loads(line[0][4:])
-        print(f"{size:7d} passages: driver {rss[size]['driver'] / 2**20:7.0f} MiB   Ray processes {rss[size]['ray'] / 2**20:7.0f} MiB")
+        print(f"{size:7d} passages: driver peak RSS {rss[size]['driver'] / 2**20:7.0f} MiB   "
+              f"Ray processes peak PSS {rss[size]['ray'] / 2**20:7.0f} MiB")
     small, large = rss[args.rss_n], rss[args.rss_n * 10]
     print(f"ratio 10x / 1x: driver {large['driver'] / small['driver']:.2f}x   Ray processes {large['ray'] / small['ray']:.2f}x")
 

@@ -66,6 +66,8 @@ class EncodeConfig:
     # Split each corpus part into this many Ray blocks (repartition); 0 = only when parts < 2 x actors.
     blocks_per_part: int = 0
     show_progress: bool = True
+    # Object-store budget of the encode pipeline (read-ahead + results in flight).
+    object_store_budget_mb: int = 512
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def _train(method: str, corpus: Path, out: Path, fresh: bool) -> dict:
     if not cfg_path.exists():
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
     job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
-                                       "validation.corpus=null"])
+                                       f"data.negatives_run={out / 'zero_shot' / 'run.trec'}", "validation.corpus=null"])
     summary_path = out / "train" / job.train.name / "summary.json"
     if summary_path.exists() and not fresh:
         summary = json.loads(summary_path.read_text())
@@ -81,10 +81,11 @@ def _plot(histories: dict[str, list[dict]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, hist in histories.items():
         pts = [(h["step"], h["loss"]) for h in hist if "loss" in h]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=f"{label} loss")
-        nll = [(h["step"], h["nll"]) for h in hist if "mix" in h and h.get("mix", 0) > 0]
-        if nll:
-            ax.plot([p[0] for p in nll], [p[1] for p in nll], ls="--", label=f"{label} nll term")
+        steps, loss = [p[0] for p in pts], [p[1] for p in pts]
+        line, = ax.plot(steps, loss, marker="o", ms=3, alpha=0.35, label=f"{label} loss (per report)")
+        k = max(1, len(loss) // 6)  # moving average: per-step losses of small batches are noisy
+        smooth = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
+        ax.plot(steps, smooth, color=line.get_color(), lw=2, label=f"{label} loss ({k}-report mean)")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_title("Fine-tuning MiniLM on the Python FAQ (train split)")

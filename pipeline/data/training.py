@@ -37,14 +37,18 @@ SCHEMA = pa.schema([("idx", pa.int64()), ("qid", pa.string()), ("query", pa.stri
 
 
 def iter_json_array(path: str | Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, int, dict]]:
-    """Stream the objects of a top-level JSON array: yields (index, line, object)."""
+    """Stream the objects of a top-level JSON array: yields (index, line, object).
+
+    Memory holds one object (plus a chunk) at a time. Separators are checked: objects
+    must be separated by single commas, and nothing may follow the closing bracket.
+    """
     path = Path(path)
     decoder = json.JSONDecoder()
     if not path.exists():
         raise InputError(path, None, "file not found")
-    with open(path, "r", encoding="utf-8", errors="strict") as f:
+    with open(path, "r", encoding="utf-8-sig", errors="strict") as f:
         buf, pos, line, idx = "", 0, 1, 0
-        started = False
+        state = "start"  # start -> value -> sep -> value ... -> end
 
         def more() -> bool:
             nonlocal buf, pos
@@ -59,38 +63,46 @@ def iter_json_array(path: str | Path, chunk_size: int = 1 << 20) -> Iterator[tup
             return True
 
         while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                if buf[pos] == "\n":
-                    line += 1
-                if buf[pos] == "," and not started:
-                    raise InputError(path, line, "expected '[' at the start of the file")
+            while pos < len(buf) and buf[pos] in " \t\r\n":
+                line += buf[pos] == "\n"
                 pos += 1
             if pos >= len(buf):
-                if not more():
-                    raise InputError(path, line, "unexpected end of file (unterminated JSON array)")
-                continue
+                if more():
+                    continue
+                if state == "end":
+                    return
+                raise InputError(path, line, "unexpected end of file (unterminated JSON array)")
             ch = buf[pos]
-            if not started:
+            if state == "end":
+                raise InputError(path, line, f"unexpected {ch!r} after the closing ']'")
+            if state == "start":
                 if ch != "[":
                     raise InputError(path, line, "expected a JSON array of examples ('[' at the start)")
-                started, pos = True, pos + 1
+                state, pos = "first", pos + 1
                 continue
-            if ch == "]":
-                return
+            if ch == "]" and state in ("first", "sep"):
+                state, pos = "end", pos + 1
+                continue
+            if state == "sep":
+                if ch != ",":
+                    raise InputError(path, line, f"expected ',' or ']' between examples, found {ch!r}")
+                state, pos = "value", pos + 1
+                continue
             while True:
                 try:
                     obj, end = decoder.raw_decode(buf, pos)
                     break
                 except json.JSONDecodeError as e:
-                    # usually the object continues in the next chunk; a real error persists to EOF
-                    if more():
+                    # Incomplete at the end of the buffer: read on. An error inside the buffer is real.
+                    truncated = e.pos >= len(buf) - 1 or e.msg.startswith("Unterminated string")
+                    if truncated and more():
                         continue
                     raise InputError(path, line + buf.count("\n", pos, e.pos), f"invalid JSON: {e.msg}") from None
             if not isinstance(obj, dict):
                 raise InputError(path, line, "each array element must be a JSON object")
             yield idx, line, obj
             line += buf.count("\n", pos, end)
-            pos, idx = end, idx + 1
+            pos, idx, state = end, idx + 1, "sep"
 
 
 def _ctx_text(ctx: dict, join: str) -> str:
@@ -98,7 +110,7 @@ def _ctx_text(ctx: dict, join: str) -> str:
 
 
 def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", negatives: str = "hard",
-                      skipped: dict | None = None) -> Iterator[dict]:
+                      skipped: dict | None = None, need_negatives: bool = False) -> Iterator[dict]:
     """Examples from DPR training JSON. `negatives`: 'hard' (hard_negative_ctxs, falling back to
     negative_ctxs), 'random' (negative_ctxs) or 'both'. Questions without a positive are skipped
     and counted in `skipped` (as DPR's own loader does)."""
@@ -112,6 +124,9 @@ def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", nega
         hard = obj.get("hard_negative_ctxs") or []
         rand = obj.get("negative_ctxs") or []
         negs = {"hard": hard or rand, "random": rand, "both": hard + rand}[negatives]
+        if need_negatives and not negs:
+            skipped["no_negatives"] = skipped.get("no_negatives", 0) + 1
+            continue
         yield {"qid": str(obj.get("id", i)), "query": obj["question"],
                "positive": _ctx_text(obj["positive_ctxs"][0], join),
                "negatives": [_ctx_text(c, join) for c in negs]}
@@ -119,31 +134,41 @@ def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", nega
 
 def qrels_examples(corpus_dir: str | Path, queries: str | Path, qrels: str | Path,
                    negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
-                   max_negatives: int = 30, skipped: dict | None = None) -> Iterator[dict]:
+                   max_negatives: int = 30, skipped: dict | None = None,
+                   need_negatives: bool = False) -> Iterator[dict]:
     """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run)."""
     skipped = skipped if skipped is not None else {}
     qtext = load_queries(queries)
     positives: dict[str, list[str]] = {}
     judged: dict[str, set[str]] = {}
     for r in read_qrels(qrels):
-        judged.setdefault(r["qid"], set()).add(r["docid"])
+        if r["docid"] in judged.setdefault(r["qid"], set()):
+            raise InputError(qrels, r["line"], f"duplicate judgement for query {r['qid']!r}, doc {r['docid']!r}")
+        judged[r["qid"]].add(r["docid"])
         if r["rel"] >= rel_level:
             if r["qid"] not in qtext:
                 raise InputError(qrels, r["line"], f"query {r['qid']!r} is not in {queries}")
             positives.setdefault(r["qid"], []).append(r["docid"])
     negs: dict[str, list[str]] = {}
     if negatives_run:
+        ranked: dict[str, list[tuple[float, str]]] = {}
         for r in read_run_file(negatives_run):
-            if r["qid"] in positives and r["rank"] <= depth and r["docid"] not in judged.get(r["qid"], ()):
-                lst = negs.setdefault(r["qid"], [])
-                if len(lst) < max_negatives:
-                    lst.append(r["docid"])
+            if r["qid"] in positives:
+                ranked.setdefault(r["qid"], []).append((-r["score"], r["docid"]))
+        # the run's top `depth` by score (not its rank column, which may be 0- or 1-based),
+        # minus every judged passage
+        for q, lst in ranked.items():
+            top = [d for _, d in sorted(lst)[:depth] if d not in judged[q]]
+            negs[q] = top[:max_negatives]
     need = {p for ps in positives.values() for p in ps} | {n for ns in negs.values() for n in ns}
     texts = fetch_passages(corpus_dir, need, join=None)
     missing = need - set(texts)
     if missing:
         raise PipelineError(f"{len(missing)} qrels/run passages are not in {corpus_dir}, e.g. {sorted(missing)[:3]}")
     for qid in sorted(positives):
+        if need_negatives and not negs.get(qid):
+            skipped["no_negatives"] = skipped.get("no_negatives", 0) + len(positives[qid])
+            continue
         for pid in positives[qid]:
             yield {"qid": qid, "query": qtext[qid], "positive": texts[pid],
                    "negatives": [texts[n] for n in negs.get(qid, [])]}
@@ -200,6 +225,7 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
                 "variant": manifest["variant"], "title_join": manifest["title_join"], "queries": str(queries),
                 "qrels": str(qrels), "negatives_run": data_cfg.negatives_run, "depth": data_cfg.negatives_depth,
                 "rel_level": data_cfg.rel_level}
+    meta["need_negatives"] = data_cfg.hard_negatives > 0
     meta["sources_sha256"] = {str(s): sha256_file(s) for s in sources if Path(s).exists()}
     meta_path = out / EXAMPLES_META
     if meta_path.exists():
@@ -208,10 +234,11 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             return old
     skipped: dict = {}
     if data_cfg.source == "dpr-json":
-        examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped)
+        examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
+                                     need_negatives=data_cfg.hard_negatives > 0)
     else:
         examples = qrels_examples(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
-                                  data_cfg.rel_level, skipped=skipped)
+                                  data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0)
     result = write_examples(examples, out, meta, skipped=skipped)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""

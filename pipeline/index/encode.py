@@ -116,6 +116,10 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         ctx = DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        # Bound read-ahead: without a budget Ray Data fills up to its share of the object
+        # store (30 % of RAM), so memory would grow with the corpus until that cap.
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+            object_store_memory=enc.object_store_budget_mb * 2**20)
         paths = [str((corpus_dir / p["file"]).resolve()) for _, p in todo]
         index_of = {path: i for path, (i, _) in zip(paths, todo)}
         rows_of = {path: p["rows"] for path, (_, p) in zip(paths, todo)}

@@ -20,6 +20,9 @@ with μ_k the mean of the 2B scores involved for shift k (B positives, B negativ
 code does. Validation (training=False) is deterministic: no copies, no λ, L = L_nll.
 
 Identities: n = 0 and w = 0 gives DPR's L_nll exactly.
+Under DDP the NLL sees the all-gathered batch exactly; the mix term, like the released
+single-GPU code, uses each worker's own queries (μ_k over its 2B scores, its own λ draws)
+against the global positives, so it is a per-worker estimate, averaged by DDP.
 Shapes: q (B, D); docs (N, D) = [G global positives | hard negatives]; pos_idx (B,) in [0, G).
 """
 
@@ -54,10 +57,10 @@ def dar_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: Lo
              training: bool = True, generator: torch.Generator | None = None, n_pos: int | None = None):
     """DAR loss. Returns (loss, {"nll", "mix"}) with each term averaged over the n+1 copies.
 
-    `n_pos` (G) is the number of leading columns of `docs` that are in-batch positives;
-    by default every column up to max(pos_idx)+1 rounded to the batch (B when unsharded).
+    `n_pos` (G) is the number of leading columns of `docs` that are in-batch positives
+    (`dist.gather_docs` returns it); without it, the unsharded case G = B is assumed.
     """
-    G = n_pos if n_pos is not None else max(int(pos_idx.max()) + 1, q.shape[0])
+    G = n_pos if n_pos is not None else q.shape[0]
     if not training:
         nll = nll_from_scores(scores(q, docs, cfg), pos_idx)
         return nll, {"nll": nll.detach(), "mix": torch.zeros((), device=q.device)}

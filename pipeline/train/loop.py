@@ -106,7 +106,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         model = BiEncoder.load(job.model)
     model.to(device)
     ddp = ray.train.torch.prepare_model(model)
-    optimizer = build_optimizer(model.parameters(), job.optim)
+    optimizer = build_optimizer(model.named_parameters(), job.optim)
     scheduler = warmup_linear(optimizer, warmup_steps(job.optim, total), total)
     autocast, scaler = _amp(job, device)
     step = 0

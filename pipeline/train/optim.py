@@ -42,14 +42,23 @@ class Lamb(Optimizer):
 
 
 def build_optimizer(params, cfg) -> Optimizer:
-    params = [p for p in params if p.requires_grad]
+    """AdamW or LAMB. `params` may be parameters or (name, parameter) pairs; with names,
+    biases and LayerNorm weights are not decayed (the BERT convention)."""
+    params = list(params)
+    if params and isinstance(params[0], tuple):
+        decay = [p for n, p in params if p.requires_grad and not (n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n)]
+        no_decay = [p for n, p in params if p.requires_grad and (n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n)]
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    else:
+        groups = [{"params": [p for p in params if p.requires_grad]}]
+    groups = [g for g in groups if g["params"]]
     if cfg.name == "lamb":
-        return Lamb(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def warmup_linear(optimizer: Optimizer, warmup: int, total: int):
-    """LR × step/warmup during warmup, then linear decay to 0 at `total`."""
+    """LR × (step+1)/warmup during warmup (the first step already moves), then linear decay to 0 at `total`."""
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

@@ -116,3 +116,17 @@ def test_build_optimizer():
     adamw = build_optimizer([a, b], OptimConfig(lr=2e-5))
     assert isinstance(adamw, torch.optim.AdamW) and adamw.param_groups[0]["lr"] == 2e-5
     assert adamw.param_groups[0]["params"] == [a]
+
+
+def test_build_optimizer_does_not_decay_bias_and_layernorm():
+    import torch
+
+    from pipeline.train.config import OptimConfig
+    from pipeline.train.optim import build_optimizer
+
+    layer = torch.nn.Linear(2, 2)
+    norm = torch.nn.LayerNorm(2)
+    named = [("dense.weight", layer.weight), ("dense.bias", layer.bias), ("LayerNorm.weight", norm.weight)]
+    opt = build_optimizer(named, OptimConfig(weight_decay=0.01))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(layer.weight)}

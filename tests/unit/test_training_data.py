@@ -269,3 +269,39 @@ def test_build_examples_qrels_defaults_reuse_and_run_change(corpus, tmp_path):
     build_examples(cfg, out, progress=False)
     assert os.stat(out / EXAMPLES_META).st_mtime_ns != stamp
     assert _rows(out)[2]["negatives"] == [CORPUS["p9"], CORPUS["p1"]]
+
+
+@pytest.mark.parametrize("text,line", [
+    ('[{"a": 1}\n {"b": 2}]', 2),          # missing comma
+    ('[{"a": 1},\n,{"b": 2}]', 2),         # double comma
+    ('[{"a": 1}]\n{"b": 2}', 2),           # data after the closing bracket
+    ('[{"a": 1},\n {"b": oops}]', 2),      # a real error inside the buffer
+])
+def test_iter_json_array_rejects_bad_separators(tmp_path, text, line):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        list(iter_json_array(path, chunk_size=4))
+    assert info.value.line == line
+
+
+def test_iter_json_array_accepts_bom_and_empty_array(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf[ {\"a\": 1} , {\"a\": 2} ]\n")
+    assert [o["a"] for _, _, o in iter_json_array(path, chunk_size=3)] == [1, 2]
+    (tmp_path / "empty.json").write_text("[]")
+    assert list(iter_json_array(tmp_path / "empty.json")) == []
+
+
+def test_examples_without_negatives_are_skipped_when_required(tmp_path):
+    path = tmp_path / "dpr.json"
+    path.write_text(json.dumps([
+        {"question": "q0", "answers": ["a"], "positive_ctxs": [{"title": "t", "text": "p"}],
+         "negative_ctxs": [], "hard_negative_ctxs": []},
+        {"question": "q1", "answers": ["a"], "positive_ctxs": [{"title": "t", "text": "p"}],
+         "negative_ctxs": [{"title": "n", "text": "x"}], "hard_negative_ctxs": []},
+    ]))
+    skipped: dict = {}
+    ex = list(dpr_json_examples(path, skipped=skipped, need_negatives=True))
+    assert [e["query"] for e in ex] == ["q1"] and skipped == {"no_negatives": 1}
+    assert len(list(dpr_json_examples(path, need_negatives=False))) == 2
