@@ -62,7 +62,7 @@ def _train(method: str, corpus: Path, out: Path, fresh: bool) -> dict:
     if not cfg_path.exists():
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
     job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
-                                       f"data.negatives_run={out / 'zero_shot' / 'run.trec'}", "validation.corpus=null"])
+                                       "validation.corpus=null"])
     summary_path = out / "train" / job.train.name / "summary.json"
     if summary_path.exists() and not fresh:
         summary = json.loads(summary_path.read_text())

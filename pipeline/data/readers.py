@@ -277,19 +277,30 @@ def read_queries(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
 # --------------------------------------------------------------------------- qrels
 
 
-def read_trec_qrels(path: str | Path) -> Iterator[dict]:
-    """TREC qrels: `qid 0 docid rel` (whitespace-separated)."""
-    path = Path(path)
+def _whitespace_rows(path: Path, n: int, layout: str) -> Iterator[tuple[int, list[str]]]:
+    """Non-blank lines of a whitespace-separated TREC file, each with exactly n columns."""
     for no, line in iter_lines(path):
         if not line.strip():
             continue
         parts = line.split()
-        if len(parts) != 4:
-            raise InputError(path, no, f"expected 4 columns 'qid 0 docid rel', found {len(parts)}")
-        try:
-            rel = int(parts[3])
-        except ValueError:
-            raise InputError(path, no, f"relevance {parts[3]!r} is not an integer") from None
+        if len(parts) != n:
+            raise InputError(path, no, f"expected {n} columns '{layout}', found {len(parts)}")
+        yield no, parts
+
+
+def _number(path: Path, no: int, value: str, cast, what: str):
+    try:
+        return cast(value)
+    except ValueError:
+        kind = "an integer" if cast is int else "a number"
+        raise InputError(path, no, f"{what} {value!r} is not {kind}") from None
+
+
+def read_trec_qrels(path: str | Path) -> Iterator[dict]:
+    """TREC qrels: `qid 0 docid rel` (whitespace-separated)."""
+    path = Path(path)
+    for no, parts in _whitespace_rows(path, 4, "qid 0 docid rel"):
+        rel = _number(path, no, parts[3], int, "relevance")
         yield {"qid": parts[0], "docid": parts[2], "rel": rel, "line": no}
 
 
@@ -349,18 +360,7 @@ def load_queries(path: str | Path, fmt: str = "auto") -> dict[str, str]:
 def read_run_file(path: str | Path) -> Iterator[dict]:
     """TREC run `qid Q0 docid rank score tag` -> {qid, docid, rank, score, line}."""
     path = Path(path)
-    for no, line in iter_lines(path):
-        if not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) != 6:
-            raise InputError(path, no, f"expected 6 columns 'qid Q0 docid rank score tag', found {len(parts)}")
-        try:
-            score = float(parts[4])
-        except ValueError:
-            raise InputError(path, no, f"score {parts[4]!r} is not a number") from None
-        try:
-            rank = int(parts[3])
-        except ValueError:
-            raise InputError(path, no, f"rank {parts[3]!r} is not an integer") from None
+    for no, parts in _whitespace_rows(path, 6, "qid Q0 docid rank score tag"):
+        score = _number(path, no, parts[4], float, "score")
+        rank = _number(path, no, parts[3], int, "rank")
         yield {"qid": parts[0], "docid": parts[2], "rank": rank, "score": score, "line": no}

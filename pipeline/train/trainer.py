@@ -33,6 +33,8 @@ def _datasets(examples_dir: Path, world: int) -> dict:
     """One dataset per worker: examples with idx % world == rank, file order preserved."""
     import ray.data
 
+    # Workers stream these; Ray Data's cursor-drawing progress bars would garble their logs.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     # Light data tasks: the workers hold most CPUs, and Ray Data stalls when its tasks
     # cannot get a whole CPU beside them (STACK.md §5).
     base = ray.data.read_parquet(str(examples_dir), num_cpus=DATA_TASK_CPUS)
