@@ -89,6 +89,10 @@ def cmd_evaluate(args) -> None:
         result["corpus"] = {"fingerprint": meta.get("corpus_fingerprint"), "variant": meta.get("variant"),
                             "title_join": meta.get("title_join")}
     print(format_table({Path(args.run).name: result["metrics"]}))
+    deep = [k for k in cfg.recall_ks if k > result.get("run_depth", k)]
+    if deep:
+        print(f"WARNING: the run holds at most {result['run_depth']} documents per query; "
+              f"R@{', R@'.join(map(str, deep))} are cut at that depth (retrieve with --top-k {max(deep)})")
     q = result["queries"]
     print("queries: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in q.items()))
     if args.per_query and "per_query" in result:

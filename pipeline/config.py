@@ -96,7 +96,9 @@ class RetrieveConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     # Recall cut-offs; RR@10, nDCG@10, AP@100 and RR@100 are always reported.
-    recall_ks: tuple[int, ...] = (10, 100, 1000)
+    # R@1000 needs a run retrieved with retrieve.top_k=1000 (evaluate warns when a cut-off
+    # is deeper than the run).
+    recall_ks: tuple[int, ...] = (10, 20, 100)
     # Minimum relevance grade that counts as relevant for binary measures (TREC DL: 2).
     rel_level: int = 1
     qa_ks: tuple[int, ...] = (1, 5, 20, 100)

@@ -61,6 +61,7 @@ def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, in
     agg = ir_measures.calc_aggregate(list(measures.values()), qrels_list, run_list)
     result = {
         "metrics": {name: float(agg[m]) for name, m in measures.items()},
+        "run_depth": max((len(d) for d in run.values()), default=0),
         "queries": {
             "judged": len(qrels),
             "in_run": len(run),

@@ -21,7 +21,7 @@ def test_defaults():
     cfg = load_config()
     assert cfg == PipelineConfig()
     assert cfg.encode.batch_size == 64
-    assert cfg.eval.recall_ks == (10, 100, 1000)
+    assert cfg.eval.recall_ks == (10, 20, 100)
     assert cfg.extra == {}
 
 
