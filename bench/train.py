@@ -69,7 +69,8 @@ def plain(args, loss_name: str) -> dict:
     from pipeline.data.training import build_examples
 
     build_examples(job.data, Path(args.storage) / "plain_examples", progress=False)
-    rows = pq.read_table(Path(args.storage) / "plain_examples").to_pylist()
+    rows = [r for f in sorted((Path(args.storage) / "plain_examples").glob("part-*.parquet"))
+            for r in pq.read_table(f).to_pylist()]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = BiEncoder.load(job.model).to(device).train()
     opt = build_optimizer(model.parameters(), job.optim)

@@ -1,0 +1,68 @@
+"""BiEncoder: offline loading, pooling detection, separate towers, prefixes, save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import ModelConfig
+from pipeline.errors import ConfigError
+from pipeline.models import BiEncoder
+from pipeline.models.encoder import pool
+from pipeline.models.tiny import build_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("towers")
+    return build_tiny_bert(root / "a", seed=0), build_tiny_bert(root / "b", seed=1)
+
+
+def test_minilm_package_declares_mean_pooling_and_normalisation():
+    model = BiEncoder.load(ModelConfig(name_or_path="minilm"))
+    assert (model.pooling, model.normalize, model.dim) == ("mean", True, 384)
+
+
+def test_plain_bert_defaults_to_cls_without_normalisation(towers):
+    model = BiEncoder.load(ModelConfig(name_or_path=str(towers[0])))
+    assert (model.pooling, model.normalize, model.shared) == ("cls", False, True)
+
+
+def test_missing_directory_is_a_config_error_not_a_download(tmp_path):
+    with pytest.raises(ConfigError, match="nothing is downloaded"):
+        BiEncoder.load(ModelConfig(name_or_path=str(tmp_path / "nope")))
+    with pytest.raises(ConfigError):
+        BiEncoder.load(ModelConfig(name_or_path="bert-base-uncased"))  # a hub id is refused too
+
+
+def test_mean_pooling_ignores_padding():
+    hidden = torch.tensor([[[1.0, 1.0], [3.0, 3.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert torch.equal(pool(hidden, mask, "mean"), torch.tensor([[2.0, 2.0]]))
+    assert torch.equal(pool(hidden, mask, "cls"), torch.tensor([[1.0, 1.0]]))
+
+
+def test_separate_towers_save_and_load_round_trip(towers, tmp_path):
+    cfg = ModelConfig(name_or_path=str(towers[0]), query_name_or_path=str(towers[1]), pooling="mean",
+                      normalize=True, query_prefix="query: ", doc_prefix="passage: ")
+    model = BiEncoder.load(cfg)
+    assert not model.shared and model.query_encoder is not model.doc_encoder
+    q, d = model.embed(["how to sort"], "query"), model.embed(["how to sort"], "doc")
+    assert not np.allclose(q, d)  # different towers and prefixes
+    assert np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    model.save(tmp_path / "saved")
+    again = BiEncoder.load(ModelConfig(name_or_path=str(tmp_path / "saved"), query_prefix="query: ",
+                                       doc_prefix="passage: "))
+    assert not again.shared and (again.pooling, again.normalize) == ("mean", True)
+    np.testing.assert_allclose(again.embed(["how to sort"], "query"), q, atol=1e-6)
+    np.testing.assert_allclose(again.embed(["how to sort"], "doc"), d, atol=1e-6)
+
+
+def test_prefix_and_max_length_reach_the_tokenizer(towers):
+    model = BiEncoder.load(ModelConfig(name_or_path=str(towers[0]), query_prefix="query: ", query_max_length=5,
+                                       doc_max_length=7))
+    q = model.tokenize(["a b c d e f g h i j"], "query")
+    d = model.tokenize(["a b c d e f g h i j"], "doc")
+    assert q["input_ids"].shape[1] == 5 and d["input_ids"].shape[1] == 7
+    assert model.query_tokenizer.decode(q["input_ids"][0]).split()[1] == "query"
