@@ -119,7 +119,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="'tiny' (random BERT, hidden 256, 4 layers), 'minilm' or a dir")
     ap.add_argument("--n", type=int, default=6000, help="passages for the throughput run")
-    ap.add_argument("--rss-n", type=int, default=2000, help="small corpus for the RSS run (large = 10x)")
+    ap.add_argument("--rss-n", type=int, default=2000, help="base corpus size for the memory runs")
+    ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
+    ap.add_argument("--skip-throughput", action="store_true", help="only the memory runs")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2, help="torch threads, same for both sides")
@@ -138,6 +140,12 @@ def main() -> None:
         from pipeline.models.tiny import build_tiny_bert
 
         args.model = str(build_tiny_bert(tmp / "tiny", hidden=256, layers=4, heads=4, intermediate=1024))
+    if not args.skip_throughput:
+        throughput(args, tmp)
+    memory(args, tmp)
+
+
+def throughput(args, tmp: Path) -> None:
     import ray
 
     corpus = make_corpus(tmp, args.n, part_rows=max(1, args.n // 8))
@@ -156,9 +164,13 @@ def main() -> None:
         rate = n / r["wall"]
         print(f"{label:34s} {rate:8.1f} psg/s   ratio vs plain {rate / plain_rate:.2f}x  (wall {r['wall']:.1f}s incl. actor start)")
 
-    print("\n== peak memory, corpus vs 10x corpus ==")
+
+def memory(args, tmp: Path) -> None:
+    mults = [int(m) for m in args.rss_mults.split(",")]
+    print(f"\n== peak memory, corpus sizes {', '.join(f'{m}x' for m in mults)} of {args.rss_n} passages ==")
     rss = {}
-    for size in (args.rss_n, args.rss_n * 10):
+    for m in mults:
+        size = args.rss_n * m
         c = make_corpus(tmp, size, part_rows=max(1, args.rss_n // 2))
         proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(c), "--out", str(tmp / f"rss-{size}"),
                                "--model", args.model, "--batch", str(args.batch), "--max-length", str(args.max_length),
@@ -167,11 +179,13 @@ def main() -> None:
         if not line:
             print(proc.stdout[-2000:], proc.stderr[-4000:])
             raise SystemExit("RSS child failed")
-        rss[size] = json.loads(line[0][4:])
-        print(f"{size:7d} passages: driver peak RSS {rss[size]['driver'] / 2**20:7.0f} MiB   "
-              f"Ray processes peak PSS {rss[size]['ray'] / 2**20:7.0f} MiB")
-    small, large = rss[args.rss_n], rss[args.rss_n * 10]
-    print(f"ratio 10x / 1x: driver {large['driver'] / small['driver']:.2f}x   Ray processes {large['ray'] / small['ray']:.2f}x")
+        rss[m] = json.loads(line[0][4:])
+        print(f"{size:7d} passages ({m:>3}x): driver peak RSS {rss[m]['driver'] / 2**20:7.0f} MiB   "
+              f"Ray processes peak PSS {rss[m]['ray'] / 2**20:7.0f} MiB")
+    base = rss[mults[0]]
+    for m in mults[1:]:
+        print(f"ratio {m}x / {mults[0]}x: driver {rss[m]['driver'] / base['driver']:.2f}x   "
+              f"Ray processes {rss[m]['ray'] / base['ray']:.2f}x")
 
 
 if __name__ == "__main__":
