@@ -34,8 +34,9 @@ class ModelConfig:
     normalize: bool | None = None
     query_prefix: str = ""
     doc_prefix: str = ""
-    query_max_length: int = 64
-    doc_max_length: int = 256
+    # None = the model's own limit (sentence-transformers' max_seq_length), else 64 / 256.
+    query_max_length: int | None = None
+    doc_max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class EvalConfig:
     rel_level: int = 1
     qa_ks: tuple[int, ...] = (1, 5, 20, 100)
     per_query: bool = False
+    # Drop retrieved documents whose id equals the query id before scoring, as BEIR's
+    # evaluation does (needed to match published numbers on Quora and ArguAna).
+    ignore_identical_ids: bool = False
 
 
 @dataclass(frozen=True)

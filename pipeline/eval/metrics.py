@@ -49,6 +49,8 @@ def _trec_order(docs: dict[str, float]) -> list[str]:
 
 def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig) -> dict:
     """Aggregate (and optionally per-query) metrics for one run."""
+    if cfg.ignore_identical_ids:
+        run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
     measures = measures_for(cfg)
     name_of = {m: name for name, m in measures.items()}
     # Average over judged queries that are in the run (trec_eval without -c): ir-measures

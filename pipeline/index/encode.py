@@ -61,7 +61,7 @@ def _resolved_model_cfg(model_cfg: ModelConfig) -> tuple[ModelConfig, int]:
     from ..models import BiEncoder
 
     probe = BiEncoder.load(model_cfg)
-    return replace(model_cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim
+    return replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim
 
 
 def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConfig) -> dict:

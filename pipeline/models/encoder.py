@@ -48,6 +48,15 @@ def resolve_model_path(name_or_path: str) -> Path:
     return path.resolve()
 
 
+def _detect_max_length(path: Path) -> int | None:
+    """sentence-transformers' max_seq_length, when the directory declares one."""
+    cfg = path / "sentence_bert_config.json"
+    if cfg.exists():
+        value = json.loads(cfg.read_text()).get("max_seq_length")
+        return int(value) if value else None
+    return None
+
+
 def _detect_pooling(path: Path) -> tuple[str | None, bool | None]:
     """Pooling/normalisation declared by a sentence-transformers layout, if any."""
     pooling = normalize = None
@@ -87,6 +96,7 @@ class BiEncoder(nn.Module):
                  cfg: ModelConfig | None = None):
         super().__init__()
         cfg = cfg or ModelConfig()
+        cfg = replace(cfg, query_max_length=cfg.query_max_length or 64, doc_max_length=cfg.doc_max_length or 256)
         self.cfg = cfg
         self.doc_encoder = doc_model
         self.doc_tokenizer = doc_tokenizer
@@ -120,7 +130,10 @@ class BiEncoder(nn.Module):
         st_pool, st_norm = _detect_pooling(path)
         pooling = cfg.pooling or saved.get("pooling") or st_pool or "cls"
         normalize = cfg.normalize if cfg.normalize is not None else saved.get("normalize", st_norm if st_norm is not None else False)
-        cfg = replace(cfg, pooling=pooling, normalize=bool(normalize))
+        st_len = _detect_max_length(path)
+        cfg = replace(cfg, pooling=pooling, normalize=bool(normalize),
+                      query_max_length=cfg.query_max_length or saved.get("query_max_length") or st_len or 64,
+                      doc_max_length=cfg.doc_max_length or saved.get("doc_max_length") or st_len or 256)
         return cls(doc_model, doc_tok, q_model, q_tok, cfg)
 
     def save(self, out: str | Path) -> None:

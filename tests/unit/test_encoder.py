@@ -66,3 +66,12 @@ def test_prefix_and_max_length_reach_the_tokenizer(towers):
     d = model.tokenize(["a b c d e f g h i j"], "doc")
     assert q["input_ids"].shape[1] == 5 and d["input_ids"].shape[1] == 7
     assert model.query_tokenizer.decode(q["input_ids"][0]).split()[1] == "query"
+
+
+def test_max_lengths_default_to_the_models_own_limit(towers):
+    minilm = BiEncoder.load(ModelConfig(name_or_path="minilm"))
+    assert (minilm.cfg.query_max_length, minilm.cfg.doc_max_length) == (256, 256)  # sentence_bert_config.json
+    plain = BiEncoder.load(ModelConfig(name_or_path=str(towers[0])))
+    assert (plain.cfg.query_max_length, plain.cfg.doc_max_length) == (64, 256)
+    explicit = BiEncoder.load(ModelConfig(name_or_path="minilm", query_max_length=32))
+    assert explicit.cfg.query_max_length == 32

@@ -274,3 +274,13 @@ def test_evaluate_files_reads_beir_qrels(tmp_path):
     assert res["metrics"]["MRR@10"] == pytest.approx((1 / 2 + 1) / 2)
     assert res["metrics"]["R@1"] == pytest.approx((0 + 1) / 2)
     assert res["queries"]["judged_missing_from_run"] == 1
+
+
+def test_ignore_identical_ids_drops_the_query_itself():
+    from pipeline.config import EvalConfig
+    from pipeline.eval.metrics import evaluate_run
+
+    run = {"a": {"a": 3.0, "b": 2.0, "c": 1.0}}
+    qrels = {"a": {"b": 1}}
+    assert evaluate_run(run, qrels, EvalConfig())["metrics"]["MRR@10"] == 0.5
+    assert evaluate_run(run, qrels, EvalConfig(ignore_identical_ids=True))["metrics"]["MRR@10"] == 1.0
