@@ -76,6 +76,10 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     from ..ray_runtime import check_resources, init_ray
 
     tc = job.train
+    if "://" in tc.storage_path:
+        raise ConfigError(f"train.storage_path={tc.storage_path}: URI storage is not supported yet (resume and the "
+                          "final model export read checkpoints from a filesystem path); use a local or shared "
+                          "filesystem path (e.g. NFS) that every node mounts")
     storage = Path(tc.storage_path).expanduser().resolve()
     run_dir = storage / tc.name
     run_dir.mkdir(parents=True, exist_ok=True)
