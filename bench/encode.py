@@ -4,8 +4,8 @@ Prints, from one run on the same machine:
   1. passages/s of a plain loop (same model, batch size, max length, torch threads)
      and of `pipeline encode` (Ray Data, encoder actors), end to end and steady state,
      with the ratio ours / plain;
-  2. peak memory (driver RSS; Ray processes' PSS, which counts shared object-store pages
-     once) encoding a corpus and one 10x larger,
+  2. peak memory (driver RSS and USS, the latter without the object-store pages it maps;
+     Ray processes' PSS, which counts shared pages once) for a corpus and larger ones,
      with the ratio large / small.
 
     python bench/encode.py                      # tiny random BERT (fast)
@@ -98,12 +98,17 @@ def child_rss(args) -> None:
 
     setup_offline_env()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    peak = {"ray": 0}
+    import psutil
+
+    peak = {"ray": 0, "driver_uss": 0}
     stop = threading.Event()
+    me = psutil.Process()
 
     def watch():
         while not stop.is_set():
             peak["ray"] = max(peak["ray"], _ray_pss())
+            # USS: the driver's private memory, without the object-store pages it maps to read results
+            peak["driver_uss"] = max(peak["driver_uss"], me.memory_full_info().uss)
             time.sleep(0.2)
 
     th = threading.Thread(target=watch, daemon=True)
@@ -112,7 +117,8 @@ def child_rss(args) -> None:
     stop.set()
     th.join()
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("RSS " + json.dumps({"driver": driver, "ray": peak["ray"], "rows": s["rows"], "wall": s["wall"]}))
+    print("RSS " + json.dumps({"driver": driver, "driver_uss": peak["driver_uss"], "ray": peak["ray"],
+                               "rows": s["rows"], "wall": s["wall"]}))
 
 
 def main() -> None:
@@ -180,12 +186,12 @@ def memory(args, tmp: Path) -> None:
             print(proc.stdout[-2000:], proc.stderr[-4000:])
             raise SystemExit("RSS child failed")
         rss[m] = json.loads(line[0][4:])
-        print(f"{size:7d} passages ({m:>3}x): driver peak RSS {rss[m]['driver'] / 2**20:7.0f} MiB   "
-              f"Ray processes peak PSS {rss[m]['ray'] / 2**20:7.0f} MiB")
+        print(f"{size:7d} passages ({m:>3}x): driver peak RSS {rss[m]['driver'] / 2**20:6.0f} MiB, "
+              f"USS {rss[m]['driver_uss'] / 2**20:6.0f} MiB   Ray processes peak PSS {rss[m]['ray'] / 2**20:6.0f} MiB")
     base = rss[mults[0]]
     for m in mults[1:]:
-        print(f"ratio {m}x / {mults[0]}x: driver {rss[m]['driver'] / base['driver']:.2f}x   "
-              f"Ray processes {rss[m]['ray'] / base['ray']:.2f}x")
+        print(f"ratio {m}x / {mults[0]}x: driver RSS {rss[m]['driver'] / base['driver']:.2f}x, "
+              f"USS {rss[m]['driver_uss'] / base['driver_uss']:.2f}x   Ray processes {rss[m]['ray'] / base['ray']:.2f}x")
 
 
 if __name__ == "__main__":

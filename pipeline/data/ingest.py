@@ -235,8 +235,3 @@ def _write_qrels(src: Path, dest: Path, pids: set[str], on_unknown: str) -> dict
             f.write(f"{r['qid']} 0 {r['docid']} {r['rel']}\n")
             n += 1
     return {"source": str(src.resolve()), "sha256": sha256_file(src), "judgements": n, "dropped_unknown": dropped}
-
-
-def iter_corpus_parts(corpus_dir: str | Path, manifest: dict):
-    for part in manifest["parts"]:
-        yield Path(corpus_dir) / part["file"], part["rows"]
