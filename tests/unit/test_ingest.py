@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.ingest import ingest, iter_corpus_parts
+from pipeline.data.ingest import ingest
 from pipeline.data.manifest import check_comparable, load_manifest
 from pipeline.errors import InputError, PipelineError
 
@@ -33,9 +33,9 @@ def _beir_folder(root: Path, name: str = "SciFact", passages=PASSAGES, qrels_ext
 
 def _read_parts(out: Path, manifest: dict) -> list[list[tuple]]:
     parts = []
-    for path, rows in iter_corpus_parts(out, manifest):
-        t = pq.read_table(path)
-        assert t.num_rows == rows
+    for part in manifest["parts"]:
+        t = pq.read_table(out / part["file"])
+        assert t.num_rows == part["rows"]
         assert t.column_names == ["pid", "title", "text"]
         parts.append(list(zip(*(t.column(c).to_pylist() for c in ("pid", "title", "text")))))
     return parts
