@@ -84,27 +84,31 @@ def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
         yield {"pid": _check_id(path, start, pid), "title": title, "text": text, "line": start}
 
 
-def read_msmarco(path: str | Path) -> Iterator[dict]:
-    """Official MS MARCO passage collection: `pid\\ttext`, no header."""
-    path = Path(path)
+def _tab_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = False) -> Iterator[tuple[int, list[str]]]:
+    """(line, fields) of a headerless TSV whose every line has exactly len(columns) fields."""
     for no, line in iter_lines(path):
         if no == 1:
             line = _strip_bom(line)
+        if skip_blank and not line.strip():
+            continue
         parts = line.split("\t")
-        if len(parts) != 2:
-            raise InputError(path, no, f"expected 2 tab-separated columns (pid, text), found {len(parts)}")
+        if len(parts) != len(columns):
+            raise InputError(path, no, f"expected {len(columns)} tab-separated columns ({', '.join(columns)}), "
+                                       f"found {len(parts)}")
+        yield no, parts
+
+
+def read_msmarco(path: str | Path) -> Iterator[dict]:
+    """Official MS MARCO passage collection: `pid\\ttext`, no header."""
+    path = Path(path)
+    for no, parts in _tab_rows(path, ("pid", "text")):
         yield {"pid": _check_id(path, no, parts[0]), "title": "", "text": parts[1], "line": no}
 
 
 def read_msmarco_titled(path: str | Path) -> Iterator[dict]:
     """The "titled" MS MARCO collection (RocketQA/Tevatron): `pid\\ttitle\\ttext`."""
     path = Path(path)
-    for no, line in iter_lines(path):
-        if no == 1:
-            line = _strip_bom(line)
-        parts = line.split("\t")
-        if len(parts) != 3:
-            raise InputError(path, no, f"expected 3 tab-separated columns (pid, title, text), found {len(parts)}")
+    for no, parts in _tab_rows(path, ("pid", "title", "text")):
         title = "" if parts[1].strip() == "-" else parts[1]
         yield {"pid": _check_id(path, no, parts[0]), "title": title, "text": parts[2], "line": no}
 
@@ -205,14 +209,7 @@ def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:
 def read_queries_tsv(path: str | Path) -> Iterator[dict]:
     """Queries TSV: `qid\\ttext`, no header."""
     path = Path(path)
-    for no, line in iter_lines(path):
-        if no == 1:
-            line = _strip_bom(line)
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        if len(parts) != 2:
-            raise InputError(path, no, f"expected 2 tab-separated columns (qid, text), found {len(parts)}")
+    for no, parts in _tab_rows(path, ("qid", "text"), skip_blank=True):
         if not parts[1].strip():
             raise InputError(path, no, "empty query text")
         yield {"qid": _check_id(path, no, parts[0], "query id"), "text": parts[1], "line": no}
@@ -249,14 +246,7 @@ def read_dpr_qa(path: str | Path) -> Iterator[dict]:
     """DPR QA files (`nq-test.csv`): `question\\t["answer", ...]`; qid is the 0-based row index."""
     path = Path(path)
     idx = 0
-    for no, line in iter_lines(path):
-        if no == 1:
-            line = _strip_bom(line)
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        if len(parts) != 2:
-            raise InputError(path, no, f"expected 2 tab-separated columns (question, answers), found {len(parts)}")
+    for no, parts in _tab_rows(path, ("question", "answers"), skip_blank=True):
         question = parts[0].strip()
         if len(question) >= 2 and question[0] == question[-1] == '"':
             question = question[1:-1].replace('""', '"')
