@@ -13,7 +13,6 @@ Steps whose output is complete are reused (pass --fresh to recompute).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import replace
@@ -43,8 +42,7 @@ def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str,
     if not (work / "index" / META_FILE).exists():
         build_index(work / "embeddings", work / "index", cfg.index)
     run = work / "run.trec"
-    retrieve(work / "index", corpus / "queries.tsv", run, cfg)
-    meta = json.loads(Path(str(run) + ".meta.json").read_text())
+    meta = retrieve(work / "index", corpus / "queries.tsv", run, cfg)
     out = {}
     for split, qrels in split_files.items():
         res = evaluate_files(run, qrels, cfg.eval)
@@ -54,7 +52,8 @@ def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str,
     return out
 
 
-def _train(method: str, corpus: Path, out: Path, fresh: bool) -> dict:
+def _train(method: str, corpus: Path, out: Path) -> dict:
+    """Train (or, when its run is complete, reuse: train.resume=auto) one demo model."""
     from .train.config import load_train_config
     from .train.trainer import train
 
@@ -63,12 +62,6 @@ def _train(method: str, corpus: Path, out: Path, fresh: bool) -> dict:
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
     job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
                                        "validation.corpus=null"])
-    summary_path = out / "train" / job.train.name / "summary.json"
-    if summary_path.exists() and not fresh:
-        summary = json.loads(summary_path.read_text())
-        if summary["steps"] >= summary["total_steps"]:
-            print(f"[demo] reusing trained {method} model: {summary['model']}", flush=True)
-            return summary
     return train(job)
 
 
@@ -105,8 +98,6 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.encode.num_actors == 1 and cfg.encode.cpus_per_actor == 1.0 and cfg.ray.address is None:
-        cfg = replace(cfg, encode=replace(cfg.encode, batch_size=32))
     data = demo_data_dir()
     corpus = out / "corpus"
     print(f"[demo] Python FAQ corpus ({data}) -> {out}", flush=True)
@@ -121,7 +112,7 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
     summaries: dict[str, dict] = {}
     if train:
         for method in METHODS:
-            summaries[method] = _train(method, corpus, out, fresh)
+            summaries[method] = _train(method, corpus, out)
             mcfg = replace(cfg, model=replace(cfg.model, name_or_path=summaries[method]["model"]))
             results[method] = _spine(corpus, out / method, mcfg, {"test": splits["test"]})
 

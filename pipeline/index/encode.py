@@ -10,6 +10,7 @@ missing shards; a shard is never half-written (vectors, ids, then a `.done`).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -94,12 +95,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path = out_dir / META_NAME
     if meta_path.exists():
-        import json
-
         old = json.loads(meta_path.read_text())
-        keys = ("corpus_fingerprint", "model", "dim", "dtype")
-        if any(old.get(k) != meta[k] for k in keys):
-            diff = [k for k in keys if old.get(k) != meta[k]]
+        diff = [k for k in ("corpus_fingerprint", "model", "dim", "dtype") if old.get(k) != meta[k]]
+        if diff:
             raise PipelineError(f"{out_dir} holds embeddings from a different {', '.join(diff)}; "
                                 "use a new output folder (or delete this one)")
     write_json_atomic(meta_path, {**meta, "complete": False})
@@ -142,7 +140,8 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
             compute=ActorPoolStrategy(size=enc.num_actors),
         )
         _collect(ds, out_dir, index_of, rows_of, dtype, todo_rows, enc.show_progress)
-    missing = [i for i in range(len(manifest["parts"])) if i not in completed_shards(out_dir)]
+    complete = completed_shards(out_dir)
+    missing = [i for i in range(len(manifest["parts"])) if i not in complete]
     if missing:
         raise PipelineError(f"encode finished with {len(missing)} shard(s) missing: {missing[:10]}")
     write_json_atomic(meta_path, {**meta, "complete": True})

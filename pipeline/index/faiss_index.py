@@ -61,13 +61,13 @@ def _sample(emb_dir: Path, n_total: int, k: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(out)
 
 
-def estimate_bytes(index, probe: np.ndarray) -> float:
-    """Bytes per added vector, measured by adding `probe` to a clone of the (trained) index."""
+def estimate_bytes(index, probe: np.ndarray) -> tuple[float, int]:
+    """(bytes per added vector, bytes of the empty index), measured by adding `probe` to a clone."""
     faiss = _faiss()
     empty = faiss.serialize_index(index).nbytes
     clone = faiss.clone_index(index)
     clone.add(probe)
-    return (faiss.serialize_index(clone).nbytes - empty) / max(len(probe), 1)
+    return (faiss.serialize_index(clone).nbytes - empty) / max(len(probe), 1), empty
 
 
 def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, progress: bool = True) -> dict:
@@ -91,8 +91,8 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors", flush=True)
         index.train(sample)
     probe = sample[:2000] if sample is not None else _sample(emb_dir, n_total, 2000)
-    per_vec = estimate_bytes(index, probe)
-    need = per_vec * n_total + faiss.serialize_index(index).nbytes
+    per_vec, base = estimate_bytes(index, probe)
+    need = per_vec * n_total + base
     avail = psutil.virtual_memory().available
     if progress:
         print(f"[index] {cfg.factory} over {n_total:,} x {dim}: ~{per_vec:,.0f} B/vector, "

@@ -31,8 +31,7 @@ class Validator:
         self.qrels_path = Path(qrels or self.corpus / "qrels" / "test.trec").resolve()
         self.metric, self.top_k, self.batch_size = metric, top_k, batch_size
         self.eval_cfg = eval_cfg or EvalConfig()
-        manifest = load_manifest(self.corpus)
-        self.fingerprint = manifest["fingerprint"]
+        load_manifest(self.corpus)  # fail here, on the driver, rather than inside a worker
 
     def __call__(self, model, device: str | None = None) -> dict:
         import faiss

@@ -132,8 +132,10 @@ class BiEncoder(nn.Module):
         normalize = cfg.normalize if cfg.normalize is not None else saved.get("normalize", st_norm if st_norm is not None else False)
         st_len = _detect_max_length(path)
         cfg = replace(cfg, pooling=pooling, normalize=bool(normalize),
-                      query_max_length=cfg.query_max_length or saved.get("query_max_length") or st_len or 64,
-                      doc_max_length=cfg.doc_max_length or saved.get("doc_max_length") or st_len or 256)
+                      # lengths used in training are recorded, not imposed: inference takes the
+                      # config, else the model's declared limit, else 64 / 256
+                      query_max_length=cfg.query_max_length or st_len or 64,
+                      doc_max_length=cfg.doc_max_length or st_len or 256)
         return cls(doc_model, doc_tok, q_model, q_tok, cfg)
 
     def save(self, out: str | Path) -> None:
@@ -152,7 +154,7 @@ class BiEncoder(nn.Module):
                     tok.save_pretrained(tmp / name)
             meta = {"shared": self.shared, "pooling": self.pooling, "normalize": self.normalize,
                     "query_prefix": self.cfg.query_prefix, "doc_prefix": self.cfg.doc_prefix,
-                    "query_max_length": self.cfg.query_max_length, "doc_max_length": self.cfg.doc_max_length}
+                    "trained_max_lengths": {"query": self.cfg.query_max_length, "doc": self.cfg.doc_max_length}}
             (tmp / BIENCODER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     # ------------------------------------------------------------------ encoding

@@ -97,10 +97,11 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             model = BiEncoder.load(replace(job.model, name_or_path=str(Path(d) / "model"), query_name_or_path=None))
             train_state = torch.load(Path(d) / "training_state.pt", map_location="cpu", weights_only=False)
             history = json.loads((Path(d) / "history.json").read_text())
-        if resume_state["steps_per_epoch"] != spe or resume_state["world_size"] != world:
+        then = (resume_state["examples"], resume_state["world_size"], resume_state["steps_per_epoch"])
+        if then != (loop_cfg["examples"], world, spe):
             raise RuntimeError(
-                f"cannot resume: the checkpoint was made with {resume_state['world_size']} workers and "
-                f"{resume_state['steps_per_epoch']} steps/epoch, this run has {world} and {spe} "
+                f"cannot resume: the checkpoint was made with {then[0]} examples, {then[1]} workers and {then[2]} "
+                f"steps/epoch, this run has {loop_cfg['examples']}, {world} and {spe} "
                 "(same data, workers and batch size are needed for an exact data position)")
     else:
         model = BiEncoder.load(job.model)

@@ -68,13 +68,11 @@ def resolve_resume(job: TrainJobConfig, run_dir: Path):
 
 
 def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True) -> dict:
-    """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json."""
-    from ray.data import ExecutionOptions
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json.
 
-    from ..ray_runtime import check_resources, init_ray
-
+    A run whose newest checkpoint already reached the last step is not started again:
+    its summary and model are rebuilt from that checkpoint.
+    """
     tc = job.train
     if "://" in tc.storage_path:
         raise ConfigError(f"train.storage_path={tc.storage_path}: URI storage is not supported yet (resume and the "
@@ -90,39 +88,14 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
         raise ConfigError(f"{examples['examples']} examples are too few for {world} worker(s) x batch {B}")
     total = tc.max_steps or tc.epochs * spe
     resume = resolve_resume(job, run_dir)
-    if resume is not None and (read_state(resume) or {}).get("step", 0) >= total:
-        print(f"[train] {tc.name}: already complete at {resume.name}", flush=True)
+    complete = resume is not None and read_state(resume)["step"] >= total
     save_config(job, run_dir / "config.yaml")
-
-    # Train V2's controller queries actor state through the dashboard's API: a local Ray for
-    # training starts it (bound to 127.0.0.1 like everything else).
-    init_ray(replace(job.ray, dashboard=True))
-    gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
-    # Ray Data's read tasks need a slice of CPU beside the workers (STACK.md §5).
-    # Measured on Ray 2.60: Ray Data's budget beside Train workers rounds down to whole CPUs,
-    # so less than one free CPU stalls the example stream forever (2 x 0.75 on 2 cores hangs).
-    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=1.0)
-    if progress:
-        print(f"[train] {tc.name}: loss {job.loss.name}, {examples['examples']:,} examples, {world} worker(s) x "
-              f"batch {B} (global {world * B}), {spe} steps/epoch, {total} steps"
-              + (f", resuming from {resume.name}" if resume else ""), flush=True)
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"job": to_dict(job), "steps_per_epoch": spe, "total_steps": total,
-                           "examples": examples["examples"], "run_dir": str(run_dir), "validate_fn": validate_fn,
-                           "resume_from": str(resume) if resume else None},
-        scaling_config=ScalingConfig(num_workers=world, use_gpu=tc.use_gpu,
-                                     resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
-        run_config=RunConfig(name=tc.name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=tc.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints)),
-        datasets=_datasets(run_dir / "examples", world),
-        dataset_config=DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True)),
-    )
     t0 = time.time()
-    result = trainer.fit()
-    if result.error:
-        raise result.error
+    if complete:
+        if progress:
+            print(f"[train] {tc.name}: already complete at {resume.name}; nothing to train", flush=True)
+    else:
+        _fit(job, validate_fn, run_dir, storage, examples["examples"], spe, total, resume, progress)
     final = latest_checkpoint(run_dir)
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
@@ -143,3 +116,44 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
               + f", {summary['wall_seconds']:.0f}s -> {run_dir / 'model'}", flush=True)
     return summary
+
+
+def _fit(job: TrainJobConfig, validate_fn, run_dir: Path, storage: Path, n_examples: int, spe: int, total: int,
+         resume: Path | None, progress: bool) -> None:
+    """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
+    from ray.data import ExecutionOptions
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from ..ray_runtime import check_resources, init_ray
+
+    tc = job.train
+    world, B = tc.num_workers, tc.batch_size
+    # Train V2's controller queries actor state through the dashboard's API: a local Ray for
+    # training starts it (bound to 127.0.0.1 like everything else).
+    init_ray(replace(job.ray, dashboard=True))
+    gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
+    # Ray Data's read tasks need a slice of CPU beside the workers (STACK.md §5).
+    # Measured on Ray 2.60: Ray Data's budget beside Train workers rounds down to whole CPUs,
+    # so less than one free CPU stalls the example stream forever (2 x 0.75 on 2 cores hangs).
+    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=1.0)
+    if progress:
+        print(f"[train] {tc.name}: loss {job.loss.name}, {n_examples:,} examples, {world} worker(s) x "
+              f"batch {B} (global {world * B}), {spe} steps/epoch, {total} steps"
+              + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"job": to_dict(job), "steps_per_epoch": spe, "total_steps": total,
+                           "examples": n_examples, "run_dir": str(run_dir), "validate_fn": validate_fn,
+                           "resume_from": str(resume) if resume else None},
+        scaling_config=ScalingConfig(num_workers=world, use_gpu=tc.use_gpu,
+                                     resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
+        run_config=RunConfig(name=tc.name, storage_path=str(storage),
+                             failure_config=FailureConfig(max_failures=tc.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints)),
+        datasets=_datasets(run_dir / "examples", world),
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True)),
+    )
+    result = trainer.fit()
+    if result.error:
+        raise result.error

@@ -73,6 +73,11 @@ def test_kill_and_resume_matches_uninterrupted(ray_session, tiny_model_dir, faq,
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
+    # a complete run is not trained again: same final checkpoint, no new batches
+    again = train(job, progress=False)
+    assert again["steps"] == 6 and again["checkpoint"] == resumed["checkpoint"]
+    assert _steps(tmp_path / "killed") == run_steps
+
 
 def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_dir, faq, tmp_path):
     from transformers import AutoModel
