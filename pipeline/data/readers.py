@@ -12,6 +12,7 @@ import csv
 import gzip
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -23,21 +24,58 @@ CORPUS_FORMATS = ("dpr-wiki", "msmarco", "msmarco-titled", "beir", "hf")
 
 
 def _open_binary(path: Path):
+    """(stream, raw file) for reading bytes; gzip is recognised by its magic bytes or a .gz name."""
     if not path.exists():
         raise InputError(path, None, "file not found")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    if path.is_dir():
+        raise InputError(path, None, "is a folder; expected a file")
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise InputError(path, None, f"cannot read: {e.strerror or e}") from None
+    try:
+        magic = raw.read(2)
+        raw.seek(0)
+    except OSError as e:
+        raw.close()
+        raise InputError(path, None, f"cannot read: {e.strerror or e}") from None
+    if magic == b"\x1f\x8b" or path.suffix == ".gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    return raw, raw
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """Yield (line_number, text) with strict UTF-8 decoding and CR/LF stripped."""
+    """Yield (line_number, text) with strict UTF-8 decoding and CR/LF stripped.
+
+    A NUL byte is an error: no format read here carries one, and it usually
+    means a binary or corrupt file. Truncated or fake gzip data (and any read
+    error) is an InputError naming the first line that could not be read.
+    """
     path = Path(path)
-    with _open_binary(path) as f:
-        for no, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(path, no, f"invalid UTF-8 at byte {e.start} of the line: {raw[max(0, e.start - 10):e.end + 10]!r}") from None
-            yield no, text.rstrip("\r\n")
+    stream, raw_file = _open_binary(path)
+    no = 0
+    try:
+        with raw_file, stream:
+            it = iter(stream)
+            while True:
+                try:
+                    raw = next(it)
+                except StopIteration:
+                    break
+                no += 1
+                if b"\x00" in raw:
+                    raise InputError(path, no, f"NUL byte at byte {raw.index(0)} of the line (a binary or corrupt "
+                                               "file?); remove NUL bytes first, e.g. tr -d '\\000'")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise InputError(path, no, f"invalid UTF-8 at byte {e.start} of the line: "
+                                               f"{raw[max(0, e.start - 10):e.end + 10]!r}") from None
+                yield no, text.rstrip("\r\n")
+    except (OSError, EOFError, zlib.error) as e:
+        if stream is not raw_file:
+            raise InputError(path, no + 1, f"corrupt or truncated gzip data: {e}") from None
+        raise InputError(path, no + 1, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _strip_bom(text: str) -> str:
@@ -50,38 +88,50 @@ def _check_id(path, line, pid: str, what: str = "id") -> str:
         raise InputError(path, line, f"empty {what}")
     if any(c.isspace() for c in pid):
         raise InputError(path, line, f"{what} {pid!r} contains whitespace, which TREC run and qrels files cannot carry")
+    if any(ord(c) < 32 or ord(c) == 127 for c in pid):
+        raise InputError(path, line, f"{what} {pid!r} contains a control character (NUL or similar)")
     return pid
+
+
+def _check_text(path, line, value: str, what: str = "text") -> str:
+    """A NUL in a passage's text or title is an error: never kept, never dropped silently."""
+    if "\x00" in value:
+        raise InputError(path, line, f"NUL character in the {what} at position {value.index(chr(0))} "
+                                     "(a binary or corrupt source?)")
+    return value
 
 
 # --------------------------------------------------------------------------- corpora
 
 
 def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
-    """DPR Wikipedia passages: TSV with header `id\\ttext\\ttitle`, csv-style quoting."""
+    """DPR Wikipedia passages: TSV with header `id\\ttext\\ttitle`, one passage per line.
+
+    A record never spans lines. DPR's `psgs_w100.tsv` wraps some fields whole in
+    double quotes, csv-style (an inner quote doubled); such a field is unquoted. A quote
+    that opens a field and does not close on the same line (or text after a
+    closing quote) is an error naming the line, never a reason to merge the
+    following lines into one passage. Quotes inside an unquoted field are kept.
+    """
     path = Path(path)
     lines = iter_lines(path)
-    current = [0]
-
-    def texts():
-        for no, text in lines:
-            current[0] = no
-            yield text + "\n"  # csv needs the line end to keep a newline inside a quoted field
-
-    reader = csv.reader(texts(), delimiter="\t", quotechar='"')
-    header = next(reader, None)
-    if header is None:
+    first = next(lines, None)
+    if first is None:
         raise InputError(path, 1, "empty file; expected header 'id\\ttext\\ttitle'")
-    header = [_strip_bom(h).strip().lower() for h in header]
+    header = [h.strip().lower() for h in _strip_bom(first[1]).split("\t")]
     if header[:3] != ["id", "text", "title"]:
         raise InputError(path, 1, f"expected header 'id\\ttext\\ttitle', found {header!r}")
-    end = current[0]
-    for row in reader:
-        # A quoted field may span lines: the record starts after the previous one ended.
-        start, end = end + 1, current[0]
+    for no, line in lines:
+        try:
+            row = next(csv.reader([line], delimiter="\t", quotechar='"', strict=True), [])
+        except csv.Error as e:
+            raise InputError(path, no, f"malformed double quotes ({e}): a quoted field must close on the same "
+                                       'line, and a quote inside a quoted field is written ""') from None
         if len(row) != 3:
-            raise InputError(path, start, f"expected 3 tab-separated columns (id, text, title), found {len(row)}")
+            raise InputError(path, no, f"expected 3 tab-separated columns (id, text, title), found {len(row)}")
         pid, text, title = row
-        yield {"pid": _check_id(path, start, pid), "title": title, "text": text, "line": start}
+        yield {"pid": _check_id(path, no, pid), "title": _check_text(path, no, title, "title"),
+               "text": _check_text(path, no, text), "line": no}
 
 
 def _tab_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = False) -> Iterator[tuple[int, list[str]]]:
@@ -102,15 +152,15 @@ def read_msmarco(path: str | Path) -> Iterator[dict]:
     """Official MS MARCO passage collection: `pid\\ttext`, no header."""
     path = Path(path)
     for no, parts in _tab_rows(path, ("pid", "text")):
-        yield {"pid": _check_id(path, no, parts[0]), "title": "", "text": parts[1], "line": no}
+        yield {"pid": _check_id(path, no, parts[0]), "title": "", "text": _check_text(path, no, parts[1]), "line": no}
 
 
 def read_msmarco_titled(path: str | Path) -> Iterator[dict]:
     """The "titled" MS MARCO collection (RocketQA/Tevatron): `pid\\ttitle\\ttext`."""
     path = Path(path)
     for no, parts in _tab_rows(path, ("pid", "title", "text")):
-        title = "" if parts[1].strip() == "-" else parts[1]
-        yield {"pid": _check_id(path, no, parts[0]), "title": title, "text": parts[2], "line": no}
+        title = "" if parts[1].strip() == "-" else _check_text(path, no, parts[1], "title")
+        yield {"pid": _check_id(path, no, parts[0]), "title": title, "text": _check_text(path, no, parts[2]), "line": no}
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
@@ -139,7 +189,8 @@ def read_beir_corpus(path: str | Path) -> Iterator[dict]:
         text, title = obj["text"], obj.get("title") or ""
         if not isinstance(text, str) or not isinstance(title, str):
             raise InputError(path, no, "fields 'text' and 'title' must be strings")
-        yield {"pid": _check_id(path, no, str(obj["_id"])), "title": title, "text": text, "line": no}
+        yield {"pid": _check_id(path, no, str(obj["_id"])), "title": _check_text(path, no, title, "title"),
+               "text": _check_text(path, no, text), "line": no}
 
 
 def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "title",
@@ -183,7 +234,10 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
             text = ""
         if not isinstance(text, str):
             raise InputError(path, no, f"column {text_field!r} must be a string, got {type(text).__name__}")
-        yield {"pid": _check_id(path, no, str(row[id_field])), "title": title or "", "text": text, "line": no}
+        if title is not None and not isinstance(title, str):
+            raise InputError(path, no, f"column {title_field!r} must be a string, got {type(title).__name__}")
+        yield {"pid": _check_id(path, no, str(row[id_field])), "title": _check_text(path, no, title or "", "title"),
+               "text": _check_text(path, no, text), "line": no}
 
 
 def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:

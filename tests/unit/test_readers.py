@@ -89,10 +89,17 @@ def test_dpr_wiki_unterminated_quote_names_the_first_line_of_the_record(tmp_path
     _raises_at(p, 2, readers.read_dpr_wiki, p)
 
 
-def test_dpr_wiki_multiline_quoted_field(tmp_path):
-    p = _write(tmp_path / "psgs.tsv", 'id\ttext\ttitle\n1\t"two\nlines"\tT\n2\tok\tT2\n')
+def test_dpr_wiki_quote_spanning_lines_never_merges_records(tmp_path):
+    # A quote opened on line 3 and "closed" on line 5: csv quoting would read rows 2-4 as one
+    # passage holding three lines. One record is one line: the open quote is an error at line 3.
+    p = _write(tmp_path / "psgs.tsv", 'id\ttext\ttitle\n1\tok\tT1\n2\t"opens here\tT2\n'
+                                      '3\tmiddle\tT3\n4\tcloses" here\tT4\n')
+    err = _raises_at(p, 3, readers.read_dpr_wiki, p)
+    assert "quote" in err.reason
+    # Quotes that do not open a field are literal text; each line stays its own passage.
+    p = _write(tmp_path / "psgs2.tsv", 'id\ttext\ttitle\n1\tsays "hi\tT1\n2\tmiddle\tT2\n3\tbye" now\tT3\n')
     assert [(r["pid"], r["text"], r["line"]) for r in readers.read_dpr_wiki(p)] == [
-        ("1", "two\nlines", 2), ("2", "ok", 4)]
+        ("1", 'says "hi', 2), ("2", "middle", 3), ("3", 'bye" now', 4)]
 
 
 def test_dpr_wiki_bad_utf8(tmp_path):
@@ -405,3 +412,54 @@ def test_corpus_reader_rejects_unknown_format_and_stray_options(tmp_path):
 def test_missing_file(tmp_path):
     p = tmp_path / "missing.tsv"
     _raises_at(p, None, readers.read_msmarco, p)
+
+
+# --------------------------------------------------------------------------- NUL, gzip, folders
+
+
+@pytest.mark.parametrize("fn, content, line", [
+    (readers.read_dpr_wiki, b"id\ttext\ttitle\n1\tok\tT\n2\x00\ttext\tT\n", 3),      # NUL in an id
+    (readers.read_dpr_wiki, b"id\ttext\ttitle\n1\tte\x00xt\tT\n", 2),                 # NUL in text
+    (readers.read_msmarco, b"1\tok\n2\x00\ttext\n", 2),
+    (readers.read_msmarco, b"1\tte\x00xt\n", 1),
+    (readers.read_msmarco_titled, b"1\tT\x00\ttext\n", 1),
+    (readers.read_queries_tsv, b"q1\tok\nq\x002\ttext\n", 2),
+    (readers.read_trec_qrels, b"q1 0 d1 1\nq1 0 d\x002 1\n", 2),
+])
+def test_nul_bytes_are_errors(tmp_path, fn, content, line):
+    p = _write(tmp_path / "f.tsv", content)
+    err = _raises_at(p, line, lambda q: list(fn(q)), p)
+    assert "NUL" in err.reason
+
+
+def test_nul_escapes_in_json_and_control_characters_in_ids(tmp_path):
+    p = _write(tmp_path / "corpus.jsonl", '{"_id": "d1", "text": "ok"}\n{"_id": "d2", "text": "a\\u0000b"}\n')
+    assert "NUL" in _raises_at(p, 2, readers.read_beir_corpus, p).reason
+    p = _write(tmp_path / "corpus2.jsonl", '{"_id": "d\\u0000", "text": "ok"}\n')
+    assert "control character" in _raises_at(p, 1, readers.read_beir_corpus, p).reason
+    p = _write(tmp_path / "c.tsv", "1\tok\n2\x07\ttext\n")
+    assert "control character" in _raises_at(p, 2, readers.read_msmarco, p).reason
+
+
+def test_truncated_and_fake_gzip(tmp_path):
+    good = gzip.compress(("".join(f"{i}\tpassage number {i} " + "x" * 50 + "\n" for i in range(2000))).encode())
+    p = _write(tmp_path / "trunc.tsv.gz", good[: len(good) // 2])
+    with pytest.raises(InputError) as info:
+        list(readers.read_msmarco(p))
+    assert info.value.path == str(p) and info.value.line is not None and info.value.line > 1
+    assert "gzip" in info.value.reason
+    p = _write(tmp_path / "fake.tsv.gz", b"1\tnot gzip at all\n")
+    assert "gzip" in _raises_at(p, 1, readers.read_msmarco, p).reason
+
+
+def test_gzip_recognised_without_gz_name(tmp_path):
+    p = _write(tmp_path / "collection.tsv", gzip.compress(b"1\tone\n2\ttwo\n"))
+    assert [r["pid"] for r in readers.read_msmarco(p)] == ["1", "2"]
+
+
+def test_folder_where_a_file_is_expected(tmp_path):
+    d = tmp_path / "collection.tsv"
+    d.mkdir()
+    for fn in (readers.read_msmarco, readers.read_dpr_wiki, readers.read_queries_tsv, readers.read_trec_qrels):
+        err = _raises_at(d, None, lambda q: list(fn(q)), d)
+        assert "folder" in err.reason
