@@ -9,6 +9,7 @@ with every run (`save_config`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,21 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
+
+
+def _check_min(section: str, obj, minimum, *names: str, optional: bool = False, strict: bool = False) -> None:
+    """Refuse numeric fields below `minimum` (or not above it with strict), naming `section.key`."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is None and optional:
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # type errors are reported by the loader
+            if v < minimum or (strict and v == minimum):
+                need = f"> {minimum:g}" if strict else f">= {minimum:g}"
+                raise ConfigError(f"{section}.{name}: must be {need}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,9 @@ class ModelConfig:
     query_max_length: int | None = None
     doc_max_length: int | None = None
 
+    def __post_init__(self):
+        _check_min("model", self, 1, "query_max_length", "doc_max_length", optional=True)
+
 
 @dataclass(frozen=True)
 class RayConfig:
@@ -50,6 +69,10 @@ class RayConfig:
     object_store_memory_mb: int | None = None
     # Where Ray keeps its session files; None = Ray's default (/tmp/ray).
     temp_dir: str | None = None
+
+    def __post_init__(self):
+        _check_min("ray", self, 0, "num_cpus", "num_gpus", optional=True)
+        _check_min("ray", self, 1, "object_store_memory_mb", optional=True)
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,11 @@ class EncodeConfig:
     # Object-store budget of the encode pipeline (read-ahead + results in flight).
     object_store_budget_mb: int = 512
 
+    def __post_init__(self):
+        _check_min("encode", self, 1, "num_actors", "batch_size", "object_store_budget_mb")
+        _check_min("encode", self, 0, "cpus_per_actor", strict=True)
+        _check_min("encode", self, 0, "gpus_per_actor", "torch_threads", "blocks_per_part")
+
 
 @dataclass(frozen=True)
 class IndexConfig:
@@ -86,6 +114,11 @@ class IndexConfig:
     max_ram_fraction: float = 0.8
     add_batch_size: int = 65_536
 
+    def __post_init__(self):
+        _check_min("index", self, 1, "train_sample", "add_batch_size")
+        _check_min("index", self, 0, "nprobe", "ef_search")
+        _check_min("index", self, 0, "max_ram_fraction", strict=True)
+
 
 @dataclass(frozen=True)
 class RetrieveConfig:
@@ -93,20 +126,38 @@ class RetrieveConfig:
     batch_size: int = 128
     run_tag: str = "pipeline"
 
+    def __post_init__(self):
+        _check_min("retrieve", self, 1, "top_k", "batch_size")
+        if not self.run_tag or any(c.isspace() for c in self.run_tag):
+            raise ConfigError(f"retrieve.run_tag: must be one word (it is a TREC run column), got {self.run_tag!r}")
+
 
 @dataclass(frozen=True)
 class EvalConfig:
-    # Recall cut-offs; RR@10, nDCG@10, AP@100 and RR@100 are always reported.
-    # R@1000 needs a run retrieved with retrieve.top_k=1000 (evaluate warns when a cut-off
-    # is deeper than the run).
+    # ir-measures measure strings (`AP nDCG@10 RR@10 R@1000 P@10 Judged@10`, one string or a
+    # list); empty = the default set: RR@10, nDCG@10, AP@100, RR@100 and R@k for recall_ks.
+    measures: tuple[str, ...] = ()
+    # Recall cut-offs of the default set. R@1000 needs a run retrieved with
+    # retrieve.top_k=1000 (evaluate warns when a cut-off is deeper than the run).
     recall_ks: tuple[int, ...] = (10, 20, 100)
     # Minimum relevance grade that counts as relevant for binary measures (TREC DL: 2).
     rel_level: int = 1
     qa_ks: tuple[int, ...] = (1, 5, 20, 100)
+    # DPR answer matching for --qa: "string" (token sequence, DPR's has_answer) or "regex"
+    # (answers are regular expressions, as DPR evaluates CuratedTREC).
+    qa_match: Literal["string", "regex"] = "string"
     per_query: bool = False
     # Drop retrieved documents whose id equals the query id before scoring, as BEIR's
     # evaluation does (needed to match published numbers on Quora and ArguAna).
     ignore_identical_ids: bool = False
+
+    def __post_init__(self):
+        _check_min("eval", self, 1, "recall_ks", "qa_ks")
+        _check_min("eval", self, 0, "rel_level")
+        if self.measures:  # a bad measure string is refused when the config is loaded
+            from .eval.metrics import parse_measures
+
+            parse_measures(self.measures, self.rel_level)
 
 
 @dataclass(frozen=True)
@@ -117,8 +168,6 @@ class PipelineConfig:
     index: IndexConfig = field(default_factory=IndexConfig)
     retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # Free-form sections for later subsystems (train, loss, tune) are typed there.
-    extra: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- loading
@@ -142,6 +191,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{key}: {value!r} does not fit {tp}")
     if origin is Literal:
+        # YAML 1.1 reads yes/no (and on/off, true/false) as booleans: `index.use_gpu=yes`
+        # must mean the documented "yes".
+        if isinstance(value, bool) and "yes" in args and "no" in args:
+            value = "yes" if value else "no"
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
         return value
@@ -194,9 +247,17 @@ def from_dict(cls, data: dict, prefix: str = ""):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
+        guesses = []
+        for k in sorted(map(str, unknown)):
+            close = difflib.get_close_matches(k, sorted(names), n=1)
+            if close:
+                guesses.append(f"{prefix}{close[0]}" + (f" for {prefix}{k}" if len(unknown) > 1 else ""))
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        what = "section(s)" if not prefix else "key(s)"
+        where = "known sections" if not prefix else f"known keys of {prefix.rstrip('.')}"
         raise ConfigError(
-            f"unknown config key(s): {', '.join(prefix + k for k in sorted(unknown))}; "
-            f"known in this section: {', '.join(sorted(names))}"
+            f"unknown config {what}: {', '.join(prefix + str(k) for k in sorted(map(str, unknown)))}{hint}; "
+            f"{where}: {', '.join(sorted(names))}"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     obj = cls(**kwargs)
@@ -211,9 +272,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key.path=value")
     key, raw = text.split("=", 1)
-    if not key:
+    if not key.strip():
         raise ConfigError(f"override {text!r} has an empty key")
-    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+    path = key.strip().split(".")
+    if any(not p for p in path):
+        raise ConfigError(f"override {text!r}: empty name in the key path {key!r}")
+    if raw == "":
+        return path, ""
+    try:
+        return path, yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem}); "
+                          "quote it, e.g. key='value'") from None
 
 
 def merge_overrides(data: dict, overrides: list[str]) -> dict:
@@ -257,11 +328,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 cls=PipelineConfig):
     """Load YAML (optional) + overrides into `cls`, validating every key."""
     data = merge_overrides(read_yaml(path), list(overrides or []))
-    known = {f.name for f in dataclasses.fields(cls)}
-    if "extra" in known:
-        extra = {k: data.pop(k) for k in list(data) if k not in known}
-        if extra:
-            data.setdefault("extra", {}).update(extra)
     return from_dict(cls, data)
 
 
