@@ -1,41 +1,136 @@
 """Qrels-based metrics through ir-measures (pytrec_eval / trec_eval underneath).
 
-Reported names follow the field: MRR@10, MRR@100, nDCG@10, MAP@100, R@k.
-Averages are over the queries that have judgements and appear in the run, as
-trec_eval does without `-c`; queries judged but missing from the run are
-counted and reported so the gap is visible.
+Any ir-measures measure string is accepted (`AP nDCG@10 RR@10 R@1000 P@10 Judged@10`,
+`nDCG(dcg='exp-log2')@10`, ...), as are trec_eval names (`map`, `ndcg_cut_10`, `P_10`)
+and the legacy names MRR@k / MAP@k (ir-measures' own aliases of RR@k / AP@k).
+Reported names are ir-measures' canonical names (`str(measure)`: RR@10, AP@100, ...).
+Without `eval.measures` the default set is RR@10, nDCG@10, AP@100, RR@100 and R@k for
+every `eval.recall_ks`. Binary measures take `eval.rel_level` unless the measure string
+sets `rel` itself (with rel_level 2, RR@10 is reported as `RR(rel=2)@10`).
+
+Averages are over the queries that have judgements and appear in the run, as trec_eval
+does without `-c`; queries judged but missing from the run are counted and reported so
+the gap is visible. A run that shares no query with the qrels is an error, not a table
+of zeros.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import ir_measures
 from ir_measures import AP, R, RR, nDCG
 
 from ..config import EvalConfig
-from ..errors import InputError
 from ..data.readers import load_qrels, read_run_file
+from ..errors import ConfigError, InputError, PipelineError
+
+MEASURE_EXAMPLE = "AP nDCG@10 RR@10 R@1000 P@10 Judged@10"
 
 
-def measures_for(cfg: EvalConfig) -> dict[str, object]:
-    """Display name -> ir-measures measure. Binary measures honour `rel_level`."""
-    rel = cfg.rel_level
-    out = {
-        "MRR@10": RR(rel=rel) @ 10,
-        "nDCG@10": nDCG @ 10,
-        "MAP@100": AP(rel=rel) @ 100,
-        "MRR@100": RR(rel=rel) @ 100,
-    }
-    for k in cfg.recall_ks:
-        out[f"R@{k}"] = R(rel=rel) @ k
+def split_measures(spec: str | Iterable[str]) -> list[str]:
+    """'AP nDCG@10, RR(rel=2, judged_only=True)@10' -> one string per measure.
+
+    Measures are separated by whitespace or commas outside parentheses.
+    """
+    texts = [spec] if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for text in texts:
+        depth, cur = 0, ""
+        for ch in str(text):
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            if depth <= 0 and (ch.isspace() or ch == ","):
+                if cur:
+                    out.append(cur)
+                cur = ""
+                continue
+            cur += ch
+        if cur:
+            out.append(cur)
     return out
 
 
+def _parse_one(text: str) -> list:
+    try:
+        m = ir_measures.parse_measure(text)
+        m.validate_params()  # unknown parameters: AP(foo=1)
+        return [m]
+    except Exception as first:  # NameError, ValueError, KeyError, AssertionError from ir-measures
+        if re.fullmatch(r"[A-Za-z_]+([._]\d+)?", text):  # trec_eval's names: map, ndcg_cut_10, P.10
+            try:
+                return list(ir_measures.parse_trec_measure(text))
+            except Exception:
+                pass
+        reason = str(first).split(";")[0] or type(first).__name__
+        raise ConfigError(f"eval.measures: {text!r} is not an ir-measures measure ({reason}); "
+                          f"examples: {MEASURE_EXAMPLE}") from None
+
+
+def parse_measures(spec: str | Iterable[str], rel_level: int = 1) -> list:
+    """Measure strings -> ir-measures measures (deduplicated, in order), validated.
+
+    Raises ConfigError naming the first measure that cannot be parsed, has a cut-off
+    that is not a positive integer, or that no installed ir-measures provider computes.
+    """
+    out: list = []
+    for text in split_measures(spec):
+        for m in _parse_one(text):
+            cutoff = m.params.get("cutoff")
+            if cutoff is not None and (not isinstance(cutoff, int) or isinstance(cutoff, bool) or cutoff < 1):
+                raise ConfigError(f"eval.measures: {text!r}: the cut-off must be a positive integer")
+            if rel_level != 1 and "rel" in m.SUPPORTED_PARAMS and "rel" not in m.params:
+                m = m(rel=rel_level)
+            if not ir_measures.DefaultPipeline.supports(m):
+                raise ConfigError(f"eval.measures: {text!r}: no installed ir-measures provider computes {m}")
+            if m not in out:
+                out.append(m)
+    if not out:
+        raise ConfigError(f"eval.measures: no measure given; examples: {MEASURE_EXAMPLE}")
+    return out
+
+
+def default_measures(cfg: EvalConfig) -> list:
+    rel = cfg.rel_level
+    return [RR(rel=rel) @ 10, nDCG @ 10, AP(rel=rel) @ 100, RR(rel=rel) @ 100] + [R(rel=rel) @ k for k in cfg.recall_ks]
+
+
+def measures_for(cfg: EvalConfig, measures: str | Iterable[str] | None = None) -> dict[str, object]:
+    """Reported name (ir-measures' canonical string) -> measure.
+
+    `measures` (a string or strings) wins over `cfg.measures`; with neither, the default set.
+    """
+    spec = measures if measures is not None else getattr(cfg, "measures", ())
+    ms = parse_measures(spec, cfg.rel_level) if split_measures(spec or ()) else default_measures(cfg)
+    return {str(m): m for m in ms}
+
+
+def measure_name(name: str, rel_level: int = 1) -> str:
+    """The reported name of one measure string: 'MRR@10' -> 'RR@10', 'MAP@100' -> 'AP@100'.
+
+    For callers that look a value up by a configured name (training validation's `metric`).
+    """
+    ms = parse_measures(name, rel_level)
+    if len(ms) != 1:
+        raise ConfigError(f"{name!r} names {len(ms)} measures, expected one")
+    return str(ms[0])
+
+
 def read_run(path: str | Path) -> dict[str, dict[str, float]]:
-    """TREC run -> {qid: {docid: score}}; malformed lines fail with file:line."""
+    """TREC run -> {qid: {docid: score}}; malformed lines fail with file:line.
+
+    A score that is not a finite number (nan, inf) is refused: it has no place in a ranking
+    and would make the metrics depend on line order.
+    """
     run: dict[str, dict[str, float]] = {}
     for r in read_run_file(path):
+        if not math.isfinite(r["score"]):
+            raise InputError(path, r["line"], f"score {r['score']!r} of document {r['docid']!r} is not a finite number")
         docs = run.setdefault(r["qid"], {})
         if r["docid"] in docs:
             raise InputError(path, r["line"], f"document {r['docid']!r} appears twice for query {r['qid']!r}")
@@ -47,39 +142,87 @@ def _trec_order(docs: dict[str, float]) -> list[str]:
     return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)]
 
 
-def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig) -> dict:
-    """Aggregate (and optionally per-query) metrics for one run."""
-    if cfg.ignore_identical_ids:
-        run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
-    measures = measures_for(cfg)
+def _sample(ids: Iterable[str], n: int = 5) -> str:
+    ids = sorted(ids)
+    return ", ".join(repr(i) for i in ids[:n]) + (f", ... ({len(ids)} in all)" if len(ids) > n else "")
+
+
+def check_overlap(run: dict[str, dict], qrels: dict[str, dict], run_name: str = "the run",
+                  qrels_name: str = "the qrels") -> set[str]:
+    """Judged queries that the run ranks documents for; an error when there are none."""
+    if not any(run.values()):
+        raise PipelineError(f"{run_name}: the run holds no results, nothing to evaluate")
+    common = {q for q, docs in run.items() if docs and q in qrels}
+    if not common:
+        raise PipelineError(
+            f"{run_name}: none of the run's {len(run)} query ids is judged in {qrels_name} "
+            f"(run: {_sample(run)}; qrels: {_sample(qrels)}); are these the qrels of the queries this run was retrieved for?")
+    return common
+
+
+def per_query_values(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], measures: dict[str, object],
+                     queries: set[str]) -> dict[str, dict[str, float]]:
+    """{qid: {name: value}} for `queries` (judged queries present in the run)."""
     name_of = {m: name for name, m in measures.items()}
-    # Average over judged queries that are in the run (trec_eval without -c): ir-measures
-    # would otherwise score every judged query missing from the run as 0.
-    qrels_list = [ir_measures.Qrel(q, d, r) for q, docs in qrels.items() if q in run for d, r in docs.items()]
+    qrels_list = [ir_measures.Qrel(q, d, r) for q in queries for d, r in qrels[q].items()]
     # One ranking for every measure, trec_eval's: score descending, ties by docid descending.
     # ir-measures' RR (msmarco provider) breaks ties by docid ascending, so pass ranks as scores.
-    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q, docs in run.items()
-                for i, d in enumerate(_trec_order(docs))]
-    agg = ir_measures.calc_aggregate(list(measures.values()), qrels_list, run_list)
+    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q in queries for i, d in enumerate(_trec_order(run[q]))]
+    per: dict[str, dict[str, float]] = {q: {} for q in queries}
+    for m in ir_measures.iter_calc(list(measures.values()), qrels_list, run_list):
+        per[m.query_id][name_of[m.measure]] = float(m.value)
+    return per
+
+
+def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig,
+                 measures: str | Iterable[str] | None = None, run_name: str = "the run",
+                 qrels_name: str = "the qrels") -> dict:
+    """Aggregate (and optionally per-query) metrics for one run.
+
+    Raises PipelineError when the run is empty or none of its queries is judged.
+    """
+    if cfg.ignore_identical_ids:
+        run = {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
+    ms = measures_for(cfg, measures)
+    common = check_overlap(run, qrels, run_name, qrels_name)
+    # Average over judged queries that are in the run (trec_eval without -c): ir-measures
+    # would otherwise score every judged query missing from the run as 0.
+    qrels_list = [ir_measures.Qrel(q, d, r) for q in common for d, r in qrels[q].items()]
+    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q in common for i, d in enumerate(_trec_order(run[q]))]
+    agg = ir_measures.calc_aggregate(list(ms.values()), qrels_list, run_list)
     result = {
-        "metrics": {name: float(agg[m]) for name, m in measures.items()},
+        "metrics": {name: float(agg[m]) for name, m in ms.items()},
         "run_depth": max((len(d) for d in run.values()), default=0),
         "queries": {
             "judged": len(qrels),
             "in_run": len(run),
-            "evaluated": len(set(qrels) & set(run)),
-            "judged_missing_from_run": len(set(qrels) - set(run)),
+            "evaluated": len(common),
+            "judged_missing_from_run": len(set(qrels) - common),
         },
     }
     if cfg.per_query:
-        per: dict[str, dict[str, float]] = {}
-        for m in ir_measures.iter_calc(list(measures.values()), qrels_list, run_list):
-            per.setdefault(m.query_id, {})[name_of[m.measure]] = float(m.value)
-        result["per_query"] = per
+        result["per_query"] = per_query_values(run, qrels, ms, common)
     return result
 
 
-def evaluate_files(run_path: str | Path, qrels_path: str | Path, cfg: EvalConfig) -> dict:
-    result = evaluate_run(read_run(run_path), load_qrels(qrels_path), cfg)
+def cutoffs_deeper_than(names: Iterable[str], depth: int) -> list[str]:
+    """Reported measure names whose cut-off exceeds the run depth (their values are cut at it)."""
+    out = []
+    for name in names:
+        try:
+            m = ir_measures.parse_measure(name)
+        except Exception:
+            continue
+        c = m.params.get("cutoff")
+        if isinstance(c, int) and c > depth:
+            out.append(name)
+    return out
+
+
+def evaluate_files(run_path: str | Path, qrels_path: str | Path, cfg: EvalConfig,
+                   measures: str | Iterable[str] | None = None) -> dict:
+    measures_for(cfg, measures)  # a bad measure fails before any file is read
+    result = evaluate_run(read_run(run_path), load_qrels(qrels_path), cfg, measures,
+                          run_name=str(run_path), qrels_name=str(qrels_path))
     result.update({"run": str(run_path), "qrels": str(qrels_path)})
     return result
