@@ -7,23 +7,45 @@ import unicodedata
 import pytest
 
 from pipeline.data.ingest import ingest
-from pipeline.eval.qa import fetch_passages, has_answer, normalize_tokens, qa_accuracy
+from pipeline.errors import PipelineError
+from pipeline.eval.qa import dpr_tokens, fetch_passages, has_answer, qa_accuracy
 
 
-def test_normalize_tokens():
-    assert normalize_tokens("The Cat, sat on a MAT!") == ["cat", "sat", "on", "mat"]
-    assert normalize_tokens("An apple-pie (1984)") == ["apple", "pie", "1984"]
-    assert normalize_tokens("  ...  ") == []
-    # articles only as whole tokens
-    assert normalize_tokens("Theatre anthem") == ["theatre", "anthem"]
+def test_dpr_tokens_keep_punctuation_and_articles():
+    # DPR's SimpleTokenizer: alphanumeric runs, and every other non-space character as its own token
+    assert dpr_tokens("The Cat, sat on a MAT!") == ["the", "cat", ",", "sat", "on", "a", "mat", "!"]
+    assert dpr_tokens("An apple-pie (1984)") == ["an", "apple", "-", "pie", "(", "1984", ")"]
+    assert dpr_tokens("  ...  ") == [".", ".", "."]
+    assert dpr_tokens("U.S. 2,000 can't") == ["u", ".", "s", ".", "2", ",", "000", "can", "'", "t"]
+    assert dpr_tokens("\t\n \u00a0") == []                     # separators and controls are not tokens
+    assert dpr_tokens("\u00abParis\u00bb") == ["\u00ab", "paris", "\u00bb"]
+    assert dpr_tokens("Caf\u00e9") == ["cafe\u0301"]                # NFD: the accent is a mark inside the token
 
 
+# Previously (before DPR's own rules) articles and punctuation were stripped, so "The Who" matched
+# "who is the president", "Paris." matched "PARIS!" and "U S" matched "U.S.": all False now.
 @pytest.mark.parametrize("passage, answers, expected", [
     ("The Eiffel Tower is in Paris.", ["paris"], True),                  # case
-    ("It opened in 1889, in PARIS!", ["Paris."], True),                  # punctuation both sides
-    ("He wrote The Lord of the Rings.", ["Lord of the Rings"], True),    # articles dropped both sides
-    ("lord of rings", ["The Lord of the Rings"], True),
-    ("U.S. president", ["U S"], True),
+    ("It opened in 1889, in PARIS!", ["Paris"], True),
+    ("It opened in 1889, in PARIS!", ["Paris."], False),                 # '.' is a token the passage lacks
+    ("Paris. It opened", ["Paris."], True),
+    ("who is the president", ["The Who"], False),                        # articles are kept
+    ("The Who played Tommy", ["the who"], True),
+    ("who played Tommy", ["The Who"], False),
+    ("He wrote The Lord of the Rings.", ["Lord of the Rings"], True),
+    ("lord of rings", ["The Lord of the Rings"], False),
+    ("U.S. president", ["U.S."], True),                                  # punctuation as tokens
+    ("U.S. president", ["U.S"], True),
+    ("US president", ["U.S."], False),
+    ("U.S. president", ["US"], False),
+    ("U.S. president", ["U S"], False),
+    ("about 2,000 troops", ["2,000"], True),                             # numbers with commas
+    ("about 2000 troops", ["2,000"], False),
+    ("about 2,000 troops", ["2000"], False),
+    ("about 2,000 troops", ["2"], True),                                 # '2' ',' '000': '2' is a token
+    ("an apple-pie", ["apple pie"], False),
+    ("an apple-pie", ["apple-pie"], True),
+    ("\u00abParis\u00bb est belle", ["Paris"], True),
     ("concatenate the strings", ["cat"], False),                         # token boundary
     ("a cat sat", ["cat"], True),
     ("cats sat", ["cat"], False),
@@ -32,11 +54,31 @@ def test_normalize_tokens():
     ("York New", ["new york"], False),                                   # and in order
     ("nothing here", ["absent", "here"], True),                          # any answer
     ("nothing here", ["absent", "also absent"], False),
-    ("anything", ["the", "..."], False),                                 # answers that normalise to nothing
+    ("anything", ["", "   "], False),                                    # answers without tokens match nothing
     ("", ["x"], False),
+    ("\u6771\u4eac\u90fd", ["\u6771\u4eac"], False),                      # CJK runs are one token, as in DPR
 ])
 def test_has_answer(passage, answers, expected):
     assert has_answer(passage, answers) is expected
+
+
+@pytest.mark.parametrize("passage, answers, expected", [
+    ("Rita Hayworth starred", [r"Rita\s+Hayworth|Margarita\s+Cansino"], True),   # CuratedTREC style, ignore case
+    ("born Margarita  CANSINO", [r"Rita\s+Hayworth|Margarita\s+Cansino"], True),
+    ("concatenate", ["cat"], True),                     # regex mode is a search, no token boundaries (as DPR)
+    ("concatenate", [r"\bcat\b"], False),
+    ("first line\nParis second", [r"^Paris"], True),     # MULTILINE
+    ("Beyonce\u0301 sang", ["Beyonc\u00e9"], True),       # pattern and text both NFD
+    ("anything", ["(unclosed"], False),                 # a pattern that does not compile matches nothing
+    ("anything", ["(unclosed", "any"], True),
+])
+def test_has_answer_regex_mode(passage, answers, expected):
+    assert has_answer(passage, answers, "regex") is expected
+
+
+def test_unknown_match_type_is_refused():
+    with pytest.raises(PipelineError, match="regex"):
+        has_answer("x", ["x"], "exact")
 
 
 def test_has_answer_unicode_composed_vs_decomposed():
@@ -64,7 +106,7 @@ def tiny_corpus(tmp_path):
         encoding="utf-8",
     )
     out = tmp_path / "corpus"
-    ingest([collection], "msmarco", out, part_rows=2, progress=False)
+    ingest([collection], "msmarco", out, variant="custom", part_rows=2, progress=False)  # pids p0.. are not MS MARCO integers
     qa = tmp_path / "qa.csv"
     qa.write_text(
         "what is the capital of france\t[\"Paris\"]\n"                # q0
@@ -94,7 +136,7 @@ def test_qa_accuracy(tiny_corpus):
         "1": {"p1": 0.2, "p0": 0.9, "p2": 0.8, "p5": 0.1},
         # q2: 'cat' only inside 'concatenate' at rank 1; the real cat at rank 6
         "2": {"p3": 6.0, "p0": 5.0, "p1": 4.0, "p2": 3.0, "p5": 2.0, "p4": 1.0},
-        # q3: '8,849' normalises to tokens 8 849, the passage says 8849: no hit
+        # q3: '8,849' is the tokens 8 , 849; the passage says 8849: no hit
         "3": {"p5": 1.0},
         # q4: no run entry at all -> counts as unanswered
     }
@@ -103,7 +145,8 @@ def test_qa_accuracy(tiny_corpus):
     assert res["metrics"]["Top-1"] == pytest.approx(1 / 5)
     assert res["metrics"]["Top-5"] == pytest.approx(2 / 5)
     assert res["metrics"]["Top-20"] == pytest.approx(3 / 5)
-    assert res["queries"] == {"questions": 5, "in_run": 4}
+    assert res["queries"] == {"questions": 5, "in_run": 4, "answers_without_tokens": 0}
+    assert res["match"] == "string"
 
 
 def test_qa_accuracy_depth_limited_by_k(tiny_corpus):
@@ -111,3 +154,27 @@ def test_qa_accuracy_depth_limited_by_k(tiny_corpus):
     run = {"2": {"p3": 6.0, "p0": 5.0, "p1": 4.0, "p2": 3.0, "p5": 2.0, "p4": 1.0}}
     res = qa_accuracy(run, qa, out, ks=(1, 5))
     assert res["metrics"] == {"Top-1": 0.0, "Top-5": 0.0}
+
+
+def test_qa_accuracy_regex_mode(tiny_corpus, tmp_path):
+    out, _ = tiny_corpus
+    qa = tmp_path / "trec.csv"
+    qa.write_text("capital of france\t[\"Par(is|ee)\"]\n"            # q0: regex hit at rank 1
+                  "everest height\t[\"88\\\\d\\\\d\\\\s*metres\", \"(\"]\n"   # q1: '8849 metres'; '(' does not compile
+                  "some cat\t[\"cat\"]\n",                              # q2: 'concatenate' at rank 1 matches in regex mode
+                  encoding="utf-8")
+    run = {"0": {"p0": 1.0}, "1": {"p5": 1.0}, "2": {"p3": 2.0, "p4": 1.0}}
+    res = qa_accuracy(run, qa, out, ks=(1,), match_type="regex")
+    assert res["metrics"] == {"Top-1": 1.0}
+    assert res["queries"]["answers_not_compiling"] == 1 and res["match"] == "regex"
+    # the same file in string mode: q0 and q1 are patterns, not text; q2 'cat' is no token of rank 1
+    assert qa_accuracy(run, qa, out, ks=(1, 2))["metrics"] == {"Top-1": 0.0, "Top-2": pytest.approx(1 / 3)}
+
+
+def test_qa_accuracy_refuses_an_empty_run_or_one_matching_no_question(tiny_corpus):
+    out, qa = tiny_corpus
+    with pytest.raises(PipelineError, match="no results"):
+        qa_accuracy({}, qa, out)
+    with pytest.raises(PipelineError) as info:
+        qa_accuracy({"q0": {"p0": 1.0}, "17": {"p0": 1.0}}, qa, out)
+    assert "none of the run's 2 query ids" in str(info.value) and "0..4" in str(info.value)
