@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -31,10 +32,18 @@ def cmd_ingest(args) -> None:
     qrels = {}
     for spec in args.qrels or []:
         split, _, path = spec.rpartition("=")
-        qrels[split or Path(path).stem] = path
-    hf_fields = None
+        split = split or Path(path).stem
+        if split in qrels:
+            raise PipelineError(f"--qrels split {split!r} is given twice ({qrels[split]} and {path})")
+        qrels[split] = path
+    # --id-field/--title-field/--text-field default to None so that giving them with a
+    # format whose columns are fixed is refused (by ingest) instead of silently ignored.
+    given = {k: v for k, v in (("id_field", args.id_field), ("title_field", args.title_field),
+                               ("text_field", args.text_field)) if v is not None}
+    hf_fields = given or None
     if args.format == "hf":
-        hf_fields = {"id_field": args.id_field, "title_field": args.title_field or None, "text_field": args.text_field}
+        hf_fields = {"id_field": "id", "title_field": "title", "text_field": "text", **given}
+        hf_fields["title_field"] = hf_fields["title_field"] or None
     ingest(args.inputs, args.format, args.out, variant=args.variant, title_join=args.title_join,
            part_rows=args.part_rows, on_empty=args.on_empty, queries=args.queries, qrels=qrels,
            on_unknown_qrels=args.on_unknown_qrels, overwrite=args.overwrite, hf_fields=hf_fields)
@@ -51,30 +60,34 @@ def cmd_index(args) -> None:
     from .index.faiss_index import build_index
 
     extra = [f"index.factory={args.factory}"] if args.factory else []
-    build_index(args.embeddings, args.out, _cfg(args, extra).index)
+    build_index(args.embeddings, args.out, _cfg(args, extra).index, overwrite=args.overwrite)
 
 
 def cmd_retrieve(args) -> None:
     from .index.retrieve import retrieve
 
-    extra = [f"retrieve.top_k={args.top_k}"] if args.top_k else []
+    extra = [f"retrieve.top_k={args.top_k}"] if args.top_k is not None else []
     cfg = _cfg(args, extra)
     model_cfg = None
     if args.model:
         from dataclasses import replace
 
         model_cfg = replace(cfg.model, name_or_path=args.model)
-    retrieve(args.index, args.queries, args.out, cfg, queries_format=args.queries_format, model_cfg=model_cfg)
+    retrieve(args.index, args.queries, args.out, cfg, queries_format=args.queries_format, model_cfg=model_cfg,
+             overwrite=args.overwrite)
 
 
 def cmd_evaluate(args) -> None:
-    from .eval.metrics import evaluate_files, read_run
+    from .eval.metrics import cutoffs_deeper_than, evaluate_files, read_run
     from .eval.qa import qa_accuracy
     from .eval.report import format_table
-    from .io_utils import write_json_atomic
+    from .io_utils import check_output, write_json_atomic
 
     extra = ["eval.per_query=true"] if args.per_query else []
-    cfg = _cfg(args, extra).eval
+    extra += [f"eval.qa_match={args.match}"] if args.match else []
+    cfg = _eval_cfg(args, extra)
+    if args.json:
+        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
     if bool(args.qrels) == bool(args.qa):
         raise PipelineError("evaluate needs exactly one of --qrels (TREC/BEIR qrels) or --qa (DPR QA file, with --corpus)")
     if args.qrels:
@@ -82,17 +95,18 @@ def cmd_evaluate(args) -> None:
     else:
         if not args.corpus:
             raise PipelineError("--qa needs --corpus (the ingested corpus the run retrieved from)")
-        result = qa_accuracy(read_run(args.run), args.qa, args.corpus, cfg.qa_ks)
+        result = qa_accuracy(read_run(args.run), args.qa, args.corpus, cfg.qa_ks, cfg.qa_match)
     meta_path = Path(str(args.run) + ".meta.json")
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         result["corpus"] = {"fingerprint": meta.get("corpus_fingerprint"), "variant": meta.get("variant"),
                             "title_join": meta.get("title_join")}
     print(format_table({Path(args.run).name: result["metrics"]}))
-    deep = [k for k in cfg.recall_ks if k > result.get("run_depth", k)]
+    deep = cutoffs_deeper_than(result["metrics"], result["run_depth"]) if "run_depth" in result else []
     if deep:
+        need = max(int(d.rsplit("@", 1)[1]) for d in deep)
         print(f"WARNING: the run holds at most {result['run_depth']} documents per query; "
-              f"R@{', R@'.join(map(str, deep))} are cut at that depth (retrieve with --top-k {max(deep)})")
+              f"{', '.join(deep)} {'is' if len(deep) == 1 else 'are'} cut at that depth (retrieve with --top-k {need})")
     q = result["queries"]
     print("queries: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in q.items()))
     if args.per_query and "per_query" in result:
@@ -101,6 +115,41 @@ def cmd_evaluate(args) -> None:
     if args.json:
         write_json_atomic(args.json, result)
         print(f"[evaluate] wrote {args.json}")
+
+
+def _eval_cfg(args, extra: list[str] | None = None):
+    """The eval section, with --measures (ir-measures strings) over eval.measures."""
+    from dataclasses import replace
+
+    cfg = _cfg(args, extra).eval
+    if getattr(args, "measures", None):
+        cfg = replace(cfg, measures=(args.measures,))  # validated here: a bad measure is a ConfigError
+    return cfg
+
+
+def cmd_compare(args) -> None:
+    from .eval.compare import compare_runs, format_comparison
+    from .io_utils import check_output, write_json_atomic
+
+    # `key.path=value` overrides among the positional runs (argparse cannot tell them apart)
+    is_override = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
+    args.overrides = list(args.overrides) + [r for r in args.runs if is_override.match(r)]
+    args.runs = [r for r in args.runs if not is_override.match(r)]
+    if not args.runs:
+        raise PipelineError("compare needs at least one run file")
+    cfg = _eval_cfg(args)
+    if args.json:
+        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
+    names = [Path(r).name for r in args.runs]
+    labels = names if len(set(names)) == len(names) else [str(r) for r in args.runs]
+    if len(set(labels)) != len(labels):
+        raise PipelineError("compare: the same run file is given twice")
+    result = compare_runs(dict(zip(labels, args.runs)), args.qrels, test=args.test, cfg=cfg,
+                          allow_mixed=args.allow_mixed, resamples=args.resamples, seed=args.seed)
+    print(format_comparison(result))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"[compare] wrote {args.json}")
 
 
 def cmd_train(args) -> None:
@@ -147,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qrels", action="append", metavar="[SPLIT=]PATH", help="qrels to check against the corpus")
     p.add_argument("--on-unknown-qrels", choices=("skip", "error"), default="error")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--id-field", default="id", help="hf format: id column")
-    p.add_argument("--title-field", default="title", help="hf format: title column ('' for none)")
-    p.add_argument("--text-field", default="text", help="hf format: text column")
+    p.add_argument("--id-field", help="hf format only: id column (default id)")
+    p.add_argument("--title-field", help="hf format only: title column, '' for none (default title)")
+    p.add_argument("--text-field", help="hf format only: text column (default text)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("encode", help="Parquet corpus -> embedding shards (Ray Data, resumable)")
@@ -163,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embeddings", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--factory", help="FAISS factory string (= index.factory), default Flat")
+    p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_index)
 
@@ -173,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="TREC run file to write")
     p.add_argument("--top-k", type=int)
     p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_retrieve)
 
@@ -183,8 +234,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
     p.add_argument("--per-query", action="store_true")
     p.add_argument("--json", help="write the metrics as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
+    p.add_argument("--measures", help="ir-measures measures, e.g. \"AP nDCG@10 RR@10 R@1000 P@10 Judged@10\" "
+                                      "(= eval.measures; default RR@10 nDCG@10 AP@100 RR@100 R@k for eval.recall_ks)")
+    p.add_argument("--match", choices=("string", "regex"),
+                   help="--qa answer matching as DPR: string (token sequence) or regex (CuratedTREC) (= eval.qa_match)")
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
+    p.add_argument("--qrels", required=True)
+    p.add_argument("--measures", help="ir-measures measures (= eval.measures; default as evaluate)")
+    p.add_argument("--test", choices=("ttest", "randomization", "both"), default="ttest",
+                   help="paired t-test (scipy ttest_rel), paired randomization test (scipy permutation_test), or both")
+    p.add_argument("--resamples", type=int, default=10_000, help="randomization test resamples (exact when 2^queries <= this)")
+    p.add_argument("--seed", type=int, default=0, help="randomization test seed")
+    p.add_argument("--allow-mixed", "--allow-mixed-corpora", dest="allow_mixed", action="store_true",
+                   help="compare runs over different corpora anyway (a warning is printed above the table)")
+    p.add_argument("--json", help="write the comparison as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
+    p.add_argument("--config", help="YAML config (its eval section applies)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set eval.rel_level=2 (also accepted among the run files)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("train", help="train a bi-encoder with Ray Train (DPR, DAR)")
     _add_config_args(p)
@@ -204,12 +277,31 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_offline_env()
     args = build_parser().parse_args(argv)
+    from .ray_runtime import shutdown_local_ray
+
+    _exit_on_hangup()
     try:
         args.func(args)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        shutdown_local_ray()  # a local Ray this command started stops with it, however it ends
     return 0
+
+
+def _exit_on_hangup() -> None:
+    """SIGHUP (terminal closed) exits through Python, so atexit hooks stop a local Ray."""
+    import signal
+
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGHUP, lambda signum, frame: sys.exit(128 + signum))
+        except ValueError:  # not the main thread (e.g. main() called from a worker thread)
+            pass
 
 
 if __name__ == "__main__":

@@ -1,35 +1,172 @@
-"""Atomic writes and hashing: nothing a later step trusts is ever half-written."""
+"""Atomic writes, output-path checks and hashing: nothing a user has is lost, nothing is half-written.
+
+* `atomic_path(path)` yields a temporary path beside `path` and puts it in place only on
+  success. A file is replaced by one `rename`. A directory is replaced by one atomic
+  exchange (Linux `renameat2(RENAME_EXCHANGE)`), so the old output stays readable until
+  the new one is complete, and there is never a moment without either. Where the
+  exchange is not supported it falls back to two renames, undone if the second fails.
+* Temporaries carry the writer's pid (`.tmp-<name>-<pid>-<rand>`, `.old-<name>-<pid>-<rand>`).
+  The next write of the same path removes those of dead writers; a `.old-*` left with no
+  output at the path (a kill between the two fallback renames) is put back first. Either
+  is reported on stderr in one line.
+* `check_output(path, kind, overwrite)` refuses an output path that holds anything but
+  this tool's own output of that kind, and the tool's own output unless `overwrite`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from .errors import PipelineError
+
+
+class OutputError(PipelineError):
+    """An output path that cannot be written without losing or corrupting something."""
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+_TEMP_RE = re.compile(r"^\.(?P<kind>tmp|old)-(?P<name>.+)-(?P<pid>\d+)-(?P<rand>[0-9a-f]{8})$")
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_exchange_ok: bool | None = None  # None = not tried yet
+
+
+def _temp_name(kind: str, name: str) -> str:
+    return f".{kind}-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def recover_stale(path: str | os.PathLike, report: bool = True) -> list[str]:
+    """Clean up after killed writers of `path`: restore a lost output from `.old-*`, drop the rest.
+
+    Only temporaries whose writer pid is dead are touched. Returns what was done
+    (one entry per action) and prints it on stderr in one line when `report`.
+    """
+    path = Path(path)
+    parent = path.parent
+    try:
+        entries = list(os.scandir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    stale: list[tuple[str, Path]] = []
+    for e in entries:
+        m = _TEMP_RE.match(e.name)
+        if m and m["name"] == path.name and not _pid_alive(int(m["pid"])):
+            stale.append((m["kind"], Path(e.path)))
+    if not stale:
+        return []
+    actions = []
+    if not path.exists() and not path.is_symlink():
+        olds = sorted((p for k, p in stale if k == "old"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if olds:
+            os.replace(olds[0], path)
+            actions.append(f"restored the previous output from {olds[0].name}")
+            stale = [(k, p) for k, p in stale if p != olds[0]]
+    for _, p in stale:
+        _remove(p)
+    if stale:
+        actions.append(f"removed {len(stale)} stale temporar{'y' if len(stale) == 1 else 'ies'} of a killed run "
+                       f"({', '.join(sorted(p.name for _, p in stale))})")
+    if report and actions:
+        print(f"[cleanup] {path}: {'; '.join(actions)}", file=sys.stderr, flush=True)
+    return actions
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap `a` and `b` (both must exist). False when the platform/filesystem can't."""
+    global _exchange_ok
+    if _exchange_ok is False or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        _exchange_ok = False
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        _exchange_ok = True
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV, errno.EPERM):
+        return False  # this filesystem can't; another might (don't cache)
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _replace_dir(new: Path, path: Path) -> None:
+    """Put directory `new` at `path`, where a directory already is; old content removed after."""
+    if _exchange(new, path):
+        _remove(new)  # `new` now holds the old content
+        return
+    old = path.with_name(_temp_name("old", path.name))
+    os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(old, path)  # undo: the old output goes back
+        raise
+    _remove(old)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only on success.
+    """Yield a temporary path beside `path`; put it at `path` only when the block succeeds.
 
-    Works for files and directories. The temporary name starts with '.tmp-' so
-    readers that list a folder can ignore it.
+    Works for files and directories (whatever the block creates at the yielded path).
+    The temporary folder starts with '.tmp-', so readers that list a folder can ignore
+    it. A file is never replaced by a directory or the other way round.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    recover_stale(path)
+    tmp = path.parent / _temp_name("tmp", path.name)
+    tmp.mkdir()
     target = tmp / path.name
     try:
         yield target
-        if path.is_dir() and not path.is_symlink():
-            old = path.with_name(f".old-{path.name}-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(target, path)
-            shutil.rmtree(old, ignore_errors=True)
+        if not target.exists() and not target.is_symlink():
+            raise OutputError(f"{path}: nothing was written")
+        if path.exists() and not path.is_symlink():
+            if path.is_dir() != (target.is_dir() and not target.is_symlink()):
+                have, new = ("directory", "file") if path.is_dir() else ("file", "directory")
+                raise OutputError(f"{path} is a {have}; refusing to replace it by a {new}")
+            if path.is_dir():
+                _replace_dir(target, path)
+            else:
+                os.replace(target, path)
         else:
             os.replace(target, path)
         _fsync_dir(path.parent)
@@ -57,6 +194,148 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
+
+# --------------------------------------------------------------------------- output checks
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What this tool's own output of one kind looks like on disk.
+
+    A directory kind is recognised by its `marker` file and may hold only `allowed`
+    names (glob patterns) besides; a file kind by `is_own(path)`.
+    """
+
+    name: str
+    is_dir: bool
+    what: str
+    marker: str = ""
+    allowed: tuple[str, ...] = ()
+    is_own: Callable[[Path], bool] | None = None
+    companions: tuple[str, ...] = field(default=())  # files beside a file output (suffixes)
+
+
+def _is_own_run(path: Path) -> bool:
+    meta = Path(str(path) + ".meta.json")
+    if not meta.is_file():
+        return False
+    try:
+        m = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and "n_queries" in m and "top_k" in m
+
+
+def _is_own_metrics(path: Path) -> bool:
+    try:
+        if path.stat().st_size > 1 << 30:
+            return False
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and "metrics" in m and "queries" in m
+
+
+OUTPUT_KINDS: dict[str, OutputKind] = {}
+
+
+def register_output_kind(kind: OutputKind) -> None:
+    OUTPUT_KINDS[kind.name] = kind
+
+
+register_output_kind(OutputKind("index", True, "a FAISS index (pipeline index)", marker="index.json",
+                                allowed=("index.faiss", "pids.txt")))
+register_output_kind(OutputKind("run", False, "a TREC run (pipeline retrieve)", is_own=_is_own_run,
+                                companions=(".meta.json",)))
+register_output_kind(OutputKind("metrics", False, "a metrics JSON (pipeline evaluate)", is_own=_is_own_metrics))
+
+
+def _writable_parent(path: Path) -> None:
+    """The nearest existing ancestor must be a directory we can write into."""
+    anc = path.parent
+    while not anc.exists() and anc != anc.parent:
+        if anc.is_symlink():
+            raise OutputError(f"{path}: {anc} is a broken symbolic link")
+        anc = anc.parent
+    if not anc.is_dir():
+        raise OutputError(f"{path}: {anc} is not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: cannot write in {anc} (permission denied or read-only filesystem)")
+    try:
+        if os.statvfs(anc).f_flag & os.ST_RDONLY:
+            raise OutputError(f"{path}: {anc} is on a read-only filesystem")
+    except (AttributeError, OSError):
+        pass
+
+
+def check_output(path: str | os.PathLike, kind: str, overwrite: bool = False) -> bool:
+    """Refuse `path` unless writing there loses nothing; True when it replaces our own output.
+
+    * nothing there (or an empty directory, for a directory kind): fine;
+    * this tool's own output of `kind`, holding nothing else: fine with `overwrite`,
+      refused without;
+    * anything else (a file where a folder goes, a folder where a file goes, a folder
+      with other content, a file the tool did not write): refused, whatever `overwrite`.
+
+    Nothing is read beyond the markers, and nothing is written or deleted.
+    """
+    spec = OUTPUT_KINDS[kind]
+    path = Path(path)
+    flag = "--overwrite"
+    _writable_parent(path)
+    if not path.exists() and not path.is_symlink():
+        if not spec.is_dir:
+            for suffix in spec.companions:
+                comp = Path(str(path) + suffix)
+                if comp.is_dir():
+                    raise OutputError(f"{comp} is a directory; {path} needs that name for its metadata file. "
+                                      "Nothing was written.")
+        return False
+    if path.is_symlink() and not path.exists():
+        raise OutputError(f"{path} is a broken symbolic link; remove it or choose another output path. "
+                          "Nothing was written.")
+    if spec.is_dir:
+        if not path.is_dir():
+            raise OutputError(f"{path} is a file, not a folder: {spec.what} is written as a folder. "
+                              "Choose another output path; nothing was written.")
+        try:
+            names = sorted(os.listdir(path))
+        except OSError as e:
+            raise OutputError(f"{path}: cannot list it ({e.strerror})") from None
+        names = [n for n in names if not _TEMP_RE.match(n)]
+        if not names:
+            return False
+        if spec.marker not in names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise OutputError(f"{path} already exists and is not {spec.what} (it holds {shown}); "
+                              "refusing to replace it. Choose another output path; nothing was written or deleted.")
+        import fnmatch
+
+        others = [n for n in names if n != spec.marker and not any(fnmatch.fnmatch(n, a) for a in spec.allowed)]
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise OutputError(f"{path} holds {spec.what} but also {shown}, which replacing it would delete; "
+                              "move those away or choose another output path. Nothing was written or deleted.")
+        if not overwrite:
+            raise OutputError(f"{path} already holds {spec.what}; pass {flag} to replace it "
+                              "(nothing was written)")
+        return True
+    if path.is_dir():
+        raise OutputError(f"{path} is a directory: {spec.what} is written as a file. "
+                          "Choose a file path; nothing was written.")
+    for suffix in spec.companions:
+        comp = Path(str(path) + suffix)
+        if comp.is_dir():
+            raise OutputError(f"{comp} is a directory; {path} needs that name for its metadata file. "
+                              "Nothing was written.")
+    if spec.is_own is None or not spec.is_own(path):
+        raise OutputError(f"{path} already exists and is not {spec.what}; refusing to replace it. "
+                          "Choose another output path; nothing was written.")
+    if not overwrite:
+        raise OutputError(f"{path} already holds {spec.what}; pass {flag} to replace it (nothing was written)")
+    return True
+
+
+# --------------------------------------------------------------------------- hashing
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()

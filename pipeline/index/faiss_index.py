@@ -19,8 +19,8 @@ import numpy as np
 
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, ResourceError
-from ..io_utils import atomic_path
-from .shards import iter_shards, load_meta
+from ..io_utils import atomic_path, check_output
+from .shards import META_NAME, iter_shards, load_meta
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
 
@@ -70,26 +70,92 @@ def estimate_bytes(index, probe: np.ndarray) -> tuple[float, int]:
     return (faiss.serialize_index(clone).nbytes - empty) / max(len(probe), 1), empty
 
 
-def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, progress: bool = True) -> dict:
-    """Build a FAISS index over all complete shards of `emb_dir`; returns index.json's content."""
+def _load_embeddings_meta(emb_dir: Path) -> dict:
+    """embeddings.json, checked complete and consistent with the shards on disk (headers only)."""
+    if not emb_dir.is_dir():
+        raise InputError(emb_dir, None, "not a folder of embeddings (run `pipeline encode` first)")
+    try:
+        meta = load_meta(emb_dir)
+    except ValueError as e:
+        raise InputError(emb_dir / META_NAME, None, f"not valid JSON ({e}); the embedding set is damaged") from None
+    if not isinstance(meta, dict):
+        raise InputError(emb_dir / META_NAME, None, "not a JSON object: not written by `pipeline encode`")
+    missing = [k for k in ("rows", "dim", "corpus_fingerprint", "model_config") if k not in meta]
+    if missing:
+        raise InputError(emb_dir / META_NAME, None, f"missing {', '.join(missing)}: not written by `pipeline encode`")
+    if not meta.get("complete"):
+        raise InputError(emb_dir / META_NAME, None,
+                         "encoding is not complete: run `pipeline encode` again to finish it")
+    rows, dim = int(meta["rows"]), int(meta["dim"])
+    total = 0
+    try:  # headers and ids only (vectors are memory-mapped, not read)
+        for pids, vecs in iter_shards(emb_dir):
+            if vecs.ndim != 2 or vecs.shape[1] != dim:
+                raise InputError(emb_dir, None, f"a shard holds vectors of shape {vecs.shape}, embeddings.json "
+                                 f"says dim {dim}; run `pipeline encode` again")
+            total += len(vecs)
+    except FileNotFoundError as e:
+        raise InputError(e.filename or emb_dir, None, "missing although its shard is marked done; "
+                         "run `pipeline encode` again") from None
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(emb_dir, None, f"a shard is unreadable or truncated ({e}); run `pipeline encode` "
+                         "again") from None
+    if total != rows:
+        raise InputError(emb_dir, None, f"the shards hold {total} of the {rows} vectors embeddings.json lists: "
+                         "the embedding set is incomplete; run `pipeline encode` again")
+    if rows == 0:
+        raise InputError(emb_dir, None, "the embedding set is empty: nothing to index")
+    return meta
+
+
+def _ivf_lists(index) -> int:
+    faiss = _faiss()
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except (RuntimeError, AttributeError):
+        return 0
+
+
+def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, progress: bool = True,
+                overwrite: bool = True) -> dict:
+    """Build a FAISS index over all complete shards of `emb_dir`; returns index.json's content.
+
+    `out_dir` must be new, empty, or an index this tool wrote (replaced only with
+    `overwrite`; the CLI asks for `--overwrite`). Anything else there is refused before
+    any work starts, and an existing index stays readable until the new one is complete.
+    """
     import psutil
     from tqdm import tqdm
 
     faiss = _faiss()
     emb_dir, out_dir = Path(emb_dir), Path(out_dir)
-    meta = load_meta(emb_dir)
+    check_output(out_dir, "index", overwrite)
+    meta = _load_embeddings_meta(emb_dir)
     n_total, dim = int(meta["rows"]), int(meta["dim"])
     t0 = time.time()
     try:
         index = faiss.index_factory(dim, cfg.factory, _metric(cfg.metric))
     except RuntimeError as e:
-        raise ConfigError(f"index.factory={cfg.factory!r} is not a valid FAISS factory string: {e}") from None
+        raise ConfigError(f"index.factory={cfg.factory!r} is not a valid FAISS factory string: "
+                          f"{_faiss_reason(e)}") from None
+    nlist = _ivf_lists(index)
+    if nlist > n_total:
+        raise ConfigError(f"index.factory={cfg.factory!r} asks for {nlist:,} inverted lists but the corpus has only "
+                          f"{n_total:,} vectors (IVF needs at least one training vector per list, FAISS advises 39): "
+                          f"use at most IVF{max(1, n_total // 39)}, or Flat")
     sample = None
     if not index.is_trained:
         sample = _sample(emb_dir, n_total, cfg.train_sample)
+        if nlist and len(sample) < nlist:
+            raise ConfigError(f"index.factory={cfg.factory!r}: {nlist:,} lists but index.train_sample="
+                              f"{cfg.train_sample:,} training vectors; raise index.train_sample to at least {nlist:,}")
         if progress:
             print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors", flush=True)
-        index.train(sample)
+        try:
+            index.train(sample)
+        except RuntimeError as e:
+            raise ConfigError(f"index.factory={cfg.factory!r} cannot be trained on {len(sample):,} vectors: "
+                              f"{_faiss_reason(e)}") from None
     probe = sample[:2000] if sample is not None else _sample(emb_dir, n_total, 2000)
     per_vec, base = estimate_bytes(index, probe)
     need = per_vec * n_total + base
@@ -129,13 +195,23 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             "factory": cfg.factory, "metric": cfg.metric, "ntotal": int(final.ntotal), "dim": dim,
             "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
             "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir.resolve()),
-            **{k: meta[k] for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus")},
+            **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus")},
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     if progress:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
               f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
     return info
+
+
+def _faiss_reason(e: Exception) -> str:
+    """FAISS errors carry a C++ signature and source location; keep what went wrong."""
+    import re
+
+    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+    text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)
+    text = re.sub(r"^Error: ", "", text)
+    return text or type(e).__name__
 
 
 class LoadedIndex:
@@ -145,11 +221,34 @@ class LoadedIndex:
         faiss = _faiss()
         index_dir = Path(index_dir)
         meta_path = index_dir / META_FILE
+        if not index_dir.is_dir():
+            raise InputError(index_dir, None, "no index here: run `pipeline index` first")
         if not meta_path.exists():
             raise InputError(meta_path, None, "no index here: run `pipeline index` first")
-        self.meta = json.loads(meta_path.read_text())
-        self.index = faiss.read_index(str(index_dir / INDEX_FILE))
-        self.pids = (index_dir / PIDS_FILE).read_text(encoding="utf-8").splitlines()
+        try:
+            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if not isinstance(self.meta, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, OSError) as e:
+            raise InputError(meta_path, None, f"unreadable index metadata ({e}); rebuild with `pipeline index`") from None
+        index_path = index_dir / INDEX_FILE
+        if not index_path.is_file():
+            raise InputError(index_path, None, "missing; rebuild with `pipeline index`")
+        try:
+            self.index = faiss.read_index(str(index_path))
+        except RuntimeError as e:
+            raise InputError(index_path, None, f"not a readable FAISS index (corrupt or truncated: "
+                             f"{_faiss_reason(e)}); rebuild with `pipeline index`") from None
+        want_n, want_dim = self.meta.get("ntotal"), self.meta.get("dim")
+        if (want_n is not None and self.index.ntotal != want_n) or (want_dim is not None and self.index.d != want_dim):
+            raise InputError(index_path, None, f"holds {self.index.ntotal} x {self.index.d} vectors, index.json says "
+                             f"{want_n} x {want_dim}: corrupt or from another build; rebuild with `pipeline index`")
+        try:
+            self.pids = (index_dir / PIDS_FILE).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise InputError(index_dir / PIDS_FILE, None, "missing; rebuild with `pipeline index`") from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise InputError(index_dir / PIDS_FILE, None, f"unreadable ({e}); rebuild with `pipeline index`") from None
         if len(self.pids) != self.index.ntotal:
             raise InputError(index_dir / PIDS_FILE, None, f"{len(self.pids)} ids for {self.index.ntotal} vectors")
         cfg = cfg or IndexConfig()

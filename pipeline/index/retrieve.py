@@ -9,7 +9,8 @@ import numpy as np
 
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
-from ..io_utils import atomic_path, write_json_atomic
+from ..errors import ConfigError, PipelineError
+from ..io_utils import atomic_path, check_output, write_json_atomic
 from .faiss_index import LoadedIndex
 
 
@@ -37,23 +38,43 @@ def query_model_config(index_meta: dict, override: ModelConfig | None) -> ModelC
     return ModelConfig(**saved)
 
 
+def _check_query_dim(dim: int | None, index: LoadedIndex, index_dir, model) -> None:
+    if dim is None or dim == index.index.d:
+        return
+    name = getattr(getattr(model, "cfg", None), "name_or_path", None) or "the query model"
+    corpus_model = (index.meta.get("model_config") or {}).get("name_or_path", "see its index.json")
+    raise PipelineError(f"the query model ({name}) gives {dim}-dimensional vectors but the index at {index_dir} "
+                        f"holds {index.index.d}-dimensional ones; query with the model that encoded the corpus "
+                        f"({corpus_model})")
+
+
 def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
              queries_format: str = "auto", model_cfg: ModelConfig | None = None, model=None,
-             progress: bool = True) -> dict:
-    """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`)."""
+             progress: bool = True, overwrite: bool = True) -> dict:
+    """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`).
+
+    `run_path` must be new or a run this tool wrote (replaced only with `overwrite`;
+    the CLI asks for `--overwrite`); a directory or another file there is refused
+    before anything is computed.
+    """
     t0 = time.time()
+    k = cfg.retrieve.top_k
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"retrieve.top_k must be a positive integer, got {k!r}")
+    check_output(run_path, "run", overwrite)
     index = LoadedIndex(index_dir, cfg.index)
     queries = load_queries(queries_path, queries_format)
     if model is None:
         from ..models import BiEncoder
 
         model = BiEncoder.load(query_model_config(index.meta, model_cfg))
+    _check_query_dim(getattr(model, "dim", None), index, index_dir, model)
     qids = list(queries)
-    k = cfg.retrieve.top_k
     all_scores, all_ids = [], []
     bs = cfg.retrieve.batch_size
     for s in range(0, len(qids), bs):
         vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs)
+        _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
         scores, ids = index.search(vecs, k)
         all_scores.append(scores)
         all_ids.append(ids)
