@@ -1,11 +1,27 @@
 """`pipeline ingest`: stream a raw corpus into Parquet parts plus a manifest.
 
-Output layout (the manifest is written last and marks the folder complete):
+Output layout (the manifest is installed last and marks the folder complete):
 
     out/corpus/part-00000.parquet ...   pid, title, text   (`part_rows` rows each)
     out/queries.tsv                     qid \\t text        (if queries were given)
     out/qrels/<split>.trec              TREC qrels          (if qrels were given)
     out/manifest.json
+
+What ingest owns in `out` is exactly those entries; anything else a user keeps
+there (`emb/`, `index/`, `run.trec`, notes) is never touched:
+
+* `out` must be new, empty, or a corpus ingested before. A folder holding
+  anything else is refused, with or without `--overwrite`.
+* Replacing a corpus needs `--overwrite` and replaces only what the old
+  manifest says ingest wrote (its parts, manifest, queries.tsv, qrels files).
+* Everything new is written to `out/.tmp-ingest-<id>/new/` first; the old
+  corpus stays readable until that is complete. Then the old manifest is
+  moved aside (the folder is no longer a trusted corpus), the old entries are
+  moved aside, the new ones moved in, and the new manifest moved in last. The
+  plan of these renames is written first, so a run killed in the middle is
+  finished by the next ingest into the same folder; a temporary folder left by
+  a run killed earlier is removed (and reported). Each run holds a lock on its
+  temporary folder, so a live run's folder is never mistaken for a stale one.
 
 Corpus parts are also the unit of resumable encoding. Duplicate ids are found
 with 8-byte hashes (not a set of strings), so ingest of 21M passages needs
@@ -15,7 +31,14 @@ with 8-byte hashes (not a set of strings), so ingest of 21M passages needs
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -26,10 +49,10 @@ import pyarrow.parquet as pq
 
 from .. import __version__
 from ..errors import InputError, PipelineError
-from ..io_utils import atomic_path, sha256_file, write_json_atomic
+from ..io_utils import sha256_file, write_json_atomic
 from . import readers
 from .manifest import (DEFAULT_TITLE_JOIN, DEFAULT_VARIANT, MANIFEST_NAME, check_title_join,
-                       check_variant, fingerprint)
+                       check_variant, describe, fingerprint, load_manifest)
 
 CORPUS_SCHEMA = pa.schema([("pid", pa.string()), ("title", pa.string()), ("text", pa.string())])
 
@@ -71,6 +94,8 @@ class _PartWriter:
         name = f"part-{len(self.parts):05d}.parquet"
         table = pa.table(self._buf, schema=CORPUS_SCHEMA)
         pq.write_table(table, self.folder / name, row_group_size=min(n, 16_384))
+        with open(self.folder / name, "rb") as f:
+            os.fsync(f.fileno())
         self.parts.append({"file": f"corpus/{name}", "rows": n})
         self._buf = {"pid": [], "title": [], "text": []}
 
@@ -98,14 +123,23 @@ def ingest(
     folder: corpus.jsonl, queries.jsonl and qrels/*.tsv are all taken from it.
     Empty passages are skipped and counted (`on_empty='skip'`) or fail
     (`'error'`); qrels naming unknown passages fail (or are counted and dropped
-    with `on_unknown_qrels='skip'`).
+    with `on_unknown_qrels='skip'`). See the module docstring for what happens
+    to an existing `out`.
     """
     out = Path(out)
-    if (out / MANIFEST_NAME).exists() and not overwrite:
-        raise PipelineError(f"{out} already holds an ingested corpus; pass --overwrite to replace it")
+    # ---- arguments: every check that needs no reading happens before anything is written
+    if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:
+        raise PipelineError(f"--part-rows must be a positive number of passages per part, got {part_rows!r}")
     if on_empty not in ("skip", "error") or on_unknown_qrels not in ("skip", "error"):
         raise PipelineError("on_empty / on_unknown_qrels must be 'skip' or 'error'")
+    if fmt not in readers.CORPUS_FORMATS:
+        raise PipelineError(f"unknown corpus format {fmt!r}; choose from {', '.join(readers.CORPUS_FORMATS)}")
+    if hf_fields and fmt != "hf":
+        raise PipelineError(f"{', '.join('--' + k.replace('_', '-') for k in sorted(hf_fields))} only apply to "
+                            f"--format hf (the {fmt} format has fixed columns)")
     inputs = [Path(p) for p in inputs]
+    if not inputs:
+        raise PipelineError("no input files given")
     qrels = dict(qrels or {})
     if fmt == "beir":
         if len(inputs) != 1 or not inputs[0].is_dir():
@@ -118,10 +152,14 @@ def ingest(
             qrels = {p.stem: p for p in sorted((folder / "qrels").glob("*.tsv"))}
         variant = variant or f"beir-{folder.name.lower()}"
     variant = check_variant(variant or DEFAULT_VARIANT.get(fmt, "custom"))
+    _check_variant_fits(variant, fmt, hf_fields)
     title_join = check_title_join(title_join or DEFAULT_TITLE_JOIN.get(variant, "{title} {text}"))
-    for p in inputs:
-        if not p.exists():
-            raise InputError(p, None, "file not found")
+    for split in qrels:
+        if not _SPLIT_NAME.fullmatch(str(split)):
+            raise PipelineError(f"qrels split name {split!r} must be letters, digits, '.', '_' or '-' "
+                                "(it names the file qrels/<split>.trec)")
+    _check_inputs(inputs, fmt, queries, qrels)
+    integer_pids = variant in ("msmarco-official", "msmarco-titled")
 
     def records():
         for p in inputs:
@@ -129,15 +167,22 @@ def ingest(
                 r["path"] = p
                 yield r
 
-    t0 = time.time()
-    skipped: list[dict] = []
-    n_skipped = 0
-    hashes = array("Q")
-    total = 0
-    with atomic_path(out) as tmp:
-        (tmp / "corpus").mkdir(parents=True)
-        writer = _PartWriter(tmp / "corpus", part_rows)
+    # ---- the output folder: new, empty, or a corpus ingested before (then --overwrite)
+    will_write = [MANIFEST_NAME, "corpus"] + (["queries.tsv"] if queries is not None else []) \
+        + [f"qrels/{split}.trec" for split in sorted(qrels)]
+    with _Output(out, overwrite, progress, will_write) as stage:
+        new = stage.new
+        t0 = time.time()
+        skipped: list[dict] = []
+        n_skipped = n_titled = 0
+        hashes = array("Q")
+        total = 0
+        (new / "corpus").mkdir(parents=True)
+        writer = _PartWriter(new / "corpus", part_rows)
         for r in records():
+            if integer_pids and not (r["pid"].isascii() and r["pid"].isdigit()):
+                raise InputError(r["path"], r["line"], f"passage id {r['pid']!r} is not a non-negative integer, as "
+                                 f"every MS MARCO pid is (variant {variant}); use --variant custom for other corpora")
             if not r["text"].strip():
                 if on_empty == "error":
                     raise InputError(r["path"], r["line"], f"empty text for passage {r['pid']!r}")
@@ -147,6 +192,7 @@ def ingest(
                 continue
             hashes.append(_pid_hash(r["pid"]))
             writer.add(r["pid"], r["title"], r["text"])
+            n_titled += bool(r["title"].strip())
             total += 1
             if progress and total % 500_000 == 0:
                 rate = total / max(time.time() - t0, 1e-9)
@@ -154,6 +200,9 @@ def ingest(
         writer.flush()
         if total == 0:
             raise InputError(inputs[0], None, "no passages found")
+        if variant == "msmarco-titled" and n_titled == 0:
+            raise PipelineError(f"variant msmarco-titled, but no passage of {', '.join(map(str, inputs))} has a "
+                                "title: this is the official (untitled) collection; use --variant msmarco-official")
 
         arr = np.frombuffer(hashes, dtype=np.uint64)
         uniq, counts = np.unique(arr, return_counts=True)
@@ -166,11 +215,11 @@ def ingest(
 
         extra: dict = {}
         if queries is not None:
-            extra["queries"] = _write_queries(Path(queries), queries_format, tmp / "queries.tsv")
+            extra["queries"] = _write_queries(Path(queries), queries_format, new / "queries.tsv")
         if qrels:
-            pids = _load_pids(tmp)
+            pids = _load_pids(new)
             extra["qrels"] = {
-                split: _write_qrels(Path(path), tmp / "qrels" / f"{split}.trec", pids, on_unknown_qrels)
+                split: _write_qrels(Path(path), new / "qrels" / f"{split}.trec", pids, on_unknown_qrels)
                 for split, path in sorted(qrels.items())
             }
         manifest = {
@@ -188,12 +237,312 @@ def ingest(
             **extra,
         }
         manifest["fingerprint"] = fingerprint(manifest)
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        write_json_atomic(new / MANIFEST_NAME, manifest)
+        stage.commit(manifest)
     if progress:
         skip_note = f", {n_skipped} skipped (empty text; see manifest)" if n_skipped else ""
         print(f"[ingest] done: {total:,} passages in {len(writer.parts)} parts{skip_note}, "
               f"variant {variant}, title join {title_join!r}, {time.time() - t0:.1f}s -> {out}", flush=True)
     return manifest
+
+
+# --------------------------------------------------------------------------- argument checks
+
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+# Which formats can carry which labelled variant (custom: any). The label decides which
+# numbers are comparable, so a label the data cannot have is refused.
+_VARIANT_FORMATS = {
+    "wiki-dpr": ("dpr-wiki", "hf"),
+    "msmarco-official": ("msmarco", "beir", "hf"),
+    "msmarco-titled": ("msmarco-titled", "hf"),
+}
+
+
+def _check_variant_fits(variant: str, fmt: str, hf_fields: dict | None) -> None:
+    allowed = _VARIANT_FORMATS.get(variant) or (("beir", "hf") if variant.startswith("beir-") else None)
+    if allowed is not None and fmt not in allowed:
+        why = {"msmarco-titled": " (the titled variant has three columns pid, title, text: use --format msmarco-titled)",
+               "msmarco-official": " (pid \\t text: use --format msmarco)"}.get(variant, "")
+        raise PipelineError(f"--variant {variant} does not fit --format {fmt}{why}; "
+                            f"{variant} comes as {' or '.join(allowed)}")
+    if variant == "msmarco-titled" and fmt == "hf" and not (hf_fields or {}).get("title_field", "title"):
+        raise PipelineError("--variant msmarco-titled needs a title column (--title-field)")
+
+
+def _file_key(p: Path):
+    try:
+        st = p.stat()
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return str(p.resolve())
+
+
+def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
+    seen: dict = {}
+    for p in inputs:
+        if not p.exists():
+            raise InputError(p, None, "file not found")
+        if p.is_dir() and fmt != "hf":
+            raise InputError(p, None, f"is a folder; --format {fmt} reads a file")
+        key = _file_key(p)
+        if key in seen:
+            same = "given twice" if str(seen[key]) == str(p) else f"the same file as {seen[key]}"
+            raise PipelineError(f"input {p} is {same}: each corpus file may be given once "
+                                "(each file is read once)")
+        seen[key] = p
+    for p in [queries, *qrels.values()]:
+        if p is None:
+            continue
+        p = Path(p)
+        if not p.exists():
+            raise InputError(p, None, "file not found")
+        if p.is_dir():
+            raise InputError(p, None, "is a folder; expected a file")
+        if _file_key(p) in seen:
+            raise PipelineError(f"{p} is given both as a corpus file and as queries/qrels")
+
+
+# --------------------------------------------------------------------------- the output folder
+
+_STAGE_PREFIX = ".tmp-ingest-"
+_PART_NAME = re.compile(r"part-\d{5,}\.parquet")
+
+
+def _describe(names) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return shown
+
+
+def _owned(manifest: dict) -> list[str]:
+    """Paths (relative to the corpus folder) that ingest wrote, per its manifest; manifest first."""
+    owned = [MANIFEST_NAME, "corpus"]
+    if manifest.get("queries"):
+        owned.append("queries.tsv")
+    owned += [f"qrels/{split}.trec" for split in sorted(manifest.get("qrels") or {})]
+    return owned
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _try_lock(path: Path):
+    """A non-blocking exclusive lock on a folder; None when another process holds it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _apply_plan(out: Path, stage: Path, plan: dict) -> None:
+    """Move the old owned entries aside, the new ones in, the manifest last. Idempotent:
+    a plan interrupted anywhere is finished by running it again."""
+    old, new = stage / "old", stage / "new"
+    for rel in plan["remove"]:
+        src, dst = out / rel, old / rel
+        if (src.exists() or src.is_symlink()) and not (dst.exists() or dst.is_symlink()):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    _fsync_dir(out)
+    for rel in plan["install"]:
+        src, dst = new / rel, out / rel
+        if src.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    _fsync_dir(out)
+    qrels_dir = out / "qrels"
+    if qrels_dir.is_dir() and not any(qrels_dir.iterdir()):
+        qrels_dir.rmdir()
+
+
+def _conflicts(out: Path, install: list[str], remove: list[str]) -> None:
+    """An entry the new corpus writes must not be a user's file."""
+    for rel in install:
+        if rel not in remove and ((out / rel).exists() or (out / rel).is_symlink()):
+            raise PipelineError(f"{out / rel} exists but was not written by ingest; move it away or choose "
+                                "another --out. Nothing was changed")
+
+
+class _Stage:
+    def __init__(self, out: Path, path: Path, old_manifest: dict | None, progress: bool):
+        self.out, self.path, self.new = out, path, path / "new"
+        self.old_manifest = old_manifest
+        self.progress = progress
+        self.swapping = False
+
+    def commit(self, manifest: dict) -> None:
+        remove = _owned(self.old_manifest) if self.old_manifest else []
+        install = [r for r in _owned(manifest) if r != MANIFEST_NAME] + [MANIFEST_NAME]
+        _conflicts(self.out, install, remove)
+        write_json_atomic(self.path / "plan.json", {"remove": remove, "install": install})
+        self.swapping = True  # from here on, an interrupted run is finished by the next one
+        _apply_plan(self.out, self.path, {"remove": remove, "install": install})
+        self.swapping = False
+        if self.old_manifest and self.progress:
+            kept = sorted(n for n in os.listdir(self.out)
+                          if not n.startswith(_STAGE_PREFIX) and n not in (MANIFEST_NAME, "corpus", "queries.tsv", "qrels"))
+            if kept:
+                print(f"[ingest] replaced the corpus in {self.out}; kept what ingest does not own: {_describe(kept)} "
+                      "(outputs made from the old corpus may not match the new one)", flush=True)
+
+
+class _Output:
+    """Context manager: checks `out`, cleans or finishes stale stages, yields a locked stage."""
+
+    def __init__(self, out: Path, overwrite: bool, progress: bool, will_write: list[str]):
+        self.out, self.overwrite, self.progress = out, overwrite, progress
+        self.will_write = will_write
+        self.created: list[Path] = []
+        self.stage: Path | None = None
+        self.handle: _Stage | None = None
+        self.lock = None
+
+    def _say(self, msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _Stage:
+        out = self.out
+        if out.is_symlink() and not out.exists():
+            raise PipelineError(f"{out} is a dangling symbolic link; choose another --out")
+        if out.exists() and not out.is_dir():
+            raise PipelineError(f"{out} exists and is a file, not a folder; ingest writes a corpus folder "
+                                "(choose another --out)")
+        for p in [out, *out.parents]:
+            if p.exists():
+                if not p.is_dir():
+                    raise PipelineError(f"cannot create {out}: {p} is a file, not a folder")
+                break
+        self._report_legacy_temporaries()
+        try:
+            missing = [p for p in [out, *out.parents] if not p.exists()]
+            for p in reversed(missing):
+                p.mkdir()
+                self.created.append(p)
+            self._recover()
+            old_manifest = self._check_existing()
+            self.stage = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=out))
+        except OSError as e:
+            self._cleanup()
+            raise PipelineError(f"cannot write to {out}: {e.strerror or e}") from None
+        except BaseException:
+            self._cleanup()
+            raise
+        self.lock = _try_lock(self.stage)
+        live = [p for p in out.glob(_STAGE_PREFIX + "*") if p != self.stage and p.is_dir()]
+        for p in live:  # another ingest started between our check and our stage: let it win
+            fd = _try_lock(p)
+            if fd is None:
+                self._cleanup()
+                raise PipelineError(f"another ingest is writing to {out} ({p.name}); wait for it to finish")
+            os.close(fd)
+        self.handle = _Stage(out, self.stage, old_manifest, self.progress)
+        return self.handle
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self.handle is not None and self.handle.swapping:
+            # Interrupted between renames: keep the stage (it holds the old and the new entries);
+            # the next ingest into this folder finishes the swap from its plan.
+            stage, self.stage = self.stage, None
+            self._cleanup()
+            self._say(f"error while swapping the new corpus into {self.out}; {stage} holds the old and the new "
+                      "files, and the next `pipeline ingest` into this folder finishes the swap")
+        else:
+            self._cleanup()
+        if isinstance(exc, OSError):
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            raise PipelineError(f"cannot write the corpus to {self.out}: {where}{exc.strerror or exc}") from None
+        return False
+
+    def _cleanup(self) -> None:
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+        for p in reversed(self.created):  # folders this run created, if nothing else was put there
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+    def _report_legacy_temporaries(self) -> None:
+        parent = self.out.parent
+        if not parent.is_dir():
+            return
+        name = self.out.name
+        left = [p.name for p in parent.iterdir()
+                if p.name.startswith((f".tmp-{name}-", f".old-{name}-"))]
+        if left:
+            self._say(f"WARNING: {parent} holds {_describe(left)}, left by an interrupted run of an older "
+                      f"version (a '.old-' folder may hold the only copy of an earlier {name}); "
+                      "inspect and remove them by hand")
+
+    def _recover(self) -> None:
+        """Finish an interrupted swap, or remove the temporary folder of a run killed earlier."""
+        out = self.out
+        for stage in sorted(out.glob(_STAGE_PREFIX + "*")):
+            if not stage.is_dir():
+                continue
+            fd = _try_lock(stage)
+            if fd is None:
+                raise PipelineError(f"another ingest is writing to {out} ({stage.name}); wait for it to finish")
+            try:
+                plan_path = stage / "plan.json"
+                if not (out / MANIFEST_NAME).exists() and (stage / "new" / MANIFEST_NAME).exists() \
+                        and plan_path.exists():
+                    plan = json.loads(plan_path.read_text(encoding="utf-8"))
+                    _apply_plan(out, stage, plan)
+                    self._say(f"[ingest] finished replacing the corpus in {out}: a previous ingest was "
+                              f"interrupted while swapping it in ({stage.name})")
+                else:
+                    self._say(f"[ingest] removed {stage}, the temporary folder of an interrupted ingest")
+                shutil.rmtree(stage, ignore_errors=True)
+            finally:
+                os.close(fd)
+
+    def _check_existing(self) -> dict | None:
+        out = self.out
+        entries = [n for n in os.listdir(out) if not n.startswith(_STAGE_PREFIX)]
+        if not entries:
+            return None
+        if MANIFEST_NAME not in entries:
+            raise PipelineError(f"{out} exists and is not an ingested corpus (it holds {_describe(entries)}); "
+                                "ingest writes into a new or empty folder, or replaces a corpus it wrote "
+                                "(--overwrite). Nothing was changed: choose another --out")
+        try:
+            manifest = load_manifest(out)
+        except InputError as e:
+            raise PipelineError(f"{out} holds a manifest.json that is not a readable ingest manifest ({e.reason}); "
+                                "nothing was changed: choose another --out") from None
+        if not self.overwrite:
+            raise PipelineError(f"{out} already holds an ingested corpus ({describe(manifest)}); pass --overwrite "
+                                "to replace it (only the corpus parts, manifest.json, queries.tsv and the qrels "
+                                "ingest wrote are replaced; other files there are kept)")
+        corpus = out / "corpus"
+        if corpus.is_symlink() or (corpus.exists() and not corpus.is_dir()):
+            raise PipelineError(f"{corpus} is not the folder ingest wrote; nothing was changed")
+        foreign = [n for n in os.listdir(corpus) if not _PART_NAME.fullmatch(n)] if corpus.is_dir() else []
+        if foreign:
+            raise PipelineError(f"{corpus} holds files ingest did not write ({_describe(foreign)}); --overwrite "
+                                "replaces that whole folder, so move them elsewhere first. Nothing was changed")
+        _conflicts(out, self.will_write, _owned(manifest))
+        return manifest
 
 
 def _load_pids(folder: Path) -> set[str]:

@@ -61,16 +61,34 @@ def fingerprint(manifest: dict) -> str:
 
 
 def load_manifest(corpus_dir: str | Path) -> dict:
-    path = Path(corpus_dir) / MANIFEST_NAME
+    folder = Path(corpus_dir)
+    path = folder / MANIFEST_NAME
+    if folder.exists() and not folder.is_dir():
+        raise InputError(folder, None, "is a file; expected the folder `pipeline ingest` wrote")
     if not path.exists():
+        if folder.is_dir() and any(folder.glob(".tmp-ingest-*")):
+            raise InputError(path, None, "no manifest: an ingest into this folder was interrupted; run "
+                                         "`pipeline ingest` into it again (it finishes or removes the interrupted one)")
         raise InputError(path, None, "no manifest: not a completed `pipeline ingest` output (run ingest first)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise InputError(path, e.lineno, f"invalid JSON: {e.msg}") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise InputError(path, None, f"cannot read: {e}") from None
+    if not isinstance(manifest, dict):
+        raise InputError(path, None, "expected a JSON object")
     for key in ("variant", "sources", "title_join", "rows", "parts"):
         if key not in manifest:
             raise InputError(path, None, f"manifest lacks {key!r}")
+    parts = manifest["parts"]
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("file"), str) and isinstance(p.get("rows"), int) for p in parts):
+        raise InputError(path, None, "'parts' must be a list of {file, rows}")
+    for part in parts:
+        rel = Path(part["file"])
+        if rel.is_absolute() or ".." in rel.parts:
+            raise InputError(path, None, f"part {part['file']!r} is not a path inside the corpus folder")
     return manifest
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path
 
@@ -180,7 +181,7 @@ def test_failed_ingest_leaves_nothing(tmp_path):
         ingest([bad], "msmarco", out, part_rows=1, progress=False)
     assert (Path(info.value.path), info.value.line) == (bad, 3)
     assert not out.exists()
-    assert list((tmp_path / "sub").iterdir()) == []
+    assert not (tmp_path / "sub").exists()  # folders the failed run created are removed too
 
 
 def test_no_passages_is_an_error(tmp_path):
@@ -249,4 +250,271 @@ def test_bad_options(tmp_path):
         ingest([corpus], "msmarco", tmp_path / "out", title_join="{text} {title}", progress=False)
     with pytest.raises(PipelineError):
         ingest([corpus], "beir", tmp_path / "out", progress=False)  # beir wants a folder
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- the output folder
+
+
+def _tree(root: Path) -> dict:
+    """Every file under root (relative path -> bytes), plus empty folders."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_file():
+            out[rel] = p.read_bytes()
+        elif p.is_dir() and not any(p.iterdir()):
+            out[rel + "/"] = None
+    return out
+
+
+def _tsv(path: Path, rows) -> Path:
+    path.write_text("".join(f"{pid}\t{text}\n" for pid, text in rows), encoding="utf-8")
+    return path
+
+
+def _corpus_rows(out: Path) -> list[tuple]:
+    m = load_manifest(out)
+    return [row for part in _read_parts(out, m) for row in part]
+
+
+def test_refuses_a_folder_that_is_not_a_corpus_and_deletes_nothing(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one"), (2, "two")])
+    out = tmp_path / "d"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("my notes")
+    (out / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    before = _tree(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(PipelineError, match="not an ingested corpus") as info:
+            ingest([src], "msmarco", out, overwrite=overwrite, progress=False)
+        assert "notes.txt" in str(info.value) and "Nothing was changed" in str(info.value)
+        assert _tree(tmp_path) == before
+
+
+def test_an_empty_folder_is_used(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    (tmp_path / "d").mkdir()
+    ingest([src], "msmarco", tmp_path / "d", progress=False)
+    assert _corpus_rows(tmp_path / "d") == [("1", "", "one")]
+
+
+def test_refuses_an_output_path_that_is_a_file(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    (tmp_path / "d").write_text("precious")
+    with pytest.raises(PipelineError, match="is a file"):
+        ingest([src], "msmarco", tmp_path / "d", overwrite=True, progress=False)
+    assert (tmp_path / "d").read_text() == "precious"
+    with pytest.raises(PipelineError, match="is a file"):
+        ingest([src], "msmarco", tmp_path / "d" / "sub", progress=False)
+    assert (tmp_path / "d").read_text() == "precious"
+
+
+def test_overwrite_replaces_only_what_ingest_wrote(tmp_path):
+    old_src = _tsv(tmp_path / "old.tsv", [(i, f"old {i}") for i in range(10)])
+    queries = _tsv(tmp_path / "q.tsv", [(100, "a query")])
+    qrels = tmp_path / "qrels.trec"
+    qrels.write_text("100 0 3 1\n")
+    out = tmp_path / "d"
+    ingest([old_src], "msmarco", out, part_rows=3, queries=queries, qrels={"dev": qrels, "train": qrels},
+           progress=False)
+    # What users put beside the corpus (the README's own layout), and a file of theirs in qrels/.
+    for rel, data in {"emb/shard-00000.npy": b"vectors", "index/index.faiss": b"faiss", "run.trec": b"q 0 d 1 1 x\n",
+                      "notes.txt": b"notes", "qrels/mine.txt": b"my own qrels"}.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    users = {k: v for k, v in _tree(out).items() if k.split("/")[0] in ("emb", "index", "run.trec", "notes.txt")
+             or k == "qrels/mine.txt"}
+
+    new_src = _tsv(tmp_path / "new.tsv", [(i, f"new {i}") for i in range(5)])
+    with pytest.raises(PipelineError, match="--overwrite"):
+        ingest([new_src], "msmarco", out, progress=False)
+    m = ingest([new_src], "msmarco", out, part_rows=2, qrels={"dev": qrels}, overwrite=True, progress=False)
+
+    after = _tree(out)
+    assert {k: after.get(k) for k in users} == users                     # every user file survives
+    assert _corpus_rows(out) == [(str(i), "", f"new {i}") for i in range(5)]
+    assert sorted(p.name for p in (out / "corpus").iterdir()) == [f"part-0000{i}.parquet" for i in range(3)]
+    assert not (out / "queries.tsv").exists() and "queries" not in m   # the old run's queries went with it
+    assert (out / "qrels" / "dev.trec").exists() and not (out / "qrels" / "train.trec").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "new.tsv", "old.tsv", "q.tsv", "qrels.trec"]
+
+
+def test_overwrite_refuses_foreign_files_inside_what_it_replaces(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    out = tmp_path / "d"
+    ingest([src], "msmarco", out, progress=False)
+    (out / "corpus" / "README").write_text("mine")
+    before = _tree(tmp_path)
+    with pytest.raises(PipelineError, match="README"):
+        ingest([src], "msmarco", out, overwrite=True, progress=False)
+    assert _tree(tmp_path) == before
+    (out / "corpus" / "README").unlink()
+    (out / "queries.tsv").write_text("my queries, not ingest's\n")     # the old manifest lists no queries
+    queries = _tsv(tmp_path / "q.tsv", [(5, "q")])
+    before = _tree(tmp_path)
+    with pytest.raises(PipelineError, match="not written by ingest"):
+        ingest([src], "msmarco", out, queries=queries, overwrite=True, progress=False)
+    assert _tree(tmp_path) == before
+
+
+class _Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so no handler in ingest catches it as an error."""
+
+
+def test_interrupted_swap_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """A run stopped after any rename of the swap never leaves a trusted half corpus, and the
+    next ingest into the folder completes it; user files are never touched."""
+    import pipeline.data.ingest as ingest_mod
+
+    old_src = _tsv(tmp_path / "old.tsv", [(i, f"old {i}") for i in range(6)])
+    new_src = _tsv(tmp_path / "new.tsv", [(i, f"new {i}") for i in range(4)])
+    queries = _tsv(tmp_path / "q.tsv", [(100, "a query")])
+    real_replace = os.replace
+    for kill_after in range(0, 5):  # 3 renames move the old entries aside, 2 move the new ones in
+        out = tmp_path / f"d{kill_after}"
+        ingest([old_src], "msmarco", out, part_rows=4, queries=queries, progress=False)
+        (out / "emb").mkdir()
+        (out / "emb" / "x.npy").write_bytes(b"mine")
+        old_rows = _corpus_rows(out)
+        calls = []
+
+        def replace(src, dst):
+            if "/old/" in str(dst) or ("/new/" in str(src) and ".tmp-ingest-" not in str(dst)):  # the swap's
+                if len(calls) == kill_after:
+                    raise _Killed()
+                calls.append(src)
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(ingest_mod.os, "replace", replace)
+        with pytest.raises(_Killed):
+            ingest([new_src], "msmarco", out, part_rows=3, overwrite=True, progress=False)
+        monkeypatch.setattr(ingest_mod.os, "replace", real_replace)
+        if kill_after == 0:
+            assert _corpus_rows(out) == old_rows           # stopped before the first rename: old corpus intact
+        else:
+            with pytest.raises(InputError, match="interrupted"):
+                load_manifest(out)                         # no manifest: not trusted, and says why
+        assert (out / "emb" / "x.npy").read_bytes() == b"mine"
+
+        # The next run finishes the swap (then, as always, needs --overwrite to replace it again).
+        m = ingest([new_src], "msmarco", out, part_rows=3, overwrite=True, progress=False)
+        assert _corpus_rows(out) == [(str(i), "", f"new {i}") for i in range(4)] and m["rows"] == 4
+        assert not (out / "queries.tsv").exists()
+        assert (out / "emb" / "x.npy").read_bytes() == b"mine"
+        assert not [p for p in out.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_failure_while_building_keeps_the_old_corpus(tmp_path, monkeypatch):
+    import pipeline.data.ingest as ingest_mod
+
+    old_src = _tsv(tmp_path / "old.tsv", [(i, f"old {i}") for i in range(6)])
+    out = tmp_path / "d"
+    ingest([old_src], "msmarco", out, part_rows=2, progress=False)
+    before = _tree(tmp_path)
+    real_flush = ingest_mod._PartWriter.flush
+
+    def flush(self):
+        real_flush(self)
+        if len(self.parts) == 2:
+            # while the new corpus is half written, the old one is still complete and readable
+            assert _corpus_rows(out) == [(str(i), "", f"old {i}") for i in range(6)]
+            raise _Killed()
+
+    monkeypatch.setattr(ingest_mod._PartWriter, "flush", flush)
+    with pytest.raises(_Killed):
+        ingest([_tsv(tmp_path / "new.tsv", [(i, "n") for i in range(9)])], "msmarco", out, part_rows=2,
+               overwrite=True, progress=False)
+    before["new.tsv"] = (tmp_path / "new.tsv").read_bytes()
+    assert _tree(tmp_path) == before
+
+
+def test_stale_temporary_folder_of_a_killed_run_is_removed_and_reported(tmp_path, capsys):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    out = tmp_path / "d"
+    ingest([src], "msmarco", out, progress=False)
+    stale = out / ".tmp-ingest-dead"
+    (stale / "new" / "corpus").mkdir(parents=True)
+    (stale / "new" / "corpus" / "part-00000.parquet").write_bytes(b"half")
+    ingest([src], "msmarco", out, overwrite=True, progress=False)
+    assert not stale.exists()
+    assert "interrupted ingest" in capsys.readouterr().err
+
+
+def test_killed_process_leaves_the_old_corpus_and_the_next_run_cleans_up(tmp_path):
+    """A real SIGKILL while the new parts are being written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "d"
+    _tsv(tmp_path / "small.tsv", [(i, f"old {i}") for i in range(5)])
+    ingest([tmp_path / "small.tsv"], "msmarco", out, progress=False)
+    old_rows = _corpus_rows(out)
+    big = _tsv(tmp_path / "big.tsv", [(i, f"passage {i} " + "word " * 20) for i in range(300_000)])
+    code = ("from pipeline.data.ingest import ingest; "
+            f"ingest([{str(big)!r}], 'msmarco', {str(out)!r}, part_rows=500, overwrite=True, progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 60
+        while not list(out.glob(".tmp-ingest-*/new/corpus/part-00003.parquet")):
+            assert proc.poll() is None, "ingest finished before it could be killed; make the corpus bigger"
+            assert time.time() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert list(out.glob(".tmp-ingest-*"))                  # the killed run's temporary folder is left...
+    assert _corpus_rows(out) == old_rows                    # ...and the old corpus is untouched and readable
+    ingest([tmp_path / "small.tsv"], "msmarco", out, overwrite=True, progress=False)
+    assert not list(out.glob(".tmp-ingest-*"))              # the next run removed it
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"part_rows": 0}, "part-rows"),
+    ({"part_rows": -5}, "part-rows"),
+    ({"variant": "msmarco-titled"}, "msmarco-titled"),
+    ({"variant": "wiki-dpr"}, "wiki-dpr"),
+    ({"hf_fields": {"id_field": "docid"}}, "--id-field"),
+    ({"qrels": {"../escape": "q.trec"}}, "split name"),
+])
+def test_option_errors_write_nothing(tmp_path, kwargs, match):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    (tmp_path / "q.trec").write_text("q 0 1 1\n")
+    if "qrels" in kwargs:
+        kwargs = {"qrels": {k: tmp_path / v for k, v in kwargs["qrels"].items()}}
+    before = _tree(tmp_path)
+    with pytest.raises(PipelineError, match=match):
+        ingest([src], "msmarco", tmp_path / "out", progress=False, **kwargs)
+    assert _tree(tmp_path) == before
+
+
+def test_same_file_twice_is_refused_as_such(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    (tmp_path / "link.tsv").symlink_to(src)
+    for second in (src, tmp_path / "link.tsv", tmp_path / "." / "c.tsv"):
+        with pytest.raises(PipelineError) as info:
+            ingest([src, second], "msmarco", tmp_path / "out", progress=False)
+        assert "given once" in str(info.value) and "duplicate" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_msmarco_pids_must_be_integers(tmp_path):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one"), ("2a", "two")])
+    with pytest.raises(InputError) as info:
+        ingest([src], "msmarco", tmp_path / "out", progress=False)
+    assert (info.value.line, Path(info.value.path)) == (2, src) and "integer" in info.value.reason
+    m = ingest([src], "msmarco", tmp_path / "out", variant="custom", progress=False)
+    assert m["variant"] == "custom" and m["rows"] == 2
+
+
+def test_titled_variant_needs_titles(tmp_path):
+    src = tmp_path / "t.tsv"
+    src.write_text("1\t-\tone\n2\t\ttwo\n")
+    with pytest.raises(PipelineError, match="no passage .* has a title"):
+        ingest([src], "msmarco-titled", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
