@@ -1,25 +1,57 @@
-"""Starting and checking Ray: local by default, bound to 127.0.0.1, resources checked up front.
+"""Starting, checking and stopping Ray: local by default, loopback only, resources checked up front.
 
-Ray 2.60 hangs quietly when tasks ask for more CPUs/GPUs than the cluster has,
-and Ray Data deadlocks when actors take every CPU (STACK.md §5, §8). Every Ray
-step here sums its requests with `check_resources` before starting.
+* **Loopback only.** Ray 2.60 turns `_node_ip_address="127.0.0.1"` into the machine's
+  routable address (`services.resolve_ip_for_localhost`), and then gcs_server, raylet,
+  workers and the driver listen on all interfaces. Ray keeps a node on loopback only when
+  its "cluster" mode is off (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, the switch Ray uses on
+  macOS/Windows): the node IP is then 127.0.0.1, the C++ servers bind 127.0.0.1
+  (`listen_to_localhost_only`), and the agents and dashboard bind the node IP. `init_ray`
+  sets it, for the driver and every process Ray starts, before a local start.
+  tests/integration/test_ray_local.py lists every listening socket of every Ray process.
+* **Stopped however the CLI exits.** Ray's own atexit hook and SIGTERM handler cover a
+  normal exit, an error, Ctrl-C and SIGTERM (`shutdown_local_ray` is also called by the
+  CLI). A SIGKILLed driver runs no code, and Ray's agents (DashboardAgent,
+  RuntimeEnvAgent) outlive it: a small watchdog process records the driver's process tree
+  and ends it when the driver is gone.
+* **Resources.** Ray 2.60 hangs quietly when tasks ask for more CPUs/GPUs than a node
+  has, and Ray Data deadlocks unless one whole CPU stays free for its read tasks
+  (STACK.md §5, §8). `check_resources` refuses such shapes before anything starts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 
 from .config import RayConfig
 from .errors import ResourceError
 
+LOOPBACK = "127.0.0.1"
+_started_local = False
+_watchdog: subprocess.Popen | None = None
+
+
+def force_loopback() -> None:
+    """Make a local Ray node (this process and all it starts) use and bind 127.0.0.1 only."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by ray_constants at import
+    try:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # ray may already be imported in this process
+    except ImportError:  # pragma: no cover - ray is a dependency
+        pass
+
 
 def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> None:
-    """Connect to `cfg.address` (or $RAY_ADDRESS), else start a local Ray on 127.0.0.1.
+    """Connect to `cfg.address` (or $RAY_ADDRESS), else start a local Ray on 127.0.0.1 only.
 
     The local Ray's dashboard is off unless `cfg.dashboard`, and then it binds
-    127.0.0.1 only: nothing the pipeline starts is reachable from other hosts.
+    127.0.0.1 as well: nothing the pipeline starts is reachable from other hosts.
+    A local Ray started here is shut down when the process exits, however it exits.
     """
+    global _started_local
     import ray
 
     if ray.is_initialized():
@@ -29,6 +61,7 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     if address:
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         return
+    force_loopback()
     kwargs: dict = {}
     if cfg.object_store_memory_mb:
         kwargs["object_store_memory"] = cfg.object_store_memory_mb * 1024 * 1024
@@ -38,14 +71,100 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
         num_cpus=cfg.num_cpus,
         num_gpus=cfg.num_gpus,
         include_dashboard=cfg.dashboard,
-        dashboard_host="127.0.0.1",
-        _node_ip_address="127.0.0.1",
+        dashboard_host=LOOPBACK,
+        _node_ip_address=LOOPBACK,
         runtime_env=runtime_env,
         logging_level=logging.WARNING,
         log_to_driver=True,
         **kwargs,
     )
+    _started_local = True
+    start_watchdog()
 
+
+def shutdown_local_ray() -> None:
+    """Stop the local Ray this process started (no-op for a cluster connection or none)."""
+    global _started_local
+    if not _started_local:
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _started_local = False
+
+
+# The watchdog: a separate process (own session, so a Ctrl-C to the terminal's process
+# group reaches the driver first) that remembers the driver's descendants every
+# half second and, once the driver is gone, terminates those still running (same pid
+# *and* start time, so a recycled pid is never touched), then kills what is left.
+_WATCHDOG = r"""
+import sys, time
+import psutil
+pid, interval = int(sys.argv[1]), float(sys.argv[2])
+me = psutil.Process()
+try:
+    driver = psutil.Process(pid)
+except psutil.Error:
+    sys.exit(0)
+known = {}
+def alive(p):
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+while alive(driver):
+    try:
+        kids = driver.children(recursive=True)
+    except psutil.Error:
+        kids = []
+    fresh = {}
+    for p in kids + list(known.values()):
+        if p.pid != me.pid and p.pid not in fresh and alive(p):
+            fresh[p.pid] = p
+    known = fresh
+    time.sleep(interval)
+time.sleep(1.0)  # let Ray's own shutdown (atexit, fate-sharing) finish first
+procs = {}
+for p in list(known.values()):
+    if alive(p):
+        procs[p.pid] = p
+        try:
+            for c in p.children(recursive=True):
+                procs.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+procs = [p for p in procs.values() if p.pid != me.pid]
+for p in procs:
+    try:
+        p.terminate()
+    except psutil.Error:
+        pass
+_, left = psutil.wait_procs(procs, timeout=5)
+for p in left:
+    try:
+        p.kill()
+    except psutil.Error:
+        pass
+"""
+
+
+def start_watchdog(interval: float = 0.5) -> None:
+    """Start (once per process) the watchdog that ends this driver's Ray processes if it is killed."""
+    global _watchdog
+    if _watchdog is not None and _watchdog.poll() is None:
+        return
+    try:
+        _watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(interval)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
+    except OSError as e:  # never fatal: Ray's own shutdown paths still work
+        print(f"[ray] could not start the clean-up watchdog ({e}); a SIGKILLed run may leave "
+              "Ray agents behind", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- resources
 
 def cluster_resources() -> dict[str, float]:
     import ray
@@ -54,15 +173,66 @@ def cluster_resources() -> dict[str, float]:
     return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}
 
 
-def check_resources(what: str, cpus: float, gpus: float = 0.0, keep_free_cpus: float = 0.0) -> None:
-    """Fail fast when `cpus`/`gpus` (plus CPUs kept free for Ray Data's read tasks) exceed the cluster."""
-    res = cluster_resources()
+def node_resources() -> list[dict[str, float]]:
+    """Total CPUs/GPUs of every alive node (what each single actor or task can get at most)."""
+    import ray
+
+    out = []
+    for n in ray.nodes():
+        if n.get("Alive", n.get("alive", True)):
+            r = n.get("Resources", {})
+            out.append({"CPU": float(r.get("CPU", 0)), "GPU": float(r.get("GPU", 0))})
+    return out or [cluster_resources()]
+
+
+def _place(nodes: list[dict[str, float]], count: int, cpu: float, gpu: float) -> list[dict[str, float]] | None:
+    """First-fit placement of `count` equal actors; the nodes' free resources after, or None."""
+    free = [dict(n) for n in nodes]
+    for _ in range(count):
+        for n in sorted(free, key=lambda n: (n["GPU"] < gpu, -n["CPU"])):
+            if n["CPU"] + 1e-9 >= cpu and n["GPU"] + 1e-9 >= gpu:
+                n["CPU"] -= cpu
+                n["GPU"] -= gpu
+                break
+        else:
+            return None
+    return free
+
+
+def check_resources(what: str, cpus: float, gpus: float = 0.0, keep_free_cpus: float = 0.0, *,
+                    count: int | None = None, free_whole_cpu: bool = False,
+                    nodes: list[dict[str, float]] | None = None) -> None:
+    """Refuse up front a resource shape Ray would wait on forever.
+
+    `cpus`/`gpus` are the totals asked; `keep_free_cpus` more CPUs must stay free
+    (summed over the cluster). With `count`, the request is `count` equal actors or
+    workers of `cpus/count`, `gpus/count` each, and each must fit on one node. With
+    `free_whole_cpu` (Ray Data beside an actor pool: its read tasks ask for one whole
+    CPU), after the actors are placed some node must still have one whole CPU free:
+    on 2 cores, 1 actor x 1 CPU and 2 x 0.5 pass, 1 x 1.5 and 3 x 0.5 are refused.
+    `nodes` (each {"CPU", "GPU"}) defaults to the connected cluster's nodes.
+    """
+    if nodes is None:
+        nodes = node_resources() if count is not None else [cluster_resources()]
+    total_cpu = sum(n["CPU"] for n in nodes)
+    total_gpu = sum(n["GPU"] for n in nodes)
     problems = []
-    if cpus + keep_free_cpus > res["CPU"] + 1e-9:
+    if cpus + keep_free_cpus > total_cpu + 1e-9:
         extra = f" + {keep_free_cpus:g} kept free for read tasks" if keep_free_cpus else ""
-        problems.append(f"{cpus:g} CPUs{extra} asked, the cluster has {res['CPU']:g}")
-    if gpus > res["GPU"] + 1e-9:
-        problems.append(f"{gpus:g} GPUs asked, the cluster has {res['GPU']:g}")
+        problems.append(f"{cpus:g} CPUs{extra} asked, the cluster has {total_cpu:g}")
+    if gpus > total_gpu + 1e-9:
+        problems.append(f"{gpus:g} GPUs asked, the cluster has {total_gpu:g}")
+    if count is not None and not problems:
+        each_cpu, each_gpu = cpus / count, gpus / count
+        free = _place(nodes, count, each_cpu, each_gpu)
+        if free is None:
+            biggest = max(n["CPU"] for n in nodes)
+            problems.append(f"{count} x ({each_cpu:g} CPU, {each_gpu:g} GPU) do not fit on the nodes "
+                            f"(largest node: {biggest:g} CPUs)")
+        elif free_whole_cpu and not any(n["CPU"] + 1e-9 >= 1.0 for n in free):
+            left = max(n["CPU"] for n in free)
+            problems.append(f"{count} x {each_cpu:g} CPU leave {left:g} CPU free on the best node, but Ray Data's "
+                            "read tasks need one whole CPU beside the actors")
     if problems:
         raise ResourceError(
             f"{what}: {'; '.join(problems)}. Lower the actor/worker count or the per-actor "
