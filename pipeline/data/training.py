@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError, PipelineError
-from ..io_utils import atomic_path, sha256_file
+from ..io_utils import atomic_path, sha256_file, sha256_files
 from .corpus import fetch_passages
 from .manifest import join_title, load_manifest
 from .readers import load_queries, read_qrels, read_run_file
@@ -121,6 +121,9 @@ def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", nega
         if not obj["positive_ctxs"]:
             skipped["no_positive"] = skipped.get("no_positive", 0) + 1
             continue
+        first = obj["positive_ctxs"][0]
+        if not isinstance(first, dict) or not str(first.get("text") or "").strip():
+            raise InputError(path, line, f"example {i}: the first positive context has no 'text'")
         hard = obj.get("hard_negative_ctxs") or []
         rand = obj.get("negative_ctxs") or []
         negs = {"hard": hard or rand, "random": rand, "both": hard + rand}[negatives]
@@ -199,7 +202,8 @@ def write_examples(examples: Iterator[dict], out: str | Path, meta: dict, part_r
         flush()
         if n == 0:
             raise PipelineError(f"no training examples from {meta.get('source')}")
-        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {})}
+        digest = sha256_files(sorted(tmp.glob("part-*.parquet")))
+        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), "digest": digest}
         (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from ..config import EvalConfig
 from ..data.manifest import join_title, load_manifest
 from ..data.readers import load_qrels, load_queries
-from ..eval.metrics import evaluate_run, read_run
+from ..eval.metrics import evaluate_run, measure_name, measures_for, read_run
 from .retrieve import write_run
 
 
@@ -31,6 +31,11 @@ class Validator:
         self.qrels_path = Path(qrels or self.corpus / "qrels" / "test.trec").resolve()
         self.metric, self.top_k, self.batch_size = metric, top_k, batch_size
         self.eval_cfg = eval_cfg or EvalConfig()
+        # the configured name may be an alias (MRR@10 -> RR@10); it is always computed
+        self.metric_key = measure_name(metric, self.eval_cfg.rel_level)
+        self.measures = list(measures_for(self.eval_cfg))
+        if self.metric_key not in self.measures:
+            self.measures.append(self.metric_key)
         load_manifest(self.corpus)  # fail here, on the driver, rather than inside a worker
 
     def __call__(self, model, device: str | None = None) -> dict:
@@ -56,8 +61,8 @@ class Validator:
         with tempfile.TemporaryDirectory() as tmp:
             run_path = Path(tmp) / "val.trec"
             write_run(run_path, qids, pids, scores, ids, "validation")
-            result = evaluate_run(read_run(run_path), qrels, self.eval_cfg)
+            result = evaluate_run(read_run(run_path), qrels, self.eval_cfg, measures=self.measures)
         out = {f"val_{k}": v for k, v in result["metrics"].items()}
-        out["val_metric"] = out[f"val_{self.metric}"]
+        out["val_metric"] = out[f"val_{self.metric_key}"]
         out["val_seconds"] = time.time() - t0
         return out

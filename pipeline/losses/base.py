@@ -1,40 +1,64 @@
-"""Shared pieces of the losses: their config and the score function."""
+"""Shared pieces of the losses: the common config block and the score function.
+
+Every method's loss block subclasses `LossConfig` (name, similarity, temperature) and adds
+its own fields; `pipeline.train.methods` maps `loss.name` to the block's class, so unknown
+keys are refused per method.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+DEFAULT_COS_TEMPERATURE = 0.05
+
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Loss settings; unused fields are ignored by losses that don't need them."""
+    """Loss settings shared by every method.
 
-    name: Literal["dpr", "dar"] = "dpr"
-    # s(q, d): dot product (DPR) or cosine / temperature.
-    similarity: Literal["dot", "cos"] = "dot"
-    temperature: float = 1.0
-    # DAR (METHODS.md §2)
-    n_perturb: int = 7
-    dropout_p: float = 0.1
-    mix_weight: float = 0.1
-    mix_scale: float = 10.0
-    mix_detach_negatives: bool = False
+    `similarity: auto` follows the model (METHODS.md §1): a model that L2-normalises its
+    vectors is trained with cos/τ (τ = 0.05 unless given), one that does not with the dot
+    product (τ = 1). `temperature: null` means that default for the chosen similarity.
+    """
+
+    name: str = "dpr"
+    similarity: Literal["auto", "dot", "cos"] = "auto"
+    temperature: float | None = None
 
     def validate(self) -> None:
         from ..errors import ConfigError
 
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             raise ConfigError("loss.temperature must be > 0")
-        if self.n_perturb < 0 or not 0 <= self.dropout_p < 1 or not 0 <= self.mix_weight <= 1:
-            raise ConfigError("loss: need n_perturb >= 0, 0 <= dropout_p < 1, 0 <= mix_weight <= 1")
+
+    @property
+    def tau(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        if self.similarity == "cos":
+            return DEFAULT_COS_TEMPERATURE
+        if self.similarity == "dot":
+            return 1.0
+        raise ValueError("loss.similarity=auto must be resolved against the model first (resolve_similarity)")
+
+
+def resolve_similarity(cfg: LossConfig, model_normalizes: bool) -> LossConfig:
+    """`auto` -> cos for normalising models, dot otherwise; the temperature made explicit."""
+    sim = cfg.similarity
+    if sim == "auto":
+        sim = "cos" if model_normalizes else "dot"
+    out = replace(cfg, similarity=sim)
+    return replace(out, temperature=out.tau)
 
 
 def scores(q: torch.Tensor, docs: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
-    """(B, D) x (N, D) -> (B, N) score matrix: q·d, or cos(q, d)/τ."""
+    """(B, D) x (N, D) -> (B, N) score matrix: q·d/τ, or cos(q, d)/τ."""
     if cfg.similarity == "cos":
-        return F.normalize(q, dim=-1) @ F.normalize(docs, dim=-1).T / cfg.temperature
-    return q @ docs.T / cfg.temperature
+        return F.normalize(q, dim=-1) @ F.normalize(docs, dim=-1).T / cfg.tau
+    if cfg.similarity == "auto":
+        raise ValueError("loss.similarity=auto must be resolved against the model first (resolve_similarity)")
+    return q @ docs.T / cfg.tau

@@ -25,3 +25,8 @@ def dpr_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: Lo
     """DPR NLL. Returns (loss, {"nll": loss})."""
     loss = nll_from_scores(scores(q, docs, cfg), pos_idx)
     return loss, {"nll": loss.detach()}
+
+
+def dpr_batch_loss(batch: dict, cfg: LossConfig, training: bool = True, generator: torch.Generator | None = None):
+    """DPR NLL over the trainer's batch dict: `q` (B, D), `docs` (N, D), `pos_idx` (B,), `n_pos` G."""
+    return dpr_loss(batch["q"], batch["docs"], batch["pos_idx"], cfg, training, generator, n_pos=batch["n_pos"])

@@ -65,3 +65,17 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
+
+
+def library_versions() -> dict:
+    """Versions that decide whether a run can be reproduced: recorded in checkpoints and summaries."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("pipeline", "torch", "transformers", "ray", "faiss-cpu", "faiss-gpu", "numpy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    return out

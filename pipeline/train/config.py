@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..config import EvalConfig, IndexConfig, ModelConfig, RayConfig, load_config
+from ..config import EvalConfig, IndexConfig, ModelConfig, RayConfig, from_dict, merge_overrides, read_yaml
+from ..errors import ConfigError
 from ..losses.base import LossConfig
 
 
@@ -25,6 +26,10 @@ class TrainDataConfig:
     rel_level: int = 1
     hard_negatives: int = 0                 # hard negatives per query per step
     shuffle_window: int = 10_000            # seeded per-epoch shuffle buffer (examples)
+    # Hold the examples in the object store once per run instead of streaming them with
+    # Ray Data every epoch: auto = when there are at most `materialize_max_examples`.
+    materialize: Literal["auto", "always", "never"] = "auto"
+    materialize_max_examples: int = 200_000
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ class OptimConfig:
     betas: tuple[float, ...] = (0.9, 0.999)
     eps: float = 1e-8
     warmup_steps: int = 0
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = 0.1               # METHODS.md §1: warmup, then linear decay
     grad_clip: float = 2.0
 
 
@@ -62,7 +67,10 @@ class TrainConfig:
     max_failures: int = 0
     torch_threads: int = 0                  # 0 = max(1, floor(cpus_per_worker))
     log_batches: bool = False               # write every step's example ids (resume audits)
+    # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps.
+    negatives_poll_every: int = 100
     fail_at_step: int = 0                   # testing: raise in the worker at this step
+    fail_after_checkpoint: int = 0          # testing: raise right after the checkpoint of this step
 
 
 @dataclass(frozen=True)
@@ -90,5 +98,40 @@ class TrainJobConfig:
     ray: RayConfig = field(default_factory=RayConfig)
 
 
+    def validate(self) -> None:
+        tc = self.train
+        for key, value in (("train.batch_size", tc.batch_size), ("train.num_workers", tc.num_workers),
+                           ("train.epochs", tc.epochs), ("train.report_every", tc.report_every),
+                           ("train.negatives_poll_every", tc.negatives_poll_every),
+                           ("train.keep_checkpoints", tc.keep_checkpoints)):
+            if value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        for key, value in (("train.max_steps", tc.max_steps), ("train.checkpoint_every", tc.checkpoint_every),
+                           ("train.eval_every", tc.eval_every), ("data.hard_negatives", self.data.hard_negatives)):
+            if value < 0:
+                raise ConfigError(f"{key} must be >= 0, got {value}")
+        if tc.cpus_per_worker <= 0:
+            raise ConfigError(f"train.cpus_per_worker must be > 0, got {tc.cpus_per_worker}")
+        if self.optim.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
+
+
+def job_from_dict(data: dict) -> TrainJobConfig:
+    """Build the job config; the `loss:` block is parsed with its method's own config class,
+    so each method's keys are checked (a DAR key under `loss.name: dpr` is refused)."""
+    from .methods import get_method
+
+    data = dict(data)
+    loss = data.get("loss") or {}
+    if not isinstance(loss, dict) and not isinstance(loss, LossConfig):
+        raise ConfigError(f"loss: expected a mapping, got {loss!r}")
+    if isinstance(loss, dict):
+        name = loss.get("name", LossConfig.name)
+        method = get_method(str(name))
+        data["loss"] = from_dict(method.config_cls, {**loss, "name": str(name)}, prefix="loss.")
+    return from_dict(TrainJobConfig, data)
+
+
 def load_train_config(path=None, overrides=None) -> TrainJobConfig:
-    return load_config(path, overrides, cls=TrainJobConfig)
+    """YAML (optional) + `a.b=c` overrides -> a validated TrainJobConfig."""
+    return job_from_dict(merge_overrides(read_yaml(path), list(overrides or [])))

@@ -1,7 +1,12 @@
-"""`train_loop_per_worker`: the DDP training loop every Ray Train worker runs.
+"""`train_loop_per_worker`: the method-agnostic DDP loop every Ray Train worker runs.
 
-It knows a loss only by its registry key, gets validation as a function from above,
-and resumes from `ray.train.get_checkpoint()` at the exact data position.
+It knows a method only through the interface in `train/methods/base.py`: examples come
+from the method's sampler, the method's `forward` runs the towers, `assemble` gathers
+across workers, and the method's pure loss function scores the batch dict. The loop owns
+DDP, precision, clipping, the optimizer and schedule, checkpoints with exact resume, the
+validation hook, the negatives provider (polled every `train.negatives_poll_every` steps,
+the version in use recorded in every checkpoint) and reporting (terms reduced across
+workers; rank 0 sends one progress record per report to the driver).
 """
 
 from __future__ import annotations
@@ -17,13 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import dump_config, from_dict
-from ..losses import get_loss
-from ..losses.dist import gather_docs
+from ..config import dump_config
 from ..models import BiEncoder
-from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint
-from .batching import buffer_shuffle, epoch_rng, fixed_batches, pick_negatives
-from .config import TrainJobConfig
+from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
+from .config import job_from_dict
+from .methods import StepContext, check_frozen, get_method
 from .optim import build_optimizer, warmup_linear, warmup_steps
 
 
@@ -69,12 +72,74 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
+def choose_checkpoint(ray_ckpt_path: str | None, driver_path: str | None) -> str | None:
+    """The newest of Ray's restored checkpoint and the one the driver announced.
+
+    Ray Train restores from its own snapshot, which can lag the newest complete checkpoint
+    on disk (a kill right after a checkpoint was written); a restart inside one fit()
+    (FailureConfig) can be newer than the driver's choice. Taking the newer by step means
+    the checkpoint the driver announces is the one used, and no batch is trained twice.
+    """
+    best, best_step = None, -1
+    for path in (ray_ckpt_path, driver_path):
+        if not path:
+            continue
+        state = read_state(path)
+        if state is not None and state["step"] > best_step:
+            best, best_step = path, state["step"]
+    return best
+
+
+def reduce_window(windows: list[dict], counts: list[int], stat_keys: set[str]) -> dict:
+    """Per-rank sums over a report window -> loss terms averaged over steps and workers,
+    counters (`stat_keys`) summed."""
+    keys = sorted({k for w in windows for k in w})
+    out = {}
+    for k in keys:
+        if k in stat_keys:
+            out[k] = float(sum(w.get(k, 0.0) for w in windows))
+        else:
+            vals = [w[k] / n for w, n in zip(windows, counts) if k in w and n]
+            if vals:
+                out[k] = float(sum(vals) / len(vals))
+    return out
+
+
+class _Rows:
+    """The worker's examples, in file order: materialised once (object store) or streamed (Ray Data)."""
+
+    def __init__(self, loop_cfg: dict, method, rank: int, world: int):
+        import ray.train
+
+        self.rows = None
+        self.shard = None
+        ref = loop_cfg.get("examples_ref")
+        if ref is not None:
+            import pyarrow as pa
+            import ray
+
+            table = ray.get(ref)
+            key = table[method.partition_key].to_numpy()
+            self.rows = table.filter(pa.array(key % world == rank)).to_pylist()
+        else:
+            self.shard = ray.train.get_dataset_shard(f"train_{rank}")
+
+    def __iter__(self):
+        if self.rows is not None:
+            return iter(self.rows)
+        return (r for b in self.shard.iter_batches(batch_size=1024, batch_format="pyarrow") for r in b.to_pylist())
+
+
 def train_loop_per_worker(loop_cfg: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    job: TrainJobConfig = from_dict(TrainJobConfig, loop_cfg["job"])
+    from ..runtime_env import setup_offline_env
+
+    setup_offline_env()  # quiet HF logs and no progress bars inside the workers too
+    job = job_from_dict(loop_cfg["job"])
     tc = job.train
+    method = get_method(job.loss.name)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(tc.torch_threads or max(1, int(tc.cpus_per_worker)))
@@ -83,26 +148,23 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     torch.manual_seed(tc.seed + rank)
     spe, total = loop_cfg["steps_per_epoch"], loop_cfg["total_steps"]
     device = ray.train.torch.get_device()
+    identity = loop_cfg["identity"]  # what a checkpoint must match to be resumed (see trainer.run_identity)
 
     # ---- model, optimizer, schedule; restored from a checkpoint when resuming
-    # A checkpoint from a restart inside this fit() (FailureConfig) wins over the one the
-    # driver chose from an earlier, killed run (`train.resume`).
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None and loop_cfg.get("resume_from"):
-        ckpt = ray.train.Checkpoint(loop_cfg["resume_from"])
+    ray_ckpt = ray.train.get_checkpoint()
+    ckpt_path = choose_checkpoint(ray_ckpt.path if ray_ckpt is not None else None, loop_cfg.get("resume_from"))
     resume_state, train_state, history = None, None, []
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            resume_state = json.loads((Path(d) / "state.json").read_text())
-            model = BiEncoder.load(replace(job.model, name_or_path=str(Path(d) / "model"), query_name_or_path=None))
-            train_state = torch.load(Path(d) / "training_state.pt", map_location="cpu", weights_only=False)
-            history = json.loads((Path(d) / "history.json").read_text())
-        then = (resume_state["examples"], resume_state["world_size"], resume_state["steps_per_epoch"])
-        if then != (loop_cfg["examples"], world, spe):
-            raise RuntimeError(
-                f"cannot resume: the checkpoint was made with {then[0]} examples, {then[1]} workers and {then[2]} "
-                f"steps/epoch, this run has {loop_cfg['examples']}, {world} and {spe} "
-                "(same data, workers and batch size are needed for an exact data position)")
+    if ckpt_path is not None:
+        d = Path(ckpt_path)
+        resume_state = json.loads((d / "state.json").read_text())
+        model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
+        train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
+        history = json.loads((d / "history.json").read_text())
+        mismatch = {k: (resume_state.get("identity", {}).get(k), v) for k, v in identity.items()
+                    if resume_state.get("identity", {}).get(k) != v}
+        if mismatch:
+            raise RuntimeError(f"cannot resume from {d.name}: it was made with a different "
+                               + "; ".join(f"{k} ({a!r} then, {b!r} now)" for k, (a, b) in sorted(mismatch.items())))
     else:
         model = BiEncoder.load(job.model)
     model.to(device)
@@ -118,10 +180,12 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             scaler.load_state_dict(train_state["scaler"])
         _set_rng_state(train_state["rng"][rank])
         step = resume_state["step"]
-    loss_fn = get_loss(job.loss.name)
+    side = method.side_inputs(job, device)
+    check_frozen(side)
     validate_fn = loop_cfg.get("validate_fn")
-    shard = ray.train.get_dataset_shard(f"train_{rank}")
-    h = job.data.hard_negatives
+    provider = loop_cfg.get("negatives_provider") if method.uses_negatives_provider else None
+    progress_queue = loop_cfg.get("progress_queue")
+    rows = _Rows(loop_cfg, method, rank, world)
     B = tc.batch_size
     batch_log = None
     if tc.log_batches:
@@ -130,18 +194,56 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         batch_log = open(log_dir / f"rank{rank}.jsonl", "a")
     fail_marker = Path(loop_cfg["run_dir"]) / ".simulated_failure_done"
 
+    # ---- negatives provider: the version in use is part of the checkpointed state
+    negatives = None
+    negatives_log: list[dict] = list(train_state.get("negatives_log", [])) if train_state else []
+    if provider is not None and resume_state and resume_state.get("negatives_version") is not None:
+        try:
+            negatives = provider.load(resume_state["negatives_version"])
+        except Exception as e:  # pruned meanwhile: continue with the newest one, loudly
+            print(f"[train] WARNING: negatives version {resume_state['negatives_version']} of the checkpoint "
+                  f"cannot be loaded ({e}); polling for the newest", flush=True)
+
+    def poll_negatives() -> None:
+        nonlocal negatives
+        if provider is None:
+            return
+        t0 = time.time()
+        newest = provider.latest_version() if rank == 0 else None
+        newest = _all_gather_object(newest, world)[0]
+        if newest is not None and (negatives is None or newest > negatives.version):
+            negatives = provider.load(newest)
+            negatives_log.append({"version": newest, "at_step": step,
+                                  "checkpoint_step": negatives.meta.get("checkpoint_step"),
+                                  "dev_metric": negatives.meta.get("dev_metric"),
+                                  "load_seconds": round(time.time() - t0, 3)})
+
+    stat_keys: set[str] = set()
     window: dict[str, float] = {}
     n_window, t_window = 0, time.time()
     t_start, step_start = time.time(), step
 
     def report(extra: dict | None = None, checkpoint: bool = False):
         nonlocal window, n_window, t_window
-        metrics = {k: v / max(n_window, 1) for k, v in window.items()}
+        gathered = _all_gather_object((window, n_window, sorted(stat_keys)), world)
+        metrics = reduce_window([g[0] for g in gathered], [g[1] for g in gathered],
+                                {k for g in gathered for k in g[2]})
+        elapsed = time.time() - t_start
+        rate = (step - step_start) / max(elapsed, 1e-9)
         metrics.update({"step": step, "epoch": step / spe, "lr": scheduler.get_last_lr()[0],
                         "steps_per_s": n_window / max(time.time() - t_window, 1e-9)})
+        if negatives is not None:
+            metrics["negatives_version"] = negatives.version
+            if negatives.meta.get("checkpoint_step") is not None:
+                metrics["negatives_staleness"] = step - int(negatives.meta["checkpoint_step"])
+            if negatives.meta.get("dev_metric") is not None:
+                metrics["refresher_dev_metric"] = float(negatives.meta["dev_metric"])
         metrics.update(extra or {})
         if rank == 0 and n_window:
-            history.append({k: float(v) for k, v in metrics.items()})
+            history.append({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+        if rank == 0 and progress_queue is not None:
+            with contextlib.suppress(Exception):
+                progress_queue.put_nowait({**metrics, "total": total, "eta_s": (total - step) / rate if rate else None})
         window, n_window, t_window = {}, 0, time.time()
         if not checkpoint:
             ray.train.report(metrics)
@@ -153,14 +255,19 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             model.save(Path(tmp) / "model")
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "scaler": scaler.state_dict() if scaler is not None else None, "rng": rngs},
+                        "scaler": scaler.state_dict() if scaler is not None else None, "rng": rngs,
+                        "negatives_log": negatives_log},
                        Path(tmp) / "training_state.pt")
             (Path(tmp) / "config.yaml").write_text(dump_config(job))
             (Path(tmp) / "history.json").write_text(json.dumps(history))
             finalize_checkpoint(tmp, {"step": step, "epoch": step // spe, "step_in_epoch": step % spe,
                                       "steps_per_epoch": spe, "total_steps": total, "world_size": world,
                                       "global_batch": B * world, "batch_per_worker": B,
-                                      "examples": loop_cfg["examples"], "metrics": metrics})
+                                      "examples": loop_cfg["examples"], "identity": identity,
+                                      "method": method.name, "loss": loop_cfg["job"]["loss"],
+                                      "negatives_version": negatives.version if negatives is not None else None,
+                                      "negatives_log": negatives_log, "versions": library_versions(),
+                                      "metrics": metrics})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=checkpoint_dir_name(step))
 
@@ -176,27 +283,23 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         return out
 
     model.train()
+    poll_negatives()
     while step < total:
         epoch, skip = step // spe, step % spe
-        rows = (r for b in shard.iter_batches(batch_size=1024, batch_format="pandas") for r in b.to_dict("records"))
-        erng = epoch_rng(tc.seed, epoch, rank)
-        for b_idx, batch in enumerate(fixed_batches(buffer_shuffle(rows, job.data.shuffle_window, erng), B, spe)):
+        for b_idx, batch in enumerate(method.batches(iter(rows), job, epoch, rank, spe)):
             if b_idx < skip:
                 continue  # trained before the checkpoint we resumed from
             if tc.fail_at_step and step + 1 == tc.fail_at_step and not fail_marker.exists():
                 if rank == 0:
                     fail_marker.touch()
                 raise RuntimeError(f"simulated failure at step {step + 1} (train.fail_at_step)")
-            nrng = random.Random(tc.seed * 7919 + step)
-            queries = [r["query"] for r in batch]
-            docs = [r["positive"] for r in batch] + [n for r in batch for n in pick_negatives(r, h, nrng)]
-            q_tok = {k: v.to(device) for k, v in model.tokenize(queries, "query").items()}
-            d_tok = {k: v.to(device) for k, v in model.tokenize(docs, "doc").items()}
+            if step > step_start and step % tc.negatives_poll_every == 0:
+                poll_negatives()
+            sctx = StepContext(job=job, device=device, rank=rank, world=world, step=step,
+                               rng=random.Random(tc.seed * 7919 + step), side=side, negatives=negatives)
             with autocast():
-                q, d = ddp(q_tok, d_tok)  # each tower runs once per step
-            q, d = q.float(), d.float()
-            all_docs, pos_idx, G = gather_docs(d[:B], d[B:] if h else None)
-            loss, terms = loss_fn(q, all_docs, pos_idx, job.loss, training=True, n_pos=G)
+                out = method.forward(ddp, batch, sctx)
+            loss, terms = method.loss(method.assemble(out, sctx), job.loss, training=True)
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -213,21 +316,31 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             scheduler.step()
             step += 1
             if batch_log is not None:
-                batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch]}) + "\n")
+                batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch],
+                                            "negatives_version": negatives.version if negatives else None}) + "\n")
                 batch_log.flush()
             window["loss"] = window.get("loss", 0.0) + float(loss)
             for k, v in terms.items():
+                window[k] = window.get(k, 0.0) + float(v)
+            for k, v in sctx.stats.items():
+                stat_keys.add(k)
                 window[k] = window.get(k, 0.0) + float(v)
             n_window += 1
             last = step >= total
             do_ckpt = last or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
             do_eval = last or (tc.eval_every and step % tc.eval_every == 0)
-            if do_ckpt or do_eval or step % max(tc.report_every, 1) == 0:
+            if do_ckpt or do_eval or step % tc.report_every == 0:
                 extra = validate() if do_eval else {}
                 if last:
                     extra["train_seconds"] = time.time() - t_start
                     extra["train_steps_run"] = step - step_start
                 report(extra, checkpoint=bool(do_ckpt))
+                if do_ckpt and tc.fail_after_checkpoint == step and not fail_marker.exists():
+                    _barrier(world)
+                    if rank == 0:
+                        fail_marker.touch()
+                    raise RuntimeError(f"simulated failure right after the checkpoint of step {step} "
+                                       "(train.fail_after_checkpoint)")
             if last:
                 break
     if batch_log is not None:

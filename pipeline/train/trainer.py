@@ -1,36 +1,37 @@
 """The driver side of training: examples, resources, resume, `TorchTrainer.fit()`, model export.
 
     run_dir = <train.storage_path>/<train.name>/
-        examples/            training examples (Parquet) + examples.json
+        examples/            training examples (Parquet) + examples.json (with their digest)
         step-XXXXXXXX/       Ray Train checkpoints in our format (models/checkpoint.py)
         model/               the final model: HF directory (safetensors), loadable by `pipeline encode`
-        config.yaml          resolved config;  summary.json  metrics, timings, batch sizes
+        config.yaml          resolved config;  summary.json  metrics, timings, batch sizes, versions
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from ..config import save_config, to_dict
-from ..data.training import build_examples
 from ..errors import ConfigError, PipelineError
-from ..io_utils import atomic_path, write_json_atomic
-from ..models.checkpoint import latest_checkpoint, read_state
-from .batching import steps_per_epoch
+from ..io_utils import atomic_path, sha256_files, write_json_atomic
+from ..losses.base import resolve_similarity
+from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from .config import TrainJobConfig
 from .loop import train_loop_per_worker
-
+from .methods import get_method
 
 DATA_TASK_CPUS = 0.1
 
 
-def _datasets(examples_dir: Path, world: int) -> dict:
-    """One dataset per worker: examples with idx % world == rank, file order preserved."""
+def _datasets(examples_dir: Path, world: int, key: str) -> dict:
+    """One streamed dataset per worker: examples with key % world == rank, file order preserved."""
     import ray.data
 
     # Workers stream these; Ray Data's cursor-drawing progress bars would garble their logs.
@@ -40,10 +41,10 @@ def _datasets(examples_dir: Path, world: int) -> dict:
     base = ray.data.read_parquet(str(examples_dir), num_cpus=DATA_TASK_CPUS)
 
     def take(rank: int):
-        def keep(table):  # Arrow in and out: the list<string> negatives column stays columnar
+        def keep(table):  # Arrow in and out: list columns stay columnar
             import pyarrow as pa
 
-            return table.filter(pa.array(table["idx"].to_numpy() % world == rank))
+            return table.filter(pa.array(table[key].to_numpy() % world == rank))
 
         return base.map_batches(keep, batch_format="pyarrow", batch_size=4096, num_cpus=DATA_TASK_CPUS)
 
@@ -67,27 +68,89 @@ def resolve_resume(job: TrainJobConfig, run_dir: Path):
     return path
 
 
-def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True) -> dict:
+def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
+    """Make the score function follow the model (METHODS.md §1).
+
+    `loss.similarity: auto` becomes cos/τ (τ 0.05) for a model that L2-normalises and the dot
+    product (τ 1) otherwise. Cosine training of a model that does not normalise would be
+    searched with a raw inner product afterwards; instead the model is set to normalise
+    (`model.normalize: true`), so the saved model records it and retrieval matches training.
+    """
+    from ..models import BiEncoder
+
+    probe = BiEncoder.load(job.model)
+    normalizes = bool(probe.normalize)
+    del probe
+    loss = resolve_similarity(job.loss, normalizes)
+    model = job.model
+    if loss.similarity == "cos" and not normalizes:
+        model = replace(model, normalize=True)
+        if progress:
+            print("[train] note: cosine training of a model that does not L2-normalise; the model will "
+                  "normalise its vectors (model.normalize=true) so retrieval scores what training scored", flush=True)
+    elif loss.similarity == "dot" and normalizes and job.loss.similarity == "dot" and progress:
+        print(f"[train] note: dot-product training of a normalising model is cosine with τ = {loss.tau:g}; "
+              "loss.similarity=auto would use τ = 0.05", flush=True)
+    return replace(job, loss=loss, model=model)
+
+
+def examples_digest(examples_dir: Path, meta: dict) -> str:
+    if meta.get("digest"):
+        return meta["digest"]
+    return sha256_files(sorted(examples_dir.glob("part-*.parquet")))
+
+
+def run_identity(job: TrainJobConfig, meta: dict, digest: str, world: int, spe: int) -> dict:
+    """What a checkpoint must share with this run to be resumed at its exact data position."""
+    loss = json.dumps(to_dict(job.loss), sort_keys=True)
+    return {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
+            "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
+            "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed}
+
+
+def _check_identity(resume: Path, identity: dict) -> None:
+    then = (read_state(resume) or {}).get("identity")
+    if then is None:
+        raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
+                            "start a new run (another train.name) or train.resume=never")
+    diff = {k: (then.get(k), v) for k, v in identity.items() if then.get(k) != v}
+    if diff:
+        raise PipelineError(
+            f"cannot resume from {resume}: this run differs in "
+            + "; ".join(f"{k} ({a!r} in the checkpoint, {b!r} now)" for k, (a, b) in sorted(diff.items()))
+            + ". Resuming needs the same method, loss settings, examples, workers and batch size; "
+              "use another train.name for a new run")
+
+
+def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True,
+          negatives_provider=None) -> dict:
     """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json.
 
-    A run whose newest checkpoint already reached the last step is not started again:
-    its summary and model are rebuilt from that checkpoint.
+    `validate_fn(model) -> {"val_…": …}` and `negatives_provider` (see data/negatives.py) are
+    handed down from above, so `train/` never imports `index/`. A run whose newest checkpoint
+    already reached the last step is not started again: its summary and model are rebuilt.
     """
     tc = job.train
     if "://" in tc.storage_path:
         raise ConfigError(f"train.storage_path={tc.storage_path}: URI storage is not supported yet (resume and the "
                           "final model export read checkpoints from a filesystem path); use a local or shared "
                           "filesystem path (e.g. NFS) that every node mounts")
+    method = get_method(job.loss.name)
     storage = Path(tc.storage_path).expanduser().resolve()
     run_dir = storage / tc.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    examples = build_examples(job.data, run_dir / "examples", progress=progress)
+    job = resolve_job(job, progress)
+    meta = method.build_examples(job, run_dir / "examples", progress=progress)
+    digest = examples_digest(run_dir / "examples", meta)
     world, B = tc.num_workers, tc.batch_size
-    spe = steps_per_epoch(examples["examples"], world, B)
+    spe = method.steps_per_epoch(meta, world, B)
     if spe == 0:
-        raise ConfigError(f"{examples['examples']} examples are too few for {world} worker(s) x batch {B}")
+        raise ConfigError(f"{meta['examples']} examples are too few for {world} worker(s) x batch {B}")
     total = tc.max_steps or tc.epochs * spe
+    identity = run_identity(job, meta, digest, world, spe)
     resume = resolve_resume(job, run_dir)
+    if resume is not None:
+        _check_identity(resume, identity)
     complete = resume is not None and read_state(resume)["step"] >= total
     save_config(job, run_dir / "config.yaml")
     t0 = time.time()
@@ -95,7 +158,8 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
         if progress:
             print(f"[train] {tc.name}: already complete at {resume.name}; nothing to train", flush=True)
     else:
-        _fit(job, validate_fn, run_dir, storage, examples["examples"], spe, total, resume, progress)
+        _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
+             progress)
     final = latest_checkpoint(run_dir)
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
@@ -103,57 +167,128 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     with atomic_path(run_dir / "model") as tmp:
         shutil.copytree(final / "model", tmp)
     history = json.loads((final / "history.json").read_text())
-    summary = {"name": tc.name, "loss": job.loss.name, "steps": state["step"], "total_steps": total,
+    summary = {"name": tc.name, "method": method.name, "loss": job.loss.name, "loss_config": to_dict(job.loss),
+               "optim": to_dict(job.optim), "seed": tc.seed, "steps": state["step"], "total_steps": total,
                "steps_per_epoch": spe, "world_size": world, "batch_per_worker": B, "global_batch": world * B,
-               "examples": examples["examples"], "wall_seconds": round(time.time() - t0, 1),
+               "examples": meta["examples"], "examples_sha256": digest, "wall_seconds": round(time.time() - t0, 1),
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
-               "resumed_from": str(resume) if resume else None, "history": history}
+               "resumed_from": str(resume) if resume else None, "versions": library_versions(),
+               "negatives_versions": state.get("negatives_log", []), "history": history}
     write_json_atomic(run_dir / "summary.json", summary)
     if progress:
         m = state["metrics"]
-        val = {k: v for k, v in m.items() if k.startswith("val_")}
-        print(f"[train] done: {tc.name} step {state['step']}/{total}, loss {m.get('loss', float('nan')):.4f}"
+        val = {k: v for k, v in m.items() if k.startswith("val_") and k not in ("val_seconds",)}
+        print(f"[train] done: {tc.name} ({method.name}) step {state['step']}/{total}, "
+              f"loss {m.get('loss', float('nan')):.4f}"
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
               + f", {summary['wall_seconds']:.0f}s -> {run_dir / 'model'}", flush=True)
     return summary
 
 
-def _fit(job: TrainJobConfig, validate_fn, run_dir: Path, storage: Path, n_examples: int, spe: int, total: int,
-         resume: Path | None, progress: bool) -> None:
+def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
+    """One line per report (step/total, loss and terms, lr, steps/s, ETA), plus one for validation."""
+    step, total = int(rec["step"]), int(rec["total"])
+    parts = [f"[train] {name} step {step}/{total} ({100 * step / max(total, 1):.0f}%)"]
+    if "loss" in rec:
+        t = ", ".join(f"{k} {rec[k]:.4f}" for k in terms if k in rec)
+        parts.append(f"loss {rec['loss']:.4f}" + (f" ({t})" if t else ""))
+    parts.append(f"lr {rec['lr']:.2e}")
+    parts.append(f"{rec.get('steps_per_s', 0):.2f} steps/s")
+    eta = rec.get("eta_s")
+    if eta is not None and step < total:
+        parts.append(f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+    if "negatives_version" in rec:
+        parts.append(f"negatives v{int(rec['negatives_version'])}"
+                     + (f" (stale {int(rec['negatives_staleness'])})" if "negatives_staleness" in rec else ""))
+    lines = ["  ".join(parts)]
+    val = {k: v for k, v in rec.items() if k.startswith("val_") and k not in ("val_metric", "val_seconds")}
+    if val:
+        lines.append(f"[train] {name} step {step} validation: " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in val.items())
+                     + (f" ({rec['val_seconds']:.0f}s)" if "val_seconds" in rec else ""))
+    return lines
+
+
+def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: Path, storage: Path, meta: dict,
+         spe: int, total: int, identity: dict, resume: Path | None, progress: bool) -> None:
     """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
     from ray.data import ExecutionOptions
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+    from ray.util.queue import Empty, Queue
 
     from ..ray_runtime import check_resources, init_ray
 
     tc = job.train
     world, B = tc.num_workers, tc.batch_size
+    n_examples = meta["examples"]
     # Train V2's controller queries actor state through the dashboard's API: a local Ray for
     # training starts it (bound to 127.0.0.1 like everything else).
     init_ray(replace(job.ray, dashboard=True))
     gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
-    # Ray Data's read tasks need a slice of CPU beside the workers (STACK.md §5).
-    # Measured on Ray 2.60: Ray Data's budget beside Train workers rounds down to whole CPUs,
-    # so less than one free CPU stalls the example stream forever (2 x 0.75 on 2 cores hangs).
-    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=1.0)
+    dc = job.data
+    materialize = dc.materialize == "always" or (dc.materialize == "auto" and n_examples <= dc.materialize_max_examples)
+    # Streaming: Ray Data's read tasks need a whole CPU beside the workers (measured on Ray 2.60:
+    # its budget rounds down to whole CPUs, and 2 x 0.75-CPU workers on 2 cores hang).
+    # Materialised: no Ray Data at all, so the workers may take every CPU.
+    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=0.0 if materialize else 1.0)
     if progress:
-        print(f"[train] {tc.name}: loss {job.loss.name}, {n_examples:,} examples, {world} worker(s) x "
-              f"batch {B} (global {world * B}), {spe} steps/epoch, {total} steps"
+        print(f"[train] {tc.name}: {method.name}, {n_examples:,} examples"
+              f" ({'held in memory' if materialize else 'streamed'}), {world} worker(s) x batch {B} "
+              f"(global {world * B}), {spe} steps/epoch, {total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    loop_cfg = {"job": to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
+                "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
+                "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
+    datasets, data_config = {}, None
+    if materialize:
+        parts = sorted((run_dir / "examples").glob("part-*.parquet"))
+        loop_cfg["examples_ref"] = ray.put(pa.concat_tables([pq.read_table(p) for p in parts]))
+    else:
+        datasets = _datasets(run_dir / "examples", world, method.partition_key)
+        data_config = DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))
+    queue = Queue(actor_options={"num_cpus": 0}) if progress else None
+    loop_cfg["progress_queue"] = queue
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": to_dict(job), "steps_per_epoch": spe, "total_steps": total,
-                           "examples": n_examples, "run_dir": str(run_dir), "validate_fn": validate_fn,
-                           "resume_from": str(resume) if resume else None},
+        train_loop_config=loop_cfg,
         scaling_config=ScalingConfig(num_workers=world, use_gpu=tc.use_gpu,
                                      resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
         run_config=RunConfig(name=tc.name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=tc.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints)),
-        datasets=_datasets(run_dir / "examples", world),
-        dataset_config=DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True)),
+        datasets=datasets or None,
+        **({"dataset_config": data_config} if data_config is not None else {}),
     )
-    result = trainer.fit()
-    if result.error:
-        raise result.error
+    box: dict = {}
+
+    def fit():
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=fit, name="train-fit", daemon=True)
+    thread.start()
+    terms = ("nll",) + tuple(t for t in method.terms if t != "nll")
+    try:
+        while thread.is_alive() or (queue is not None and not queue.empty()):
+            if queue is None:
+                thread.join(0.5)
+                continue
+            try:
+                rec = queue.get(timeout=0.5)
+            except Empty:
+                continue
+            for line in format_progress(tc.name, rec, terms):
+                print(line, flush=True)
+    finally:
+        thread.join()
+        if queue is not None:
+            queue.shutdown()
+    if "error" in box:
+        raise box["error"]
+    if box["result"].error:
+        raise box["result"].error

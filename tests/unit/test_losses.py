@@ -14,7 +14,7 @@ import socket
 import pytest
 import torch
 
-from pipeline.losses import LossConfig, get_loss
+from pipeline.losses import DARConfig, LossConfig, get_loss
 from pipeline.losses import dar as dar_mod
 from pipeline.losses.base import scores
 from pipeline.losses.dar import dar_loss, mix_loss
@@ -22,6 +22,9 @@ from pipeline.losses.dist import gather_docs, gather_with_grad
 from pipeline.losses.dpr import dpr_loss
 
 DOT = LossConfig(name="dpr", similarity="dot")
+# The cyclic-shift grouping over in-batch positives only (a named option since the released
+# drop-positive grouping became the default); the reference `ref_mix` is written for it.
+SHIFT = dict(mix_grouping="shift", mix_hard_negatives=False)
 COS = LossConfig(name="dpr", similarity="cos", temperature=0.5)
 
 # --------------------------------------------------------------------------- tiny hand case
@@ -91,7 +94,7 @@ def _s(qv, dv, cfg):
     dot = (qv * dv).sum()
     if cfg.similarity == "cos":
         dot = dot / (qv.norm() * dv.norm())
-    return dot / cfg.temperature
+    return dot / cfg.tau
 
 
 def ref_nll(q, docs, pos_idx, cfg):
@@ -143,7 +146,7 @@ def _grads(loss, *ts):
 def test_dar_with_no_copies_and_no_mix_is_dpr_exactly(sim):
     q, docs = _rand_case(B=4, n_hard=3)
     pos_idx = torch.arange(4)
-    cfg = LossConfig(name="dar", similarity=sim, temperature=0.3, n_perturb=0, mix_weight=0.0)
+    cfg = DARConfig(name="dar", similarity=sim, temperature=0.3, n_perturb=0, mix_weight=0.0)
     l_dar, terms = dar_loss(q, docs, pos_idx, cfg, training=True, n_pos=4)
     l_dpr, _ = dpr_loss(q, docs, pos_idx, cfg)
     assert torch.equal(l_dar, l_dpr)
@@ -155,7 +158,7 @@ def test_dar_with_no_copies_and_no_mix_is_dpr_exactly(sim):
 def test_dar_validation_is_plain_nll_and_touches_no_rng():
     q, docs = _rand_case(B=4, n_hard=2)
     pos_idx = torch.arange(4)
-    cfg = LossConfig(name="dar", n_perturb=7, mix_weight=0.5)
+    cfg = DARConfig(name="dar", similarity="dot", n_perturb=7, mix_weight=0.5)
     torch.manual_seed(123)
     state = torch.get_rng_state()
     a, ta = dar_loss(q, docs, pos_idx, cfg, training=False, n_pos=4)
@@ -172,7 +175,7 @@ def test_dar_validation_is_plain_nll_and_touches_no_rng():
 
 def test_dar_generator_leaves_global_rng_alone_and_is_reproducible():
     q, docs = _rand_case(B=3)
-    cfg = LossConfig(name="dar", n_perturb=3, mix_weight=0.5)
+    cfg = DARConfig(name="dar", similarity="dot", n_perturb=3, mix_weight=0.5)
     state = torch.get_rng_state()
     a, _ = dar_loss(q, docs, torch.arange(3), cfg, generator=torch.Generator().manual_seed(5), n_pos=3)
     b, _ = dar_loss(q, docs, torch.arange(3), cfg, generator=torch.Generator().manual_seed(5), n_pos=3)
@@ -185,7 +188,7 @@ def test_dar_generator_leaves_global_rng_alone_and_is_reproducible():
 
 @pytest.mark.parametrize("sim", ["dot", "cos"])
 def test_mix_loss_matches_loop_reference(sim):
-    cfg = LossConfig(name="dar", similarity=sim, temperature=0.7, mix_scale=10.0)
+    cfg = DARConfig(name="dar", **SHIFT, similarity=sim, temperature=0.7, mix_scale=10.0)
     q, docs = _rand_case(B=4, n_hard=2, seed=1)
     pos_idx = torch.arange(4)
     lam = torch.rand((4, 3), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -198,7 +201,7 @@ def test_mix_loss_matches_loop_reference(sim):
 
 def test_mix_loss_sharded_queries_use_shifts_over_global_positives():
     # rank 1 of 2 with B=2 local queries: G=4 global positives, pos_idx = [2, 3]
-    cfg = LossConfig(name="dar", mix_scale=3.0)
+    cfg = DARConfig(name="dar", similarity="dot", **SHIFT, mix_scale=3.0)
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 6, generator=g, dtype=torch.float64, requires_grad=True)
     docs = torch.randn(7, 6, generator=g, dtype=torch.float64, requires_grad=True)
@@ -214,7 +217,7 @@ def test_mix_loss_fixed_lambda_hand_value():
     # k=1: pos = [2, 2], neg = [1, 0]; μ = (2+2+1+0)/4 = 1.25
     # z_0 = 0.25*2 + 0.75*1 - 1.25 = 0 ; z_1 = 0.5*2 + 0.5*0 - 1.25 = -0.25
     # BCE(σ(z), λ) = log(1+e^z) - λ z : 0: log 2 ; 1: log(1+e^-0.25) + 0.125
-    cfg = LossConfig(name="dar", mix_scale=1.0)
+    cfg = DARConfig(name="dar", similarity="dot", mix_scale=1.0)
     s = torch.tensor([[2.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     lam = torch.tensor([[0.25], [0.5]], dtype=torch.float64)
     expected = (math.log(2) + math.log(1 + math.exp(-0.25)) + 0.125) / 2
@@ -225,8 +228,8 @@ def test_mix_detach_negatives_switch():
     q, docs = _rand_case(B=4, n_hard=0, seed=4)
     pos_idx = torch.arange(4)
     lam = torch.rand((4, 3), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
-    det = LossConfig(name="dar", mix_detach_negatives=True)
-    flow = LossConfig(name="dar", mix_detach_negatives=False)
+    det = DARConfig(name="dar", similarity="dot", **SHIFT, mix_detach_negatives=True)
+    flow = DARConfig(name="dar", similarity="dot", **SHIFT, mix_detach_negatives=False)
     l_det = mix_loss(scores(q, docs, det), pos_idx, 4, lam, det)
     l_flow = mix_loss(scores(q, docs, flow), pos_idx, 4, lam, flow)
     assert l_det.item() == pytest.approx(l_flow.item(), rel=1e-12)  # same value, different gradient
@@ -241,7 +244,7 @@ def test_mix_detach_negatives_switch():
     assert not torch.allclose(g_det[1], g_flow[1], atol=1e-6)
     # through dar_loss too (mix only, no copies): same switch, same effect
     for cfg, ref in ((det, r_det), (flow, r_flow)):
-        cfg = LossConfig(name="dar", n_perturb=0, mix_weight=1.0, mix_detach_negatives=cfg.mix_detach_negatives)
+        cfg = DARConfig(name="dar", similarity="dot", **SHIFT, n_perturb=0, mix_weight=1.0, mix_detach_negatives=cfg.mix_detach_negatives)
         torch.manual_seed(0)
         loss, _ = dar_loss(q, docs, pos_idx, cfg, n_pos=4)
         torch.manual_seed(0)
@@ -253,7 +256,7 @@ def test_mix_detach_negatives_switch():
 
 
 def test_hard_negatives_beyond_g_are_never_mix_negatives():
-    cfg = LossConfig(name="dar", n_perturb=2, mix_weight=0.5)
+    cfg = DARConfig(name="dar", similarity="dot", **SHIFT, n_perturb=2, mix_weight=0.5)
     q, docs = _rand_case(B=3, n_hard=4, seed=5)
     pos_idx = torch.arange(3)
     lam = torch.rand((3, 2), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -277,7 +280,7 @@ def test_hard_negatives_beyond_g_are_never_mix_negatives():
 
 def test_mix_needs_two_positives():
     s = torch.zeros(1, 3)
-    assert mix_loss(s, torch.tensor([0]), 1, torch.zeros(1, 0), LossConfig()).item() == 0.0
+    assert mix_loss(s, torch.tensor([0]), 1, torch.zeros(1, 0), DARConfig()).item() == 0.0
 
 
 # --------------------------------------------------------------------------- full DAR vs reference
@@ -287,7 +290,7 @@ def test_mix_needs_two_positives():
                                             ("dot", 2, 1.0, False)])
 def test_full_dar_equals_reference_with_same_draws(sim, n, w, detach):
     B, G, n_hard, D = 3, 3, 3, 8
-    cfg = LossConfig(name="dar", similarity=sim, temperature=0.5, n_perturb=n, dropout_p=0.25,
+    cfg = DARConfig(name="dar", **SHIFT, similarity=sim, temperature=0.5, n_perturb=n, dropout_p=0.25,
                      mix_weight=w, mix_scale=4.0, mix_detach_negatives=detach)
     q, docs = _rand_case(B=B, G=G, n_hard=n_hard, D=D, seed=6)
     pos_idx = torch.arange(B)
@@ -322,7 +325,7 @@ def test_full_dar_equals_reference_with_same_draws(sim, n, w, detach):
 def test_perturbed_copies_change_the_gradient():
     """With n > 0 the perturbed copies contribute: the gradient differs from DPR's."""
     q, docs = _rand_case(B=4, n_hard=0, seed=8)
-    cfg = LossConfig(name="dar", n_perturb=5, mix_weight=0.0, dropout_p=0.3)
+    cfg = DARConfig(name="dar", similarity="dot", n_perturb=5, mix_weight=0.0, dropout_p=0.3)
     torch.manual_seed(0)
     l_dar, _ = dar_loss(q, docs, torch.arange(4), cfg, n_pos=4)
     l_dpr, _ = dpr_loss(q, docs, torch.arange(4), cfg)
@@ -334,7 +337,7 @@ def test_perturbed_copies_change_the_gradient():
 def test_mix_only_loss_still_trains_positives_and_in_batch_negatives():
     """mix_weight = 1: the NLL term is absent, yet every in-batch document gets a gradient."""
     q, docs = _rand_case(B=4, n_hard=2, seed=9)
-    cfg = LossConfig(name="dar", n_perturb=3, mix_weight=1.0)
+    cfg = DARConfig(name="dar", similarity="dot", **SHIFT, n_perturb=3, mix_weight=1.0)
     torch.manual_seed(1)
     loss, terms = dar_loss(q, docs, torch.arange(4), cfg, n_pos=4)
     assert terms["nll"].item() > 0  # still reported
@@ -358,7 +361,7 @@ def test_dropout_masks_are_bernoulli_p_with_rescaling(monkeypatch):
     docs = torch.ones(64, 1000)
     q = torch.randn(4, 1000)
     torch.manual_seed(0)
-    dar_loss(q, docs, torch.arange(4), LossConfig(name="dar", n_perturb=n, dropout_p=p, mix_weight=0.1), n_pos=4)
+    dar_loss(q, docs, torch.arange(4), DARConfig(name="dar", similarity="dot", n_perturb=n, dropout_p=p, mix_weight=0.1), n_pos=4)
     assert len(seen) == n + 1
     assert torch.equal(seen[0], docs)  # the clean copy
     for d in seen[1:]:
@@ -396,7 +399,7 @@ def test_document_encoder_runs_once_per_dar_step(tiny_biencoder):
                                 "dogs bark", "paris is in france"], "doc")
         q, d = model(q_tok, d_tok)
         all_docs, pos_idx, G = gather_docs(d[:2], d[2:])
-        loss, _ = dar_loss(q, all_docs, pos_idx, LossConfig(name="dar", n_perturb=7, mix_weight=0.1),
+        loss, _ = dar_loss(q, all_docs, pos_idx, DARConfig(name="dar", similarity="dot", n_perturb=7, mix_weight=0.1),
                            training=True, n_pos=G)
         loss.backward()
     finally:
@@ -443,7 +446,7 @@ def _gloo_worker(rank, world, port, out_dir):
         lo, hi = rank * LOCAL_B, (rank + 1) * LOCAL_B
         q, pos, hard = Qg[lo:hi], Pg[lo:hi], Hg[lo * HARD:hi * HARD]
         docs, pos_idx, G = gather_docs(pos, hard)
-        loss, _ = dpr_loss(q, docs, pos_idx, LossConfig(name="dpr"), n_pos=G)
+        loss, _ = dpr_loss(q, docs, pos_idx, LossConfig(name="dpr", similarity="dot"), n_pos=G)
         loss.backward()
         torch.save({"loss": loss.detach(), "docs": docs.detach(), "pos_idx": pos_idx, "G": G,
                     "gQ": Qg.grad, "gP": Pg.grad, "gH": Hg.grad}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -473,7 +476,7 @@ def test_gather_with_grad_two_process_gloo_matches_global_loss(tmp_path):
         assert torch.equal(out["pos_idx"], torch.arange(LOCAL_B) + r * LOCAL_B)
         assert torch.equal(out["docs"], torch.cat([Pg, Hg]).detach())
     # the global mean loss over all queries, one process
-    loss, _ = dpr_loss(Qg, torch.cat([Pg, Hg]), torch.arange(GLOBAL_B), LossConfig(name="dpr"))
+    loss, _ = dpr_loss(Qg, torch.cat([Pg, Hg]), torch.arange(GLOBAL_B), LossConfig(name="dpr", similarity="dot"))
     loss.backward()
     assert (res[0]["loss"] + res[1]["loss"]).item() / world == pytest.approx(loss.item(), abs=1e-12)
     # DDP averages the per-rank gradients

@@ -1,0 +1,121 @@
+"""Versioned hard negatives: the file format between a negatives producer (ANCE's index
+refresher, a mining job) and the trainer, which reads it through a provider.
+
+    <dir>/v-000001/negatives.parquet   qid (string), negatives (list<string> of pids, best first)
+    <dir>/v-000001/meta.json           version, checkpoint_step, dev metric, corpus fingerprint, counts
+    <dir>/v-000001/COMPLETE            written LAST: a version without it is never read
+
+A version is published data first, marker last, into a temporary folder renamed into
+place, so readers see a complete version or none. `VersionedNegatives` is the provider the
+trainer polls (`latest_version`, `load`); it lives here, below both `train/` and `index/`,
+so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import PipelineError
+
+MARKER = "COMPLETE"
+VERSION_RE = re.compile(r"^v-(\d{6,})$")
+SCHEMA = pa.schema([("qid", pa.string()), ("negatives", pa.list_(pa.string()))])
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v-{version:06d}"
+
+
+def list_versions(root: str | Path) -> list[int]:
+    """Complete versions under `root`, oldest first (folders without the marker are ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        m = VERSION_RE.match(child.name)
+        if m and (child / MARKER).exists():
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def publish_version(root: str | Path, version: int, negatives: dict[str, list[str]], meta: dict,
+                    keep: int = 0) -> Path:
+    """Write version `version` (data, meta, then the marker) and keep only the newest `keep` (0 = all)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, version)
+    if final.exists():
+        raise PipelineError(f"{final}: version {version} already exists (versions are never overwritten)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    try:
+        qids = sorted(negatives)
+        table = pa.Table.from_pydict({"qid": qids, "negatives": [list(negatives[q]) for q in qids]}, schema=SCHEMA)
+        pq.write_table(table, tmp / "negatives.parquet")
+        body = {**meta, "version": version, "queries": len(qids)}
+        (tmp / "meta.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+        with open(tmp / MARKER, "w") as f:
+            f.write("ok\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if keep > 0:
+        for old in list_versions(root)[:-keep]:
+            shutil.rmtree(version_dir(root, old), ignore_errors=True)
+    return final
+
+
+@dataclass
+class NegativesVersion:
+    """One loaded version: qid -> negative passage texts (title-joined as the corpus says)."""
+
+    version: int
+    meta: dict
+    texts: dict[str, list[str]] = field(default_factory=dict)
+
+    def get(self, qid: str) -> list[str] | None:
+        return self.texts.get(qid)
+
+
+class VersionedNegatives:
+    """Negatives provider over a versions folder; picklable, so it can be handed to Ray workers.
+
+    `latest_version()` is cheap (a directory listing) and is what the trainer polls;
+    `load(v)` reads one version and looks its passage texts up in the corpus.
+    """
+
+    def __init__(self, root: str | Path, corpus_dir: str | Path):
+        self.root = str(Path(root).resolve())
+        self.corpus_dir = str(Path(corpus_dir).resolve())
+
+    def latest_version(self) -> int | None:
+        versions = list_versions(self.root)
+        return versions[-1] if versions else None
+
+    def load(self, version: int) -> NegativesVersion:
+        from .corpus import fetch_passages
+
+        folder = version_dir(self.root, version)
+        if not (folder / MARKER).exists():
+            raise PipelineError(f"{folder}: negatives version {version} is missing or incomplete (no {MARKER} marker)")
+        meta = json.loads((folder / "meta.json").read_text())
+        table = pq.read_table(folder / "negatives.parquet")
+        rows = dict(zip(table["qid"].to_pylist(), table["negatives"].to_pylist()))
+        need = {p for pids in rows.values() for p in pids}
+        passages = fetch_passages(self.corpus_dir, need, join=None)
+        missing = need - set(passages)
+        if missing:
+            raise PipelineError(f"{folder}: {len(missing)} negative pids are not in {self.corpus_dir}, "
+                                f"e.g. {sorted(missing)[:3]} (a version made from another corpus?)")
+        return NegativesVersion(version, meta, {q: [passages[p] for p in pids] for q, pids in rows.items()})
