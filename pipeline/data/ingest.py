@@ -288,8 +288,7 @@ def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
         key = _file_key(p)
         if key in seen:
             same = "given twice" if str(seen[key]) == str(p) else f"the same file as {seen[key]}"
-            raise PipelineError(f"input {p} is {same}: each corpus file may be given once "
-                                "(each file is read once)")
+            raise PipelineError(f"input {p} is {same}; give each corpus file once")
         seen[key] = p
     for p in [queries, *qrels.values()]:
         if p is None:

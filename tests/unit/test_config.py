@@ -108,7 +108,7 @@ def test_unknown_key_in_yaml(tmp_path):
 @pytest.mark.parametrize("override, key", [
     ("index.metric=cosine", "index.metric"),
     ("index.use_gpu=maybe", "index.use_gpu"),
-    ("model.pooling=max", "model.pooling"),     # Literal inside Optional
+    ("model.pooling=sum", "model.pooling"),     # Literal inside Optional
 ])
 def test_literal_violations(override, key):
     with pytest.raises(ConfigError) as info:

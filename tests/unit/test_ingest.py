@@ -499,7 +499,7 @@ def test_same_file_twice_is_refused_as_such(tmp_path):
     for second in (src, tmp_path / "link.tsv", tmp_path / "." / "c.tsv"):
         with pytest.raises(PipelineError) as info:
             ingest([src, second], "msmarco", tmp_path / "out", progress=False)
-        assert "given once" in str(info.value) and "duplicate" not in str(info.value)
+        assert "give each corpus file once" in str(info.value) and "duplicate" not in str(info.value)
     assert not (tmp_path / "out").exists()
 
 
