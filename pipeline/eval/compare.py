@@ -36,7 +36,7 @@ from ..config import EvalConfig
 from ..data.manifest import check_comparable
 from ..data.readers import load_qrels
 from ..errors import PipelineError
-from .metrics import check_overlap, measures_for, per_query_values, read_run
+from .metrics import aggregate_values, check_overlap, measures_for, per_query_values, read_run
 from .report import render_table
 
 TESTS = {
@@ -141,19 +141,26 @@ def compare_runs(runs: dict[str, str | Path | dict], qrels: str | Path | dict, m
                      + ", ".join(f"{n} of {label}" for label, n in dropped.items()))
 
     qids = sorted(common)
-    per = {label: per_query_values(run, qrels_d, ms, common) for label, run in loaded.items()}
-    values = {label: {m: np.array([per[label][q][m] for q in qids], dtype=np.float64) for m in ms} for label in runs}
+    values: dict[str, dict[str, np.ndarray]] = {}
+    for label, run in loaded.items():
+        per = per_query_values(run, qrels_d, ms, common)
+        for m in ms:
+            missing = [q for q in qids if m not in per[q]]
+            if missing:
+                raise PipelineError(f"{label}: ir-measures gives no per-query value of {m} for {len(missing)} queries "
+                                    f"(e.g. {missing[0]!r}), so it cannot be tested pairwise; leave {m} out")
+        values[label] = {m: np.array([per[q][m] for q in qids], dtype=np.float64) for m in ms}
     labels = list(runs)
     base = labels[0]
     out_runs: dict[str, dict] = {}
     for label in labels:
         row: dict = {"run": str(runs[label]) if not isinstance(runs[label], dict) else None,
                      "corpus": metas[label],
-                     "metrics": {m: float(values[label][m].mean()) for m in ms}}
+                     "metrics": aggregate_values(loaded[label], qrels_d, ms, common)}
         if label != base:
             vs = {}
             for m in ms:
-                entry = {"delta": float(values[label][m].mean() - values[base][m].mean())}
+                entry = {"delta": row["metrics"][m] - out_runs[base]["metrics"][m]}
                 for t in tests:
                     p = paired_pvalue(t, values[label][m], values[base][m], resamples, seed)
                     entry[f"p_{t}"] = p

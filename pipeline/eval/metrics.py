@@ -160,17 +160,43 @@ def check_overlap(run: dict[str, dict], qrels: dict[str, dict], run_name: str = 
     return common
 
 
+def _ir_lists(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], queries: set[str]):
+    """ir-measures inputs over `queries`, which are numbered 0..n-1 (the returned list maps back):
+    some providers (gdeval's ERR/nDCG) accept only numeric query ids."""
+    qids = sorted(queries)
+    qrels_list = [ir_measures.Qrel(str(i), d, r) for i, q in enumerate(qids) for d, r in qrels[q].items()]
+    # One ranking for every measure, trec_eval's: score descending, ties by docid descending.
+    # ir-measures' RR (msmarco provider) breaks ties by docid ascending, so pass ranks as scores.
+    run_list = [ir_measures.ScoredDoc(str(i), d, float(-r)) for i, q in enumerate(qids)
+                for r, d in enumerate(_trec_order(run[q]))]
+    return qids, qrels_list, run_list
+
+
+def _calc(fn, measures: dict[str, object], *args):
+    try:
+        return fn(list(measures.values()), *args)
+    except PipelineError:
+        raise
+    except Exception as e:  # a provider's own failure (e.g. gdeval's perl script wants numeric query ids)
+        raise PipelineError(f"ir-measures could not compute {', '.join(measures)}: {type(e).__name__}: {e}") from None
+
+
+def aggregate_values(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], measures: dict[str, object],
+                     queries: set[str]) -> dict[str, float]:
+    """{name: value} over `queries`, aggregated as ir-measures (trec_eval) does: a mean, or a sum for NumRet & co."""
+    _, qrels_list, run_list = _ir_lists(run, qrels, queries)
+    agg = _calc(ir_measures.calc_aggregate, measures, qrels_list, run_list)
+    return {name: float(agg[m]) for name, m in measures.items()}
+
+
 def per_query_values(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], measures: dict[str, object],
                      queries: set[str]) -> dict[str, dict[str, float]]:
     """{qid: {name: value}} for `queries` (judged queries present in the run)."""
     name_of = {m: name for name, m in measures.items()}
-    qrels_list = [ir_measures.Qrel(q, d, r) for q in queries for d, r in qrels[q].items()]
-    # One ranking for every measure, trec_eval's: score descending, ties by docid descending.
-    # ir-measures' RR (msmarco provider) breaks ties by docid ascending, so pass ranks as scores.
-    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q in queries for i, d in enumerate(_trec_order(run[q]))]
-    per: dict[str, dict[str, float]] = {q: {} for q in queries}
-    for m in ir_measures.iter_calc(list(measures.values()), qrels_list, run_list):
-        per[m.query_id][name_of[m.measure]] = float(m.value)
+    qids, qrels_list, run_list = _ir_lists(run, qrels, queries)
+    per: dict[str, dict[str, float]] = {q: {} for q in qids}
+    for m in _calc(lambda ms, *a: list(ir_measures.iter_calc(ms, *a)), measures, qrels_list, run_list):
+        per[qids[int(m.query_id)]][name_of[m.measure]] = float(m.value)
     return per
 
 
@@ -187,11 +213,8 @@ def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, in
     common = check_overlap(run, qrels, run_name, qrels_name)
     # Average over judged queries that are in the run (trec_eval without -c): ir-measures
     # would otherwise score every judged query missing from the run as 0.
-    qrels_list = [ir_measures.Qrel(q, d, r) for q in common for d, r in qrels[q].items()]
-    run_list = [ir_measures.ScoredDoc(q, d, float(-i)) for q in common for i, d in enumerate(_trec_order(run[q]))]
-    agg = ir_measures.calc_aggregate(list(ms.values()), qrels_list, run_list)
     result = {
-        "metrics": {name: float(agg[m]) for name, m in ms.items()},
+        "metrics": aggregate_values(run, qrels, ms, common),
         "run_depth": max((len(d) for d in run.values()), default=0),
         "queries": {
             "judged": len(qrels),

@@ -433,3 +433,25 @@ def test_run_emptied_by_ignore_identical_ids_is_an_error():
 def test_partial_overlap_is_reported_not_refused():
     res = evaluate_run({"q1": RUN["q1"], "zz": {"d1": 1.0}}, QRELS, EvalConfig())
     assert res["queries"] == {"judged": 3, "in_run": 2, "evaluated": 1, "judged_missing_from_run": 2}
+
+
+def test_measures_from_providers_that_need_numeric_query_ids():
+    """gdeval (ERR@k) rejects 'q1'-style ids: queries are renumbered for ir-measures and mapped back."""
+    import ir_measures
+
+    res = evaluate_run(RUN, QRELS, EvalConfig(per_query=True), measures="ERR@10")
+    num = {q: str(i) for i, q in enumerate(sorted(QRELS))}
+    direct = ir_measures.iter_calc(
+        [ir_measures.parse_measure("ERR@10")],
+        [ir_measures.Qrel(num[q], d, r) for q, docs in QRELS.items() for d, r in docs.items()],
+        [ir_measures.ScoredDoc(num[q], d, float(-i)) for q, docs in RUN.items() for i, d in enumerate(_trec_order(docs))])
+    back = {v: k for k, v in num.items()}
+    expected = {back[m.query_id]: m.value for m in direct}
+    assert {q: v["ERR@10"] for q, v in res["per_query"].items()} == pytest.approx(expected)
+    assert res["metrics"]["ERR@10"] == pytest.approx(sum(expected.values()) / 3)
+    assert expected["q3"] > 0
+
+
+def test_sum_measures_aggregate_as_ir_measures_does():
+    res = evaluate_run(RUN, QRELS, EvalConfig(), measures="NumRet NumQ")["metrics"]
+    assert res == {"NumRet": 5 + 12 + 2, "NumQ": 3}
