@@ -206,7 +206,10 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
     if not path.exists():
         raise InputError(path, None, "file or folder not found")
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-        ds = datasets.load_from_disk(str(path))
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as e:  # a damaged save_to_disk folder: datasets/pyarrow raise many types
+            raise InputError(path, None, f"cannot load this save_to_disk folder: {_first_line(e)}") from None
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
                 raise InputError(path, None, f"split {split!r} not in {list(ds)}")
@@ -216,14 +219,19 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
         builder = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "tsv": "csv"}.get(suffix)
         if builder is None:
             raise InputError(path, None, "expected a save_to_disk folder or a .jsonl/.json/.csv/.tsv/.parquet file")
+        if path.is_dir():
+            raise InputError(path, None, "is a folder but not a save_to_disk folder (no dataset_info.json)")
         kwargs = {"delimiter": "\t"} if suffix == "tsv" else {}
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        try:
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        except Exception as e:
+            raise InputError(path, None, f"cannot read as {builder}: {_first_line(e)}") from None
     columns = getattr(ds, "column_names", None)
     if columns is not None:
         for need in [id_field, text_field]:
             if need not in columns:
                 raise InputError(path, None, f"missing column {need!r}; columns are {columns}")
-    for no, row in enumerate(ds, 1):
+    for no, row in _rows_or_error(path, ds):
         if id_field not in row or text_field not in row:
             raise InputError(path, no, f"missing column {id_field!r} or {text_field!r}")
         if row[id_field] is None:
@@ -238,6 +246,30 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
             raise InputError(path, no, f"column {title_field!r} must be a string, got {type(title).__name__}")
         yield {"pid": _check_id(path, no, str(row[id_field])), "title": _check_text(path, no, title or "", "title"),
                "text": _check_text(path, no, text), "line": no}
+
+
+def _first_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    text = str(e).strip() or type(e).__name__
+    if cause is not None and str(cause).strip():  # datasets wraps the parser's message
+        text = f"{text.splitlines()[0]} ({str(cause).strip().splitlines()[0]})"
+    return text.splitlines()[0][:300]
+
+
+def _rows_or_error(path: Path, ds) -> Iterator[tuple[int, dict]]:
+    """(row number, row); a parse error of the underlying file is an InputError after the last good row."""
+    it = iter(ds)
+    no = 0
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise InputError(path, None, f"cannot read row {no + 1} or a later one (rows are read in blocks): "
+                                         f"{_first_line(e)}") from None
+        no += 1
+        yield no, row
 
 
 def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:

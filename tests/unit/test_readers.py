@@ -398,6 +398,23 @@ def test_hf_bad_inputs(tmp_path, hf_offline):
     _raises_at(tmp_path / "nope.jsonl", None, readers.read_hf, tmp_path / "nope.jsonl")
     p = _write(tmp_path / "corpus.txt", "x\n")
     _raises_at(p, None, readers.read_hf, p)
+    # Files the parser cannot read are InputErrors, not pyarrow/datasets tracebacks.
+    p = _write(tmp_path / "broken.jsonl", '{"id": 1, "text": "a"}\n{"id": 2, "text": \n')
+    assert "cannot read" in _raises_at(p, None, readers.read_hf, p).reason
+    p = _write(tmp_path / "fake.parquet", "not parquet")
+    assert "parquet" in _raises_at(p, None, readers.read_hf, p).reason
+    (tmp_path / "plain_dir").mkdir()
+    _raises_at(tmp_path / "plain_dir", None, readers.read_hf, tmp_path / "plain_dir")
+    (tmp_path / "damaged").mkdir()
+    _write(tmp_path / "damaged" / "dataset_info.json", "{not json")
+    assert "save_to_disk" in _raises_at(tmp_path / "damaged", None, readers.read_hf, tmp_path / "damaged").reason
+
+
+def test_hf_nul_in_text_and_id(tmp_path, hf_offline):
+    p = _write(tmp_path / "c.jsonl", '{"id": "a", "text": "ok"}\n{"id": "b", "text": "x\\u0000y"}\n')
+    assert "NUL" in _raises_at(p, 2, readers.read_hf, p).reason
+    p = _write(tmp_path / "d.jsonl", '{"id": "a\\u0000", "text": "ok"}\n')
+    assert "control character" in _raises_at(p, 1, readers.read_hf, p).reason
 
 
 # --------------------------------------------------------------------------- dispatch and common
