@@ -8,9 +8,11 @@ Records are plain dicts; corpus records are `{"pid", "title", "text", "line"}`.
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import gzip
 import json
+import logging
 import sys
 import zlib
 from pathlib import Path
@@ -207,7 +209,8 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
         raise InputError(path, None, "file or folder not found")
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
         try:
-            ds = datasets.load_from_disk(str(path))
+            with _quiet_datasets():
+                ds = datasets.load_from_disk(str(path))
         except Exception as e:  # a damaged save_to_disk folder: datasets/pyarrow raise many types
             raise InputError(path, None, f"cannot load this save_to_disk folder: {_first_line(e)}") from None
         if isinstance(ds, datasets.DatasetDict):
@@ -223,7 +226,8 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
             raise InputError(path, None, "is a folder but not a save_to_disk folder (no dataset_info.json)")
         kwargs = {"delimiter": "\t"} if suffix == "tsv" else {}
         try:
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+            with _quiet_datasets():
+                ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
         except Exception as e:
             raise InputError(path, None, f"cannot read as {builder}: {_first_line(e)}") from None
     columns = getattr(ds, "column_names", None)
@@ -248,6 +252,18 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
                "text": _check_text(path, no, text), "line": no}
 
 
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs its own copy of a parse error (with a traceback); ours names the file instead."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _first_line(e: BaseException) -> str:
     cause = e.__cause__ or e.__context__
     text = str(e).strip() or type(e).__name__
@@ -262,7 +278,8 @@ def _rows_or_error(path: Path, ds) -> Iterator[tuple[int, dict]]:
     no = 0
     while True:
         try:
-            row = next(it)
+            with _quiet_datasets():
+                row = next(it)
         except StopIteration:
             return
         except Exception as e:
