@@ -90,6 +90,10 @@ def cmd_evaluate(args) -> None:
         check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
     if bool(args.qrels) == bool(args.qa):
         raise PipelineError("evaluate needs exactly one of --qrels (TREC/BEIR qrels) or --qa (DPR QA file, with --corpus)")
+    if args.qa and args.measures:
+        raise PipelineError("--measures applies to --qrels; --qa reports DPR top-k accuracy at eval.qa_ks")
+    if args.qrels and args.match:
+        raise PipelineError("--match applies to --qa (DPR answer matching), not to --qrels")
     if args.qrels:
         result = evaluate_files(args.run, args.qrels, cfg)
     else:

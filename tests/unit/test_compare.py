@@ -243,3 +243,11 @@ def test_cli_evaluate_qa_match(tmp_path, capsys):
     qa.write_text("which band\t[\"who\"]\n")
     assert main(base + ["--match", "regex"]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["1.0000", "1.0000"]
+
+
+def test_cli_evaluate_flags_of_the_other_mode_are_refused(tmp_path, capsys):
+    rc = main(["evaluate", "--run", str(REAL_RUN), "--qrels", str(REAL_QRELS), "--match", "regex"])
+    assert rc == 2 and "--match applies to --qa" in capsys.readouterr().err
+    rc = main(["evaluate", "--run", str(REAL_RUN), "--qa", str(tmp_path / "qa.csv"), "--corpus", str(tmp_path),
+               "--measures", "AP"])
+    assert rc == 2 and "--measures applies to --qrels" in capsys.readouterr().err
