@@ -77,26 +77,33 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class EncodeConfig:
-    """Ray Data encoding: actor pool, resources per actor, batching, output dtype."""
+    """Ray Data encoding: actor pool, resources per actor, batching, precision, output dtype."""
 
-    num_actors: int = 1
-    cpus_per_actor: float = 1.0
+    # Encoder actors; None = from the cluster: one per GPU share when gpus_per_actor > 0,
+    # else as many actors of cpus_per_actor as fit on the nodes (one per node by default).
+    num_actors: int | None = None
+    # CPUs per actor; None = every CPU of the smallest node (1 when the actors use GPUs).
+    cpus_per_actor: float | None = None
     gpus_per_actor: float = 0.0
     batch_size: int = 64
+    # Matmul precision (autocast); vectors are stored float32 (or float16 with `fp16`).
+    # auto = bf16 on CPUs with AMX/AVX512-BF16 and on GPUs with bf16, else fp32.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # Store vectors as float16 (half the disk and index-build RAM).
     fp16: bool = False
-    # torch intra-op threads per actor; 0 = max(1, floor(cpus_per_actor)).
+    # torch intra-op threads per actor; 0 = the actor's CPUs, rounded (at least 1).
     torch_threads: int = 0
-    # Split each corpus part into this many Ray blocks (repartition); 0 = only when parts < 2 x actors.
-    blocks_per_part: int = 0
+    # Rows per shard (a slice of a corpus part): the unit of work, of resume and of what a kill loses.
+    shard_rows: int = 2048
     show_progress: bool = True
-    # Object-store budget of the encode pipeline (read-ahead + results in flight).
+    # Object-store budget of the encode pipeline (work items and results in flight).
     object_store_budget_mb: int = 512
 
     def __post_init__(self):
-        _check_min("encode", self, 1, "num_actors", "batch_size", "object_store_budget_mb")
-        _check_min("encode", self, 0, "cpus_per_actor", strict=True)
-        _check_min("encode", self, 0, "gpus_per_actor", "torch_threads", "blocks_per_part")
+        _check_min("encode", self, 1, "num_actors", optional=True)
+        _check_min("encode", self, 0, "cpus_per_actor", optional=True, strict=True)
+        _check_min("encode", self, 1, "batch_size", "shard_rows", "object_store_budget_mb")
+        _check_min("encode", self, 0, "gpus_per_actor", "torch_threads")
 
 
 @dataclass(frozen=True)

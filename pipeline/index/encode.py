@@ -1,16 +1,32 @@
-"""`pipeline encode`: stream the Parquet corpus through encoder actors into embedding shards.
+"""`pipeline encode`: encoder actors turn corpus slices into embedding shards, each writing its own.
 
-Ray Data reads only the corpus parts whose shard is not complete, feeds them to
-a pool of `EncoderActor`s (`map_batches` with a callable class; CPUs/GPUs per
-actor from config), and the driver writes each shard as soon as all rows of its
-part have arrived. Order is preserved, so at most one partial shard is held in
-memory whatever the corpus size. A killed run, started again, encodes only the
-missing shards; a shard is never half-written (vectors, ids, then a `.done`).
+The driver plans the shards: consecutive slices of `encode.shard_rows` rows of
+each corpus part, each named by its part and first row and tied to the part
+layout (part file, its row count, the row range, the sha256 of the slice's pids).
+Shards already on disk with the same layout are reused; any other shard file is
+removed. The remaining slices become a Ray Data dataset of small work items
+(`from_items`, one block each), mapped by a pool of `ShardEncoder` actors: each
+actor reads its slice from the Parquet part (only the row groups it needs, through
+`pyarrow.fs`), tokenises it once, encodes it in length-sorted batches with the
+configured precision, and writes the shard itself (vectors, ids, then `.done`).
+Only a few bytes per shard travel back to the driver, so the driver's memory and
+traffic do not grow with the corpus, and each shard is on disk the moment its
+slice is encoded: a kill loses at most the shard each actor was working on.
+
+`complete: true` is written only after every planned shard has been checked
+against the layout (ids file digest, vector rows) and the rows add up to the
+manifest's count.
+
+Resources: every actor must fit on one node, and all of them at once (Ray Data
+starts the whole pool before any work). Those shapes run; any other is refused
+up front with a message naming the settings to change (Ray would wait forever).
+The work items need no read task, so actors may take every CPU.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -19,30 +35,78 @@ import numpy as np
 
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import join_title, load_manifest
-from ..errors import PipelineError
+from ..errors import PipelineError, ResourceError
 from ..io_utils import write_json_atomic
-from .shards import META_NAME, completed_shards, shard_name, write_shard
+from .shards import (META_NAME, completed_shards, layout_matches, plan_part, remove_shard, stray_files,
+                     verify_shards, write_shard)
+
+SPEC_KEYS = ("name", "part_index", "part", "part_rows", "start", "end", "pids_sha256", "path")
 
 
-class EncoderActor:
-    """Ray Data callable class: a batch of passages -> their document vectors."""
+def read_slice(path: str, start: int, end: int, columns=("pid", "title", "text")):
+    """Rows [start, end) of a Parquet file, reading only the row groups that hold them.
 
-    def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, fp16: bool):
+    `path` is a local path or any URI `pyarrow.fs` understands (s3://, gs://, hdfs://).
+    """
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    if "://" in path:
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+    else:
+        filesystem, inner = pafs.LocalFileSystem(), path
+    with filesystem.open_input_file(inner) as f:
+        pf = pq.ParquetFile(f)
+        groups, first, offset = [], None, 0
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if offset + n > start and offset < end:
+                groups.append(g)
+                first = offset if first is None else first
+            offset += n
+        if not groups:
+            return pf.schema_arrow.empty_table().select(list(columns))
+        table = pf.read_row_groups(groups, columns=list(columns))
+    return table.slice(start - first, end - start)
+
+
+class ShardEncoder:
+    """Ray Data callable class: shard specs in, shards written to `out_dir`, a receipt per shard out."""
+
+    def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
+                 dtype: str, out_dir: str):
         import torch
 
         from ..models import BiEncoder
+        from ..models.encoder import resolve_precision
 
         torch.set_num_threads(max(1, torch_threads))
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = BiEncoder.load(ModelConfig(**model_cfg)).to(self.device).eval()
-        self.title_join = title_join
-        self.fp16 = fp16
+        self.precision = resolve_precision(precision, self.device)
+        self.title_join, self.batch_size, self.dtype, self.out_dir = title_join, batch_size, dtype, out_dir
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        texts = [join_title(t, x, self.title_join) for t, x in zip(batch["title"], batch["text"])]
-        vectors = self.model.embed(texts, "doc", batch_size=len(texts), device=self.device,
-                                   fp16=self.fp16 and self.device == "cuda")
-        return {"pid": batch["pid"], "path": batch["path"], "embedding": vectors}
+        names, rows, secs = [], [], []
+        for i in range(len(batch["name"])):
+            spec = {k: batch[k][i].item() if hasattr(batch[k][i], "item") else batch[k][i] for k in SPEC_KEYS}
+            t0 = time.perf_counter()
+            table = read_slice(spec["path"], spec["start"], spec["end"])
+            pids = [str(p) for p in table.column("pid").to_pylist()]
+            texts = [join_title(t, x, self.title_join)
+                     for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+            vectors = self.model.embed(texts, "doc", batch_size=self.batch_size, device=self.device,
+                                       precision=self.precision)
+            try:
+                write_shard(self.out_dir, spec, pids, vectors.astype(self.dtype, copy=False),
+                            precision=self.precision, device=str(self.device))
+            except ValueError as e:
+                raise PipelineError(str(e)) from None
+            names.append(spec["name"])
+            rows.append(len(pids))
+            secs.append(time.perf_counter() - t0)
+        return {"name": np.array(names, dtype=object), "rows": np.array(rows, dtype=np.int64),
+                "seconds": np.array(secs, dtype=np.float64)}
 
 
 def model_identity(model_cfg: ModelConfig) -> dict:
@@ -58,11 +122,74 @@ def model_identity(model_cfg: ModelConfig) -> dict:
 
 
 def _resolved_model_cfg(model_cfg: ModelConfig) -> tuple[ModelConfig, int]:
-    """Fill pooling/normalize from the model directory so every actor agrees."""
+    """Fill pooling/normalize/lengths from the model directory so every actor agrees."""
     from ..models import BiEncoder
 
     probe = BiEncoder.load(model_cfg)
     return replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim
+
+
+def plan_shards(corpus_dir: Path, manifest: dict, shard_rows: int) -> list[dict]:
+    """Every shard of the corpus as it is on disk now (reads only the pid column, one part at a time)."""
+    import pyarrow.parquet as pq
+
+    specs = []
+    for i, part in enumerate(manifest["parts"]):
+        path = corpus_dir / part["file"]
+        try:
+            pids = [str(p) for p in pq.read_table(path, columns=["pid"]).column("pid").to_pylist()]
+        except (OSError, ValueError) as e:
+            raise PipelineError(f"{path}: cannot read the corpus part ({e}); ingest the corpus again") from None
+        if len(pids) != part["rows"]:
+            raise PipelineError(f"{path} holds {len(pids)} rows, its manifest says {part['rows']}: "
+                                "the corpus changed after ingest; ingest it again")
+        for spec in plan_part(i, part["file"], pids, shard_rows):
+            spec["path"] = str(path.resolve())
+            specs.append(spec)
+    return specs
+
+
+def _node_cpus() -> list[float]:
+    import ray
+
+    return [float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")]
+
+
+def resolve_shape(enc: EncodeConfig, node_cpus: list[float], total_gpus: float) -> tuple[int, float, int]:
+    """(actors, CPUs per actor, torch threads) for this cluster; ResourceError if it cannot run.
+
+    Ray places each actor on one node and Ray Data waits for the whole pool, so the
+    shape runs iff `num_actors` actors of `cpus_per_actor` pack onto the nodes (and
+    the GPUs suffice). Unset values take the largest shape that fits.
+    """
+    node_cpus = [c for c in node_cpus if c > 0]
+    if not node_cpus:
+        raise ResourceError("encode: the Ray cluster has no CPUs")
+    gpus = enc.gpus_per_actor
+    cpus = enc.cpus_per_actor
+    if cpus is None:
+        cpus = 1.0 if gpus > 0 else min(node_cpus)
+    fits = sum(math.floor(c / cpus + 1e-9) for c in node_cpus)
+    actors = enc.num_actors
+    if actors is None:
+        actors = max(1, fits if gpus == 0 else min(fits, math.floor(total_gpus / gpus + 1e-9)))
+    problems = []
+    if cpus > max(node_cpus) + 1e-9:
+        problems.append(f"an actor of {cpus:g} CPUs fits on no node (the largest has {max(node_cpus):g})")
+    elif actors > fits:
+        problems.append(f"{actors} actors x {cpus:g} CPUs do not fit on the nodes' CPUs "
+                        f"({' + '.join(f'{c:g}' for c in node_cpus)}): at most {fits} such actors fit")
+    if gpus * actors > total_gpus + 1e-9:
+        problems.append(f"{actors} actors x {gpus:g} GPUs asked, the cluster has {total_gpus:g}")
+    if problems:
+        best = max(node_cpus)
+        raise ResourceError(
+            f"encode: {'; '.join(problems)}. Set encode.num_actors and encode.cpus_per_actor so that they "
+            f"fit (e.g. encode.num_actors=1 encode.cpus_per_actor={best:g}, or "
+            f"encode.num_actors={math.floor(best / 0.5 + 1e-9) * len(node_cpus)} encode.cpus_per_actor=0.5), "
+            "or leave both unset to use the whole cluster; Ray would otherwise wait forever.")
+    threads = enc.torch_threads or max(1, int(cpus + 0.5))
+    return actors, cpus, threads
 
 
 def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConfig) -> dict:
@@ -70,16 +197,12 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
 
     Returns a summary dict (rows, new rows, shards reused, seconds, rows/s).
     """
-    import ray
-    from ray.data import ActorPoolStrategy, DataContext
-
-    from ..ray_runtime import check_resources, init_ray
-
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
-    manifest = load_manifest(corpus_dir)
     enc: EncodeConfig = cfg.encode
+    manifest = load_manifest(corpus_dir)
     model_cfg, dim = _resolved_model_cfg(cfg.model)
     dtype = "float16" if enc.fp16 else "float32"
+    specs = plan_shards(corpus_dir, manifest, enc.shard_rows)
     meta = {
         "corpus": str(corpus_dir.resolve()),
         "corpus_fingerprint": manifest["fingerprint"],
@@ -91,98 +214,115 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         "model_config": asdict(model_cfg),
         "dim": dim,
         "dtype": dtype,
+        "precision": enc.precision,
+        "shard_rows": enc.shard_rows,
+        "shards": len(specs),
+        "shard_names": [s["name"] for s in specs],
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PipelineError(f"{out_dir} is a file; give a folder for the embeddings")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
     meta_path = out_dir / META_NAME
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        diff = [k for k in ("corpus_fingerprint", "model", "dim", "dtype") if old.get(k) != meta[k]]
+        diff = [k for k in ("corpus_fingerprint", "model", "dim", "dtype", "precision")
+                if k in old and old.get(k) != meta[k]]
         if diff:
             raise PipelineError(f"{out_dir} holds embeddings from a different {', '.join(diff)}; "
                                 "use a new output folder (or delete this one)")
     write_json_atomic(meta_path, {**meta, "complete": False})
 
+    # reuse shards of exactly this layout; remove every other shard file and killed writers' temporaries
     done = completed_shards(out_dir)
-    todo = [(i, p) for i, p in enumerate(manifest["parts"]) if i not in done]
-    total_rows = sum(p["rows"] for p in manifest["parts"])
-    todo_rows = sum(p["rows"] for _, p in todo)
+    reused = {s["name"] for s in specs if s["name"] in done and layout_matches(done[s["name"]], s)}
+    for name in set(done) - reused:
+        remove_shard(out_dir, name)
+    for stray in stray_files(out_dir, keep=reused):
+        stray.unlink(missing_ok=True)
+    todo = [s for s in specs if s["name"] not in reused]
+    total_rows = manifest["rows"]
+    todo_rows = sum(s["end"] - s["start"] for s in todo)
     t0 = time.time()
+    shape = None
     if todo:
-        init_ray(cfg.ray)
-        check_resources("encode", enc.num_actors * enc.cpus_per_actor, enc.num_actors * enc.gpus_per_actor,
-                        keep_free_cpus=0.5)
-        ctx = DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        ctx.enable_progress_bars = False
-        # Bound read-ahead: without a budget Ray Data fills up to its share of the object
-        # store (30 % of RAM), so memory would grow with the corpus until that cap.
-        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
-            object_store_memory=enc.object_store_budget_mb * 2**20)
-        paths = [str((corpus_dir / p["file"]).resolve()) for _, p in todo]
-        index_of = {path: i for path, (i, _) in zip(paths, todo)}
-        rows_of = {path: p["rows"] for path, (_, p) in zip(paths, todo)}
-        ds = ray.data.read_parquet(paths, include_paths=True).select_columns(["pid", "title", "text", "path"])
-        # A Parquet file is read as one block, so fewer parts than actors would starve
-        # all but a few actors (STACK.md §6): then split them; large corpora never need it.
-        blocks = enc.blocks_per_part * len(paths) if enc.blocks_per_part else (
-            enc.num_actors * 4 if len(paths) < enc.num_actors * 2 else 0)
-        if blocks:
-            ds = ds.repartition(blocks)
-        threads = enc.torch_threads or max(1, int(enc.cpus_per_actor))
-        ds = ds.map_batches(
-            EncoderActor,
-            fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": manifest["title_join"],
-                                   "torch_threads": threads, "fp16": enc.fp16},
-            batch_size=enc.batch_size,
-            batch_format="numpy",
-            num_cpus=enc.cpus_per_actor,
-            num_gpus=enc.gpus_per_actor or None,
-            compute=ActorPoolStrategy(size=enc.num_actors),
-        )
-        _collect(ds, out_dir, index_of, rows_of, dtype, todo_rows, enc.show_progress)
-    complete = completed_shards(out_dir)
-    missing = [i for i in range(len(manifest["parts"])) if i not in complete]
-    if missing:
-        raise PipelineError(f"encode finished with {len(missing)} shard(s) missing: {missing[:10]}")
+        shape = _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, cfg, todo_rows)
+    problems = verify_shards(out_dir, specs, total_rows)
+    if problems:
+        raise PipelineError(f"encode finished, but {len(problems)} shard problem(s) remain: "
+                            f"{'; '.join(problems[:5])}; run `pipeline encode` again")
     write_json_atomic(meta_path, {**meta, "complete": True})
     secs = time.time() - t0
-    summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(done), "shards": len(manifest["parts"]),
-               "seconds": round(secs, 2), "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
+    summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
+               "parts": len(manifest["parts"]), "seconds": round(secs, 2),
+               "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
                "dim": dim, "dtype": dtype, "out": str(out_dir)}
+    if shape:
+        summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2])
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
-    print(f"[encode] done: {total_rows:,} passages in {len(manifest['parts'])} shards "
-          f"({todo_rows:,} encoded now, {len(done)} shards already complete) in {secs:.1f}s{rate}; "
+    print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
+          f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}; "
           f"dim {dim} {dtype} -> {out_dir}", flush=True)
     return summary
 
 
-def _collect(ds, out_dir: Path, index_of: dict, rows_of: dict, dtype: str, todo_rows: int, show_progress: bool):
-    """Drain the dataset, writing each shard the moment its last row arrives."""
+def _run(todo: list[dict], out_dir: Path, model_cfg: ModelConfig, title_join: str, dtype: str,
+         enc: EncodeConfig, cfg: PipelineConfig, todo_rows: int) -> tuple[int, float, int]:
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    from ..ray_runtime import cluster_resources, init_ray
+
+    init_ray(cfg.ray)
+    actors, cpus, threads = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
+    if len(todo) < actors:
+        print(f"[encode] note: {len(todo)} shard(s) to encode for {actors} actors; lower encode.shard_rows "
+              "to give every actor work", flush=True)
+    ctx = DataContext.get_current()
+    ctx.execution_options.preserve_order = False
+    ctx.enable_progress_bars = False
+    ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+        object_store_memory=enc.object_store_budget_mb * 2**20)
+    items = [{k: s[k] for k in SPEC_KEYS} for s in todo]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map_batches(
+        ShardEncoder,
+        fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
+                               "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
+                               "out_dir": str(out_dir.resolve())},
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=cpus,
+        num_gpus=enc.gpus_per_actor or None,
+        compute=ActorPoolStrategy(size=actors),
+    )
+    _collect(ds, todo_rows, enc.show_progress)
+    return actors, cpus, threads
+
+
+def _report_shard(name: str, rows: int) -> None:
+    """Called on the driver as each shard's receipt arrives (the shard is already on disk)."""
+
+
+def _collect(ds, todo_rows: int, show_progress: bool) -> None:
+    """Drain the receipts: a name and a row count per shard, never vectors."""
     from tqdm import tqdm
 
-    buffers: dict[str, tuple[list, list]] = {}
     bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show_progress, smoothing=0.1,
                mininterval=2.0)
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        paths = batch["path"]
-        emb = batch["embedding"]
-        pids = batch["pid"]
-        start = 0
-        while start < len(paths):  # batches are path-contiguous (order preserved); split at path changes
-            path = paths[start]
-            end = start + 1
-            while end < len(paths) and paths[end] == path:
-                end += 1
-            ids, vecs = buffers.setdefault(path, ([], []))
-            ids.extend(str(p) for p in pids[start:end])
-            vecs.append(np.asarray(emb[start:end], dtype=dtype))
-            if len(ids) == rows_of[path]:
-                write_shard(out_dir, index_of[path], ids, np.concatenate(vecs), Path(path).name)
-                del buffers[path]
-            elif len(ids) > rows_of[path]:
-                raise PipelineError(f"{shard_name(index_of[path])}: more rows than its part holds")
-            start = end
-        bar.update(len(paths))
-    bar.close()
-    if buffers:
-        raise PipelineError(f"rows missing for {len(buffers)} part(s): {sorted(buffers)[:3]}")
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            for name, rows in zip(batch["name"], batch["rows"]):
+                _report_shard(str(name), int(rows))
+                bar.update(int(rows))
+    except Exception as e:  # a worker's PipelineError arrives wrapped by Ray: surface its message
+        cause = e
+        while cause is not None and not isinstance(cause, PipelineError):
+            cause = cause.__cause__ or getattr(cause, "cause", None)
+        if isinstance(cause, PipelineError):
+            raise PipelineError(str(cause)) from None
+        raise
+    finally:
+        bar.close()

@@ -651,17 +651,108 @@ class BiEncoder(nn.Module):
 
     @torch.inference_mode()
     def embed(self, texts: list[str], side: str, batch_size: int = 64, device: str | torch.device = "cpu",
-              fp16: bool = False):
-        """Plain-text -> float32 numpy (N, D), in batches, inference mode."""
+              fp16: bool = False, precision: str | None = None, sort_by_length: bool = True,
+              window: int = 8192):
+        """Plain text -> float32 numpy (N, D) in input order, in batches, inference mode.
+
+        Texts are tokenised once per `window`, sorted by token length inside it and
+        batched, so each batch pads only to its own longest text; rows come back in
+        input order. `precision` is `fp32` (default), `bf16`, `fp16` or `auto`
+        (`resolve_precision`): autocast for the matmuls, vectors returned as float32.
+        `fp16=True` is the older spelling of `precision="fp16"` on CUDA.
+        """
         import numpy as np
 
         self.eval()
-        outs = []
-        encode = self.encode_queries if side == "query" else self.encode_docs
-        for i in range(0, len(texts), batch_size):
-            batch = {k: v.to(device) for k, v in self.tokenize(texts[i:i + batch_size], side).items()}
-            with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=fp16 and str(device).startswith("cuda")):
-                outs.append(encode(batch).float().cpu().numpy())
-        if not outs:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.concatenate(outs).astype(np.float32, copy=False)
+        device = torch.device(device)
+        if precision is None:
+            precision = "fp16" if fp16 and device.type == "cuda" else "fp32"
+        precision = resolve_precision(precision, device)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for w in range(0, len(texts), max(1, window)):
+            chunk = texts[w:w + max(1, window)]
+            out[w:w + len(chunk)] = self._embed_window(chunk, side, batch_size, device, precision, sort_by_length)
+        return out
+
+    def _embed_window(self, texts, side: str, batch_size: int, device: torch.device, precision: str,
+                      sort_by_length: bool):
+        """One window of `embed`: tokenise once, length-sorted padded batches, order restored."""
+        import numpy as np
+
+        if side == "query":
+            tok, prefix, max_len, encode = (self.query_tokenizer, self.cfg.query_prefix, self.cfg.query_max_length,
+                                            self.encode_queries)
+        else:
+            tok, prefix, max_len, encode = (self.doc_tokenizer, self.cfg.doc_prefix, self.cfg.doc_max_length,
+                                            self.encode_docs)
+        texts = [prefix + t for t in texts] if prefix else list(texts)
+        enc = tok(texts, padding=False, truncation=True, max_length=max_len)
+        ids, types = enc["input_ids"], enc.get("token_type_ids")
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        order = length_order(lengths) if sort_by_length else np.arange(len(ids))
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        left = getattr(tok, "padding_side", "right") == "left"
+        cuda = device.type == "cuda"
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for s in range(0, len(ids), max(1, batch_size)):
+            rows = order[s:s + max(1, batch_size)]
+            width = int(lengths[rows].max())
+            input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            tt = np.zeros((len(rows), width), dtype=np.int64) if types is not None else None
+            for j, r in enumerate(rows):
+                n = int(lengths[r])
+                cols = slice(width - n, width) if left else slice(0, n)
+                input_ids[j, cols] = ids[r]
+                mask[j, cols] = 1
+                if tt is not None:
+                    tt[j, cols] = types[r]
+            batch = {"input_ids": input_ids, "attention_mask": mask, **({"token_type_ids": tt} if tt is not None else {})}
+            batch = {k: (torch.from_numpy(v).pin_memory().to(device, non_blocking=True) if cuda
+                         else torch.from_numpy(v).to(device)) for k, v in batch.items()}
+            with torch.autocast(device_type=device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                vecs = encode(batch)
+            out[rows] = vecs.float().cpu().numpy()
+        return out
+
+
+# ---------------------------------------------------------------------- encoding helpers
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def length_order(lengths) -> "np.ndarray":
+    """Indices that sort rows longest first (stable: equal lengths keep input order)."""
+    import numpy as np
+
+    return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has native bf16 matmuls (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo flags)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            return bool(flags & {"amx_bf16", "avx512_bf16"})
+    return False
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu", cpuinfo: str | None = None) -> str:
+    """`auto` -> `bf16` where the hardware computes it natively (CUDA with bf16, or a CPU with
+    AMX/AVX512-BF16), else `fp32`; an explicit `fp32`/`bf16`/`fp16` is returned as is."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device.type == "cpu":
+        return "bf16" if cpu_has_bf16(cpuinfo) else "fp32"
+    return "fp32"

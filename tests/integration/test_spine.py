@@ -49,7 +49,7 @@ def corpus(tmp_path_factory):
 def _cfg(model_dir, *extra):
     return load_config(None, [f"model.name_or_path={model_dir}", "model.pooling=mean", "model.normalize=true",
                               "encode.cpus_per_actor=0.5", "encode.num_actors=2", "encode.batch_size=16",
-                              "encode.show_progress=false", *extra])
+                              "encode.show_progress=false", "encode.precision=fp32", *extra])
 
 
 def test_end_to_end(ray_session, tiny_model_dir, corpus, tmp_path):
@@ -92,32 +92,35 @@ def test_resume_after_kill(ray_session, tiny_model_dir, corpus, tmp_path, monkey
     """A run killed after 3 shards, started again, encodes only the rest; every pid exactly once."""
     cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1")
     out = tmp_path / "emb"
-    real_write = encode_mod.write_shard
-    calls = {"n": 0}
+    seen = []
 
-    def dying_write(emb_dir, idx, pids, vecs, part):
-        if calls["n"] == 3:
-            # a kill mid-write: vectors on disk, no ids, no .done marker
-            np.save(emb_dir / f"shard-{idx:05d}.npy", vecs[:5])
-            raise KeyboardInterrupt("simulated kill")
-        calls["n"] += 1
-        real_write(emb_dir, idx, pids, vecs, part)
+    def dying_report(name, rows):
+        seen.append(name)
+        # the shard is on disk the moment its receipt reaches the driver
+        assert (out / f"{name}.done").exists() and (out / f"{name}.npy").exists()
+        if len(seen) == 3:
+            raise KeyboardInterrupt("simulated kill of the driver")
 
-    monkeypatch.setattr(encode_mod, "write_shard", dying_write)
+    monkeypatch.setattr(encode_mod, "_report_shard", dying_report)
     with pytest.raises(KeyboardInterrupt):
         encode_corpus(corpus, out, cfg)
-    assert len(completed_shards(out)) == 3
+    kept = completed_shards(out)
+    assert 3 <= len(kept) < 8  # actors may finish the shard they hold; the rest was never encoded
+    # a writer killed mid-shard: vectors on disk, no ids, no .done marker; and a stray temporary
+    np.save(out / "shard-00007-000000000.npy", np.zeros((5, 32), np.float32))
+    (out / ".tmp-shard-00007-000000000.pids.txt-dead").write_text("x\n")
     assert not json.loads((out / "embeddings.json").read_text())["complete"]
     with pytest.raises(Exception):
         list(iter_shards(out))  # an incomplete encoding is never read as complete
 
-    monkeypatch.setattr(encode_mod, "write_shard", real_write)
+    monkeypatch.setattr(encode_mod, "_report_shard", lambda name, rows: None)
     summary = encode_corpus(corpus, out, cfg)
-    assert summary["reused_shards"] == 3
-    assert summary["encoded"] == 300 - 3 * 40
+    assert summary["reused_shards"] == len(kept)
+    assert summary["encoded"] == 300 - 40 * len(kept)
     pids = [p for ids, _ in iter_shards(out) for p in ids]
     assert len(pids) == len(set(pids)) == 300
     assert sum(len(v) for _, v in iter_shards(out)) == 300
+    assert not list(out.glob(".tmp-*"))
 
     # nothing left to do: a third run encodes nothing
     assert encode_corpus(corpus, out, cfg)["encoded"] == 0
@@ -135,8 +138,10 @@ def test_refuses_other_model(ray_session, tiny_model_dir, corpus, tmp_path):
 def test_resource_check_fails_fast(ray_session, tiny_model_dir, corpus, tmp_path):
     from pipeline.errors import ResourceError
 
-    with pytest.raises(ResourceError, match="CPUs"):
-        encode_corpus(corpus, tmp_path / "emb", _cfg(tiny_model_dir, "encode.num_actors=2", "encode.cpus_per_actor=1"))
+    with pytest.raises(ResourceError, match="do not fit"):
+        encode_corpus(corpus, tmp_path / "emb", _cfg(tiny_model_dir, "encode.num_actors=3", "encode.cpus_per_actor=1"))
+    with pytest.raises(ResourceError, match="fits on no node"):
+        encode_corpus(corpus, tmp_path / "emb", _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=2.5"))
 
 
 def test_ivf_index_and_loaded_search(ray_session, tiny_model_dir, corpus, tmp_path):
