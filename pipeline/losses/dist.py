@@ -23,9 +23,16 @@ def gather_with_grad(t: torch.Tensor) -> torch.Tensor:
     rank, size = world()
     if size == 1:
         return t
+    import warnings
+
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(t.contiguous()), dim=0)
+    # torch 2.13 marks this autograd-aware all_gather deprecated; it is still correct (the
+    # 2-process gloo test checks values and gradients) and its suggested replacement does
+    # not backpropagate to the owner, so the warning is silenced here, once, on purpose.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.cat(all_gather(t.contiguous()), dim=0)
 
 
 def gather_docs(pos: torch.Tensor, hard: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -65,3 +65,44 @@ def pick_negatives(row: dict, k: int, rng: random.Random) -> list[str]:
 def steps_per_epoch(n_examples: int, world: int, batch_size: int) -> int:
     """Every rank must take the same number of steps: the smallest rank share, in whole batches."""
     return (n_examples // world) // batch_size
+
+
+def m_per_class_batches(rows: Iterable[dict], key: str, m: int, batch_size: int, max_batches: int,
+                        rng: random.Random) -> Iterator[list[dict]]:
+    """Batches of batch_size/m classes x m rows each, no class twice in a batch (SupCon-style sampling).
+
+    Rows are grouped by `rows[key]`; each class contributes disjoint groups of m rows (its
+    rows shuffled, a remainder under m dropped), groups are shuffled, and each batch takes
+    the next batch_size/m groups of distinct classes. Deterministic given `rng`. Under
+    several workers, partition by class (method.partition_key) so classes are disjoint
+    across workers; a method's steps_per_epoch can count this sampler's batches per rank
+    on the driver (it is deterministic) and take the smallest.
+    """
+    if batch_size % m:
+        raise ValueError(f"batch size {batch_size} is not a multiple of m={m}")
+    per_batch = batch_size // m
+    by_class: dict = {}
+    for row in rows:
+        by_class.setdefault(row[key], []).append(row)
+    groups = []
+    for cls in sorted(by_class, key=str):
+        members = by_class[cls]
+        rng.shuffle(members)
+        groups += [(cls, members[i:i + m]) for i in range(0, len(members) - m + 1, m)]
+    rng.shuffle(groups)
+    n = 0
+    pending = list(groups)
+    while n < max_batches and len({c for c, _ in pending}) >= per_batch:
+        batch, used, rest = [], set(), []
+        for cls, grp in pending:
+            if len(used) < per_batch and cls not in used:
+                used.add(cls)
+                batch.extend(grp)
+            else:
+                rest.append((cls, grp))
+        if len(used) < per_batch:
+            return
+        yield batch
+        n += 1
+        pending = rest
+

@@ -319,7 +319,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                 batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch],
                                             "negatives_version": negatives.version if negatives else None}) + "\n")
                 batch_log.flush()
-            window["loss"] = window.get("loss", 0.0) + float(loss)
+            window["loss"] = window.get("loss", 0.0) + float(loss.detach())
             for k, v in terms.items():
                 window[k] = window.get(k, 0.0) + float(v)
             for k, v in sctx.stats.items():

@@ -177,7 +177,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     write_json_atomic(run_dir / "summary.json", summary)
     if progress:
         m = state["metrics"]
-        val = {k: v for k, v in m.items() if k.startswith("val_") and k not in ("val_seconds",)}
+        val = {k: v for k, v in m.items() if k.startswith("val_") and k not in ("val_seconds", "val_metric")}
         print(f"[train] done: {tc.name} ({method.name}) step {state['step']}/{total}, "
               f"loss {m.get('loss', float('nan')):.4f}"
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")

@@ -23,6 +23,11 @@ from . import register
 from .base import Method, StepContext
 
 
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    """Autocast outputs (bf16/fp16) are scored in fp32; fp32/fp64 pass through unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 class PairMethod(Method):
     """Shared by every pair method: examples, tokenisation, the gathered layout."""
 
@@ -57,7 +62,7 @@ class PairMethod(Method):
 
     def assemble(self, out: dict[str, torch.Tensor], ctx: StepContext) -> dict:
         """Gather documents across workers: docs = [G positives, rank-major | hard negatives]."""
-        q, pos, hard = out["q"].float(), out["pos"].float(), out["hard"].float()
+        q, pos, hard = (_fp32(out[k]) for k in ("q", "pos", "hard"))
         docs, pos_idx, G = gather_docs(pos, hard if hard.numel() else None)
         return {"q": q, "docs": docs, "pos_idx": pos_idx, "n_pos": G}
 
