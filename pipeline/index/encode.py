@@ -221,10 +221,6 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     }
     if out_dir.exists() and not out_dir.is_dir():
         raise PipelineError(f"{out_dir} is a file; give a folder for the embeddings")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
     meta_path = out_dir / META_NAME
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
@@ -233,22 +229,30 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         if diff:
             raise PipelineError(f"{out_dir} holds embeddings from a different {', '.join(diff)}; "
                                 "use a new output folder (or delete this one)")
-    write_json_atomic(meta_path, {**meta, "complete": False})
-
-    # reuse shards of exactly this layout; remove every other shard file and killed writers' temporaries
-    done = completed_shards(out_dir)
+    # reuse shards of exactly this layout; every other shard file is removed below
+    done = completed_shards(out_dir) if out_dir.is_dir() else {}
     reused = {s["name"] for s in specs if s["name"] in done and layout_matches(done[s["name"]], s)}
+    todo = [s for s in specs if s["name"] not in reused]
+    total_rows = manifest["rows"]
+    todo_rows = sum(s["end"] - s["start"] for s in todo)
+    shape = None
+    if todo:  # refuse a shape that cannot run before anything is written
+        from ..ray_runtime import cluster_resources, init_ray
+
+        init_ray(cfg.ray)
+        shape = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
+    write_json_atomic(meta_path, {**meta, "complete": False})
     for name in set(done) - reused:
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
-    todo = [s for s in specs if s["name"] not in reused]
-    total_rows = manifest["rows"]
-    todo_rows = sum(s["end"] - s["start"] for s in todo)
     t0 = time.time()
-    shape = None
     if todo:
-        shape = _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, cfg, todo_rows)
+        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows)
     problems = verify_shards(out_dir, specs, total_rows)
     if problems:
         raise PipelineError(f"encode finished, but {len(problems)} shard problem(s) remain: "
@@ -269,14 +273,11 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
 
 
 def _run(todo: list[dict], out_dir: Path, model_cfg: ModelConfig, title_join: str, dtype: str,
-         enc: EncodeConfig, cfg: PipelineConfig, todo_rows: int) -> tuple[int, float, int]:
+         enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int) -> None:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
-    from ..ray_runtime import cluster_resources, init_ray
-
-    init_ray(cfg.ray)
-    actors, cpus, threads = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
+    actors, cpus, threads = shape
     if len(todo) < actors:
         print(f"[encode] note: {len(todo)} shard(s) to encode for {actors} actors; lower encode.shard_rows "
               "to give every actor work", flush=True)
@@ -299,7 +300,6 @@ def _run(todo: list[dict], out_dir: Path, model_cfg: ModelConfig, title_join: st
         compute=ActorPoolStrategy(size=actors),
     )
     _collect(ds, todo_rows, enc.show_progress)
-    return actors, cpus, threads
 
 
 def _report_shard(name: str, rows: int) -> None:
