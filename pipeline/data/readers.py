@@ -121,7 +121,7 @@ def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
     if first is None:
         raise InputError(path, 1, "empty file; expected header 'id\\ttext\\ttitle'")
     header = [h.strip().lower() for h in _strip_bom(first[1]).split("\t")]
-    if header[:3] != ["id", "text", "title"]:
+    if header != ["id", "text", "title"]:
         raise InputError(path, 1, f"expected header 'id\\ttext\\ttitle', found {header!r}")
     for no, line in lines:
         try:

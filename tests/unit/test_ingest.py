@@ -518,3 +518,11 @@ def test_titled_variant_needs_titles(tmp_path):
     with pytest.raises(PipelineError, match="no passage .* has a title"):
         ingest([src], "msmarco-titled", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_leftovers_of_the_older_replacement_are_reported_not_deleted(tmp_path, capsys):
+    src = _tsv(tmp_path / "c.tsv", [(1, "one")])
+    (tmp_path / ".old-d-1234" / "corpus").mkdir(parents=True)   # an older version's half-done swap
+    ingest([src], "msmarco", tmp_path / "d", progress=False)
+    assert (tmp_path / ".old-d-1234" / "corpus").is_dir()
+    assert ".old-d-1234" in capsys.readouterr().err

@@ -72,6 +72,11 @@ def test_dpr_wiki_wrong_header(tmp_path):
     assert "header" in err.reason
 
 
+def test_dpr_wiki_header_with_extra_columns(tmp_path):
+    p = _write(tmp_path / "psgs.tsv", "id\ttext\ttitle\tscore\n1\tx\tT\t3\n")
+    assert "header" in _raises_at(p, 1, readers.read_dpr_wiki, p).reason
+
+
 def test_dpr_wiki_empty_file(tmp_path):
     p = _write(tmp_path / "psgs.tsv", "")
     _raises_at(p, 1, readers.read_dpr_wiki, p)
