@@ -452,7 +452,8 @@ class _Output:
         return self.handle
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is not None and self.handle is not None and self.handle.swapping:
+        swapping = exc is not None and self.handle is not None and self.handle.swapping
+        if swapping:
             # Interrupted between renames: keep the stage (it holds the old and the new entries);
             # the next ingest into this folder finishes the swap from its plan.
             stage, self.stage = self.stage, None
@@ -463,7 +464,9 @@ class _Output:
             self._cleanup()
         if isinstance(exc, OSError):
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            raise PipelineError(f"cannot write the corpus to {self.out}: {where}{exc.strerror or exc}") from None
+            after = ("; run the ingest again to finish replacing the corpus" if swapping
+                     else "; nothing of this run was kept")
+            raise PipelineError(f"ingest into {self.out} failed: {where}{exc.strerror or exc}{after}") from None
         return False
 
     def _cleanup(self) -> None:

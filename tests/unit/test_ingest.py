@@ -526,3 +526,42 @@ def test_leftovers_of_the_older_replacement_are_reported_not_deleted(tmp_path, c
     ingest([src], "msmarco", tmp_path / "d", progress=False)
     assert (tmp_path / ".old-d-1234" / "corpus").is_dir()
     assert ".old-d-1234" in capsys.readouterr().err
+
+
+def test_disk_errors_are_messages_and_keep_the_old_corpus(tmp_path, monkeypatch):
+    import errno
+
+    import pipeline.data.ingest as ingest_mod
+
+    src = _tsv(tmp_path / "c.tsv", [(i, f"p {i}") for i in range(5)])
+    out = tmp_path / "d"
+    ingest([src], "msmarco", out, part_rows=2, progress=False)
+    before = _tree(tmp_path)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "part-00000.parquet")
+
+    monkeypatch.setattr(ingest_mod.pq, "write_table", full)
+    with pytest.raises(PipelineError, match="No space left on device.*nothing of this run was kept"):
+        ingest([src], "msmarco", out, overwrite=True, progress=False)
+    monkeypatch.undo()
+    assert _tree(tmp_path) == before
+
+    # A rename failing in the middle of the swap: a message, and the next run finishes the job.
+    real_replace = os.replace
+    calls = []
+
+    def replace(a, b):
+        if "/old/" in str(b):
+            calls.append(a)
+            if len(calls) == 2:
+                raise OSError(errno.EIO, "Input/output error", str(a))
+        return real_replace(a, b)
+
+    monkeypatch.setattr(ingest_mod.os, "replace", replace)
+    with pytest.raises(PipelineError, match="run the ingest again"):
+        ingest([src], "msmarco", out, part_rows=3, overwrite=True, progress=False)
+    monkeypatch.undo()
+    m = ingest([src], "msmarco", out, part_rows=3, overwrite=True, progress=False)
+    assert len(m["parts"]) == 2 and _corpus_rows(out) == [(str(i), "", f"p {i}") for i in range(5)]
+    assert not list(out.glob(".tmp-ingest-*"))
