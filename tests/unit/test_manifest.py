@@ -92,3 +92,25 @@ def test_load_manifest(tmp_path):
         load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps(_manifest()))
     assert load_manifest(tmp_path) == _manifest()
+
+
+@pytest.mark.parametrize("content, match", [
+    ("[1, 2]", "JSON object"),
+    (json.dumps(_manifest(parts=[{"file": "corpus/p.parquet"}])), "parts"),
+    (json.dumps(_manifest(parts="corpus")), "parts"),
+    (json.dumps(_manifest(parts=[{"file": "../../etc/passwd", "rows": 1}])), "inside the corpus folder"),
+    (json.dumps(_manifest(parts=[{"file": "/etc/passwd", "rows": 1}])), "inside the corpus folder"),
+])
+def test_load_manifest_refuses_malformed_parts(tmp_path, content, match):
+    (tmp_path / "manifest.json").write_text(content)
+    with pytest.raises(InputError, match=match):
+        load_manifest(tmp_path)
+
+
+def test_load_manifest_names_an_interrupted_ingest_and_a_file(tmp_path):
+    (tmp_path / ".tmp-ingest-abc").mkdir()
+    with pytest.raises(InputError, match="interrupted"):
+        load_manifest(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="is a file"):
+        load_manifest(tmp_path / "f")
