@@ -314,14 +314,43 @@ def _deepcopy_dict(d: dict) -> dict:
     return {k: _deepcopy_dict(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, (str, int, float, bool)) and key in seen:
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: key {key!r} given twice "
+                              f"(first at line {seen[key]})")
+        if isinstance(key, (str, int, float, bool)):
+            seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def read_yaml(path: str | Path | None) -> dict:
     if path is None:
         return {}
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; expected a YAML file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader) or {}
+    except ConfigError as e:
+        raise ConfigError(f"{path}:{str(e)[len('line '):]}") from None
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f"{path}:{line + 1}" if line is not None else str(path)

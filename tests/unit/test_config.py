@@ -234,3 +234,23 @@ def test_parse_override():
 def test_eval_config_default_types():
     cfg = load_config(None, ["eval.per_query=true"], cls=PipelineConfig)
     assert cfg.eval == EvalConfig(per_query=True)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("encode:\n  batch_size: 8\neval:\n  per_query: true\nencode:\n  num_actors: 2\n", ":5: key 'encode' given twice"),
+    ("encode:\n  batch_size: 8\n  batch_size: 9\n", ":3: key 'batch_size' given twice (first at line 2)"),
+])
+def test_a_key_given_twice_in_a_file_is_refused(tmp_path, text, where):
+    p = _yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert str(info.value).startswith(str(p) + where)
+
+
+def test_config_path_that_is_a_folder_or_not_text(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"encode:\n  batch_size: \xff\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(p)
