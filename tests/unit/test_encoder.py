@@ -43,6 +43,35 @@ def test_mean_pooling_ignores_padding():
     assert torch.equal(pool(hidden, mask, "cls"), torch.tensor([[1.0, 1.0]]))
 
 
+def test_every_pooling_mode_by_hand():
+    # two texts: right padding in the first, none in the second
+    hidden = torch.tensor([[[1.0, -2.0], [3.0, 4.0], [100.0, 100.0]],
+                           [[2.0, 0.0], [0.0, 2.0], [4.0, -4.0]]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    expect = {
+        "cls": [[1.0, -2.0], [2.0, 0.0]],
+        "mean": [[2.0, 1.0], [2.0, -2 / 3]],
+        "max": [[3.0, 4.0], [4.0, 2.0]],
+        "lasttoken": [[3.0, 4.0], [4.0, -4.0]],
+        "weightedmean": [[(1 + 6) / 3, (-2 + 8) / 3], [(2 + 0 + 12) / 6, (0 + 4 - 12) / 6]],
+        "mean_sqrt_len_tokens": [[4 / 2 ** 0.5, 2 / 2 ** 0.5], [6 / 3 ** 0.5, -2 / 3 ** 0.5]],
+    }
+    for mode, want in expect.items():
+        torch.testing.assert_close(pool(hidden, mask, mode), torch.tensor(want), msg=mode)
+    with pytest.raises(ConfigError, match="pooling 'median'"):
+        pool(hidden, mask, "median")
+
+
+def test_prompt_tokens_can_be_left_out_of_pooling():
+    from pipeline.models.encoder import Head
+
+    hidden = torch.tensor([[[9.0], [9.0], [1.0], [3.0], [0.0]]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    head = Head("mean", False, include_prompt=False)
+    assert head(hidden, mask, prompt_length=2).item() == 2.0  # mean of 1 and 3
+    assert Head("mean", False)(hidden, mask, prompt_length=2).item() == 5.5  # prompt included
+
+
 def test_separate_towers_save_and_load_round_trip(towers, tmp_path):
     cfg = ModelConfig(name_or_path=str(towers[0]), query_name_or_path=str(towers[1]), pooling="mean",
                       normalize=True, query_prefix="query: ", doc_prefix="passage: ")
