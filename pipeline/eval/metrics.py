@@ -177,7 +177,7 @@ def _calc(fn, measures: dict[str, object], *args):
         return fn(list(measures.values()), *args)
     except PipelineError:
         raise
-    except Exception as e:  # a provider's own failure (e.g. gdeval's perl script wants numeric query ids)
+    except Exception as e:  # a provider's own failure (its message, not a traceback)
         raise PipelineError(f"ir-measures could not compute {', '.join(measures)}: {type(e).__name__}: {e}") from None
 
 
