@@ -225,7 +225,7 @@ def ingest(
         manifest = {
             "variant": variant,
             "format": fmt,
-            "sources": [{"path": str(p.resolve()), "sha256": sha256_file(p), "bytes": p.stat().st_size} for p in inputs],
+            "sources": [_source(p) for p in inputs],
             "rows": total,
             "title_join": title_join,
             "parts": writer.parts,
@@ -244,6 +244,17 @@ def ingest(
         print(f"[ingest] done: {total:,} passages in {len(writer.parts)} parts{skip_note}, "
               f"variant {variant}, title join {title_join!r}, {time.time() - t0:.1f}s -> {out}", flush=True)
     return manifest
+
+
+def _source(p: Path) -> dict:
+    """Identity of one input: its bytes (a `save_to_disk` folder: every file in it, by relative path)."""
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        h = hashlib.sha256()
+        for f in files:
+            h.update(str(f.relative_to(p)).encode() + b"\0" + sha256_file(f).encode())
+        return {"path": str(p.resolve()), "sha256": h.hexdigest(), "bytes": sum(f.stat().st_size for f in files)}
+    return {"path": str(p.resolve()), "sha256": sha256_file(p), "bytes": p.stat().st_size}
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -565,3 +565,19 @@ def test_disk_errors_are_messages_and_keep_the_old_corpus(tmp_path, monkeypatch)
     m = ingest([src], "msmarco", out, part_rows=3, overwrite=True, progress=False)
     assert len(m["parts"]) == 2 and _corpus_rows(out) == [(str(i), "", f"p {i}") for i in range(5)]
     assert not list(out.glob(".tmp-ingest-*"))
+
+
+def test_hf_save_to_disk_folder_ingests_and_fields_are_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"docid": ["a", "b"], "text": ["one", "two"], "title": ["", "T"]}).save_to_disk(
+        str(tmp_path / "saved"))
+    with pytest.raises(InputError, match="missing column 'id'"):
+        ingest([tmp_path / "saved"], "hf", tmp_path / "out", progress=False)
+    m = ingest([tmp_path / "saved"], "hf", tmp_path / "out", hf_fields={"id_field": "docid"}, progress=False)
+    assert m["rows"] == 2 and m["sources"][0]["bytes"] > 0 and len(m["sources"][0]["sha256"]) == 64
+    assert _corpus_rows(tmp_path / "out") == [("a", "", "one"), ("b", "T", "two")]
+    with pytest.raises(PipelineError, match="msmarco-official"):   # labelled MS MARCO: pids must be integers
+        ingest([tmp_path / "saved"], "hf", tmp_path / "o2", variant="msmarco-official",
+               hf_fields={"id_field": "docid"}, progress=False)
