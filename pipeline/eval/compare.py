@@ -36,7 +36,7 @@ from ..config import EvalConfig
 from ..data.manifest import check_comparable
 from ..data.readers import load_qrels
 from ..errors import PipelineError
-from .metrics import aggregate_values, check_overlap, measures_for, per_query_values, read_run
+from .metrics import aggregate_per_query, check_overlap, measures_for, per_query_values, read_run
 from .report import render_table
 
 TESTS = {
@@ -142,8 +142,10 @@ def compare_runs(runs: dict[str, str | Path | dict], qrels: str | Path | dict, m
 
     qids = sorted(common)
     values: dict[str, dict[str, np.ndarray]] = {}
+    aggregates: dict[str, dict[str, float]] = {}
     for label, run in loaded.items():
         per = per_query_values(run, qrels_d, ms, common)
+        aggregates[label] = aggregate_per_query(per, ms)
         for m in ms:
             missing = [q for q in qids if m not in per[q]]
             if missing:
@@ -156,7 +158,7 @@ def compare_runs(runs: dict[str, str | Path | dict], qrels: str | Path | dict, m
     for label in labels:
         row: dict = {"run": str(runs[label]) if not isinstance(runs[label], dict) else None,
                      "corpus": metas[label],
-                     "metrics": aggregate_values(loaded[label], qrels_d, ms, common)}
+                     "metrics": aggregates[label]}
         if label != base:
             vs = {}
             for m in ms:

@@ -200,6 +200,18 @@ def per_query_values(run: dict[str, dict[str, float]], qrels: dict[str, dict[str
     return per
 
 
+def aggregate_per_query(per: dict[str, dict[str, float]], measures: dict[str, object]) -> dict[str, float]:
+    """Per-query values -> aggregates with each measure's own ir-measures aggregator (mean, or sum)."""
+    out = {}
+    for name, m in measures.items():
+        agg = m.aggregator()
+        for vals in per.values():
+            if name in vals:
+                agg.add(vals[name])
+        out[name] = float(agg.result())
+    return out
+
+
 def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], cfg: EvalConfig,
                  measures: str | Iterable[str] | None = None, run_name: str = "the run",
                  qrels_name: str = "the qrels") -> dict:
@@ -213,8 +225,9 @@ def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, in
     common = check_overlap(run, qrels, run_name, qrels_name)
     # Average over judged queries that are in the run (trec_eval without -c): ir-measures
     # would otherwise score every judged query missing from the run as 0.
+    per = per_query_values(run, qrels, ms, common) if cfg.per_query else None
     result = {
-        "metrics": aggregate_values(run, qrels, ms, common),
+        "metrics": aggregate_per_query(per, ms) if per is not None else aggregate_values(run, qrels, ms, common),
         "run_depth": max((len(d) for d in run.values()), default=0),
         "queries": {
             "judged": len(qrels),
@@ -223,8 +236,8 @@ def evaluate_run(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, in
             "judged_missing_from_run": len(set(qrels) - common),
         },
     }
-    if cfg.per_query:
-        result["per_query"] = per_query_values(run, qrels, ms, common)
+    if per is not None:
+        result["per_query"] = per
     return result
 
 

@@ -455,3 +455,12 @@ def test_measures_from_providers_that_need_numeric_query_ids():
 def test_sum_measures_aggregate_as_ir_measures_does():
     res = evaluate_run(RUN, QRELS, EvalConfig(), measures="NumRet NumQ")["metrics"]
     assert res == {"NumRet": 5 + 12 + 2, "NumQ": 3}
+
+
+@pytest.mark.parametrize("measures", ["AP nDCG@10 RR@10 R@1000 P@10 Judged@10 NumRet NumRel Bpref", None])
+def test_per_query_aggregation_equals_ir_measures_aggregate(measures):
+    run, qrels = _deep_run(seed=5, n_queries=12, depth=200)
+    a = evaluate_run(run, qrels, EvalConfig(), measures)["metrics"]
+    b = evaluate_run(run, qrels, EvalConfig(per_query=True), measures)
+    assert b["metrics"] == pytest.approx(a, abs=1e-12)
+    assert set(b["per_query"]) == set(qrels)
