@@ -37,6 +37,9 @@ def ray_session(tmp_path_factory):
     import ray
 
     if not ray.is_initialized():
+        from pipeline.ray_runtime import force_loopback
+
+        force_loopback()  # else Ray re-resolves 127.0.0.1 to the routable IP and listens everywhere
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  object_store_memory=256 * 1024 * 1024, _node_ip_address="127.0.0.1",
                  _temp_dir=str(Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))))
