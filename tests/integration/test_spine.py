@@ -83,7 +83,7 @@ def test_end_to_end(ray_session, tiny_model_dir, corpus, tmp_path):
 
     result = evaluate_files(tmp_path / "run.trec", corpus / "qrels" / "dev.trec", cfg.eval)
     assert result["queries"]["evaluated"] == 20
-    assert 0.0 <= result["metrics"]["MRR@10"] <= 1.0
+    assert 0.0 <= result["metrics"]["RR@10"] <= 1.0
     meta = json.loads((tmp_path / "run.trec.meta.json").read_text())
     assert meta["corpus_fingerprint"] == json.loads((corpus / "manifest.json").read_text())["fingerprint"]
 

@@ -95,3 +95,91 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     AutoModel.from_pretrained(summary["model"], local_files_only=True)  # plain transformers loads it
     model = BiEncoder.load(ModelConfig(name_or_path=summary["model"]))
     assert model.pooling == "cls" and model.embed(["a question"], "query").shape == (1, 32)
+
+
+def test_kill_right_after_a_checkpoint_resumes_from_it_and_trains_no_batch_twice(ray_session, tiny_model_dir, faq,
+                                                                                   tmp_path):
+    """Killed the moment step 4's checkpoint is complete (Ray's own snapshot may not list it yet):
+    the driver announces step-4 and the workers use step-4, so steps 1..6 each run exactly once."""
+    common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
+              "train.keep_checkpoints=5")
+    job = _job(tiny_model_dir, faq, tmp_path, "cut", *common, "train.fail_after_checkpoint=4")
+    with pytest.raises(Exception, match="simulated failure right after the checkpoint"):
+        train(job, progress=False)
+    assert [s for s, _ in list_checkpoints(tmp_path / "cut")][-1] == 4
+    resumed = train(job, progress=False)
+    assert resumed["resumed_from"].endswith("step-00000004") and resumed["final_metrics"]["train_steps_run"] == 2
+    steps = _steps(tmp_path / "cut")
+    assert sorted(steps) == list(range(1, 7)) and all(len(v) == 2 for v in steps.values())  # 2 ranks, once each
+
+    # a changed loss config is refused, not resumed at a data position that means something else
+    from pipeline.errors import PipelineError
+
+    other = _job(tiny_model_dir, faq, tmp_path, "cut", *common, "loss.temperature=0.5", "train.max_steps=8")
+    with pytest.raises(PipelineError, match="loss_config"):
+        train(other, progress=False)
+
+
+class _SwitchingProvider:
+    """Version 1 from the start; version 2 appears at the third poll (rank 0 polls)."""
+
+    def __init__(self, root, corpus):
+        from pipeline.data.negatives import VersionedNegatives
+
+        self.inner = VersionedNegatives(root, corpus)
+        self.polls = 0
+
+    def latest_version(self):
+        self.polls += 1
+        return 1 if self.polls < 3 else self.inner.latest_version()
+
+    def load(self, version):
+        return self.inner.load(version)
+
+
+def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_dir, faq, tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipeline.data.negatives import publish_version
+
+    qrels = [line.split() for line in (faq / "qrels" / "train.trec").read_text().splitlines()]
+    judged = {}
+    for q, _, d, _ in qrels:
+        judged.setdefault(q, set()).add(d)
+    from pipeline.data.manifest import load_manifest
+
+    pids = [p for part in load_manifest(faq)["parts"] for p in pq.read_table(faq / part["file"]).column("pid").to_pylist()]
+    # the negatives before any version: a run file (BM25 or dense in real use)
+    run = tmp_path / "initial.trec"
+    run.write_text("".join(f"{q} Q0 {p} {r + 1} {10 - r} init\n" for q, js in judged.items()
+                           for r, p in enumerate([p for p in pids if p not in js][:3])))
+    root = tmp_path / "negs"
+    for v in (1, 2):
+        negs = {q: [p for p in pids if p not in js][v * 3:v * 3 + 3] for q, js in judged.items()}
+        publish_version(root, v, negs, {"checkpoint_step": 2 * v, "dev_metric": 0.1 * v})
+    common = ("loss.name=dpr", "data.hard_negatives=1", f"data.negatives_run={run}", "train.max_steps=6", "train.checkpoint_every=2",
+              "train.log_batches=true", "train.negatives_poll_every=2", "train.num_workers=1",
+              "train.cpus_per_worker=1", "train.keep_checkpoints=5")
+    import sys
+
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    job = _job(tiny_model_dir, faq, tmp_path, "ance_like", *common, "train.fail_after_checkpoint=4")
+    with pytest.raises(Exception, match="simulated failure"):
+        train(job, negatives_provider=_SwitchingProvider(root, faq), progress=False)
+    # polls at steps 0 (v1), 2 (v1), 4 (v2): steps 1-4 used v1, the checkpoint of step 4 records v1
+    from pipeline.models.checkpoint import read_state
+
+    assert read_state(tmp_path / "ance_like" / "step-00000004")["negatives_version"] == 1
+    summary = train(job, negatives_provider=_SwitchingProvider(root, faq), progress=False)
+    log = [json.loads(x) for x in (tmp_path / "ance_like" / "batch_log" / "rank0.jsonl").read_text().splitlines()]
+    used = {r["step"]: r["negatives_version"] for r in log}
+    assert sorted(used) == list(range(1, 7))
+    assert [used[s] for s in range(1, 5)] == [1, 1, 1, 1]
+    # resumed with v1 (from the checkpoint); the resumed run's first poll at step 4 (its 1st) still says v1,
+    # its second (step 6 is past the end) never happens: so v1 throughout, recorded per step
+    assert used[5] == 1 and used[6] == 1
+    assert summary["final_metrics"]["negatives_version"] == 1
+    assert summary["final_metrics"]["negatives_staleness"] == 6 - 2
+    assert summary["final_metrics"]["refresher_dev_metric"] == pytest.approx(0.1)

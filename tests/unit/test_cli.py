@@ -16,10 +16,10 @@ def test_evaluate_prints_table_and_writes_json(tmp_path, capsys):
                "--qrels", str(DATA / "python_faq_all.qrels"), "--json", str(out), "eval.recall_ks=[5,20]"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "MRR@10" in text and "R@20" in text and "evaluated 176" in text
+    assert "RR@10" in text and "R@20" in text and "evaluated 176" in text
     metrics = json.loads(out.read_text())["metrics"]
-    assert set(metrics) == {"MRR@10", "nDCG@10", "MAP@100", "MRR@100", "R@5", "R@20"}
-    assert abs(metrics["MRR@10"] - 0.8644) < 5e-4  # the demo's zero-shot MiniLM number
+    assert set(metrics) == {"RR@10", "nDCG@10", "AP@100", "RR@100", "R@5", "R@20"}
+    assert abs(metrics["RR@10"] - 0.8644) < 5e-4  # the demo's zero-shot MiniLM number
 
 
 def test_bad_input_exits_2_with_file_and_line(tmp_path, capsys):
@@ -41,6 +41,6 @@ def test_ingest_then_qrels_check(tmp_path, capsys):
     (tmp_path / "c.tsv").write_text("d1\tone\nd2\ttwo\n")
     (tmp_path / "q.trec").write_text("q1 0 d1 1\nq1 0 d9 1\n")
     rc = main(["ingest", str(tmp_path / "c.tsv"), "--format", "msmarco", "--out", str(tmp_path / "out"),
-               "--qrels", f"dev={tmp_path / 'q.trec'}"])
+               "--variant", "custom", "--qrels", f"dev={tmp_path / 'q.trec'}"])
     err = capsys.readouterr().err
     assert rc == 2 and "q.trec:2:" in err and "'d9'" in err

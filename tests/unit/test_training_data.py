@@ -171,7 +171,7 @@ def corpus(tmp_path):
     queries = _write(tmp_path / "queries.tsv", "".join(f"{q}\t{t}\n" for q, t in QUERIES.items()))
     qrels = _write(tmp_path / "qrels.train.trec", QRELS)
     out = tmp_path / "corpus"
-    ingest([src], "msmarco", out, queries=queries, qrels={"train": qrels}, progress=False)
+    ingest([src], "msmarco", out, variant="custom", queries=queries, qrels={"train": qrels}, progress=False)
     run = _write(tmp_path / "bm25.trec", RUN)
     return {"dir": out, "queries": queries, "qrels": qrels, "run": run}
 
@@ -258,7 +258,7 @@ def test_build_examples_qrels_defaults_reuse_and_run_change(corpus, tmp_path):
                           negatives_depth=4)
     out = tmp_path / "ex"
     meta = build_examples(cfg, out, progress=False)   # queries.tsv and qrels/train.trec of the corpus
-    assert meta["examples"] == 3 and meta["variant"] == "msmarco-official"
+    assert meta["examples"] == 3 and meta["variant"] == "custom"
     rows = _rows(out)
     assert [(r["qid"], r["negatives"]) for r in rows] == [
         ("q1", [CORPUS["p5"], CORPUS["p6"]]), ("q1", [CORPUS["p5"], CORPUS["p6"]]), ("q2", [CORPUS["p8"], CORPUS["p1"]])]
