@@ -61,6 +61,11 @@ def cmd_index(args) -> None:
 
     extra = [f"index.factory={args.factory}"] if args.factory else []
     build_index(args.embeddings, args.out, _cfg(args, extra).index, overwrite=args.overwrite)
+    if args.pyserini:
+        from .search import export_pyserini
+
+        export_pyserini(args.out)
+        print(f"[index] pyserini layout (index, docid) written beside index.faiss in {args.out}")
 
 
 def cmd_retrieve(args) -> None:
@@ -217,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--factory", help="FAISS factory string (= index.factory), default Flat")
     p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")
+    p.add_argument("--pyserini", action="store_true",
+                   help="also write pyserini's FaissSearcher layout (index + docid) into --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_index)
 
