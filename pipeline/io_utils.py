@@ -150,10 +150,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     it. A file is never replaced by a directory or the other way round.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    recover_stale(path)
-    tmp = path.parent / _temp_name("tmp", path.name)
-    tmp.mkdir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover_stale(path)
+        tmp = path.parent / _temp_name("tmp", path.name)
+        tmp.mkdir()
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write here ({e.strerror or e}); nothing was written") from None
     target = tmp / path.name
     try:
         yield target

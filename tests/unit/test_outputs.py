@@ -412,3 +412,37 @@ def test_file_and_directory_never_swap(tmp_path):
     with pytest.raises(OutputError, match="is a file"):
         _write_dir(f, "new")
     assert f.read_text() == "x" and _temps(tmp_path) == []
+
+
+def test_unwritable_place_is_a_message(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputError, match="cannot write here"):
+        write_json_atomic(tmp_path / "f" / "sub" / "m.json", {"a": 1})
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def _can_mount_read_only(d: Path) -> bool:
+    import shutil as sh
+
+    if os.geteuid() != 0 or not sh.which("unshare"):
+        return False
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {d}"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("verb", ["index", "retrieve", "evaluate"])
+def test_read_only_filesystem_is_a_message(tmp_path, verb):
+    """Outputs on a read-only filesystem (a private read-only tmpfs mount): exit 2, one line."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if not _can_mount_read_only(ro):
+        pytest.skip("needs root and unshare to mount a read-only filesystem")
+    emb = make_embeddings(tmp_path / "emb")
+    args = {"index": ["index", "--embeddings", str(emb), "--out", str(ro / "idx")],
+            "retrieve": ["retrieve", "--index", str(tmp_path), "--queries", "q", "--out", str(ro / "run.trec")],
+            "evaluate": ["evaluate", "--run", str(DATA / "python_faq_minilm_top20.trec"),
+                         "--qrels", str(DATA / "python_faq_all.qrels"), "--json", str(ro / "m.json")]}[verb]
+    cmd = f"mount -t tmpfs -o ro tmpfs {ro} && exec {sys.executable} -m pipeline.cli " + " ".join(args)
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert "read-only filesystem" in r.stderr and "Traceback" not in r.stderr
