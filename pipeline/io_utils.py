@@ -279,12 +279,18 @@ def check_output(path: str | os.PathLike, kind: str, overwrite: bool = False) ->
     * anything else (a file where a folder goes, a folder where a file goes, a folder
       with other content, a file the tool did not write): refused, whatever `overwrite`.
 
-    Nothing is read beyond the markers, and nothing is written or deleted.
+    Nothing of the user's is written or deleted. What killed writers of `path` left is
+    recovered first (`recover_stale`: a lost output restored, temporaries removed, reported),
+    so the check sees what the path really holds.
     """
     spec = OUTPUT_KINDS[kind]
     path = Path(path)
     flag = "--overwrite"
     _writable_parent(path)
+    try:
+        recover_stale(path)
+    except OSError:
+        pass  # best effort; atomic_path retries it
     if not path.exists() and not path.is_symlink():
         if not spec.is_dir:
             for suffix in spec.companions:

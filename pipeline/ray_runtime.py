@@ -58,10 +58,12 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
         return
     cfg = cfg or RayConfig()
     address = cfg.address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address and address != "local":  # "local" = start one here, as with no address
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         return
     force_loopback()
+    # Ray 2.60 warns on every local start that token auth is on; the README documents it.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict = {}
     if cfg.object_store_memory_mb:
         kwargs["object_store_memory"] = cfg.object_store_memory_mb * 1024 * 1024
@@ -75,7 +77,7 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
         _node_ip_address=LOOPBACK,
         runtime_env=runtime_env,
         logging_level=logging.WARNING,
-        log_to_driver=True,
+        log_to_driver=cfg.log_to_driver,
         **kwargs,
     )
     _started_local = True

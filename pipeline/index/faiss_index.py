@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, ResourceError
-from ..io_utils import atomic_path, check_output
+from ..io_utils import atomic_path, check_output, recover_stale
 from .shards import META_NAME, iter_shards, load_meta
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
@@ -221,6 +221,8 @@ class LoadedIndex:
         faiss = _faiss()
         index_dir = Path(index_dir)
         meta_path = index_dir / META_FILE
+        if not index_dir.exists():
+            recover_stale(index_dir)  # a writer killed mid-replacement left the old index aside
         if not index_dir.is_dir():
             raise InputError(index_dir, None, "no index here: run `pipeline index` first")
         if not meta_path.exists():

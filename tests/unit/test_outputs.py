@@ -446,3 +446,22 @@ def test_read_only_filesystem_is_a_message(tmp_path, verb):
     r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2, r.stderr
     assert "read-only filesystem" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
+    """Fallback path killed between its renames: the index is aside as .old-*; the next
+    reader finds it (restored), and the next `pipeline index` without --overwrite is refused
+    because the restored output is this tool's index."""
+    from pipeline.config import IndexConfig
+    from pipeline.index.faiss_index import LoadedIndex, build_index
+
+    emb = make_embeddings(tmp_path / "emb")
+    idx = tmp_path / "idx"
+    build_index(emb, idx, IndexConfig(), progress=False)
+    aside = tmp_path / ".old-idx-999999999-0123abcd"  # a pid that cannot be alive
+    os.replace(idx, aside)
+    assert LoadedIndex(idx).index.ntotal == 30
+    assert "restored the previous output" in capsys.readouterr().err
+    os.replace(idx, aside)
+    assert main(["index", "--embeddings", str(emb), "--out", str(idx)]) == 2
+    assert "--overwrite" in capsys.readouterr().err and (idx / "index.json").exists() and not aside.exists()
