@@ -62,8 +62,10 @@ def plain(args, loss_name: str) -> dict:
     from pipeline.models import BiEncoder
     from pipeline.train.config import load_train_config
     from pipeline.train.optim import build_optimizer, warmup_linear
+    from pipeline.train.trainer import resolve_job
 
-    job = load_train_config(None, job_overrides(args, Path(args.corpus), Path(args.storage), loss_name, "plain"))
+    job = resolve_job(load_train_config(None, job_overrides(args, Path(args.corpus), Path(args.storage), loss_name,
+                                                            "plain")), progress=False)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     from pipeline.data.training import build_examples

@@ -69,6 +69,9 @@ class RayConfig:
     object_store_memory_mb: int | None = None
     # Where Ray keeps its session files; None = Ray's default (/tmp/ray).
     temp_dir: str | None = None
+    # Show the output of Ray's workers and actors in this terminal. Off: it stays in the
+    # session's log files (<temp_dir>/session_latest/logs); errors still reach the caller.
+    log_to_driver: bool = False
 
     def __post_init__(self):
         _check_min("ray", self, 0, "num_cpus", "num_gpus", optional=True)

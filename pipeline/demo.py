@@ -53,48 +53,84 @@ def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str,
 
 
 def _train(method: str, corpus: Path, out: Path) -> dict:
-    """Train (or, when its run is complete, reuse: train.resume=auto) one demo model."""
+    """Train (or, when its run is complete, reuse: train.resume=auto) one demo model.
+
+    Validation on the test split every 6 steps gives the curves of the report (it is not
+    used to select anything: the last step's model is evaluated)."""
+    from .index.validate import Validator
     from .train.config import load_train_config
     from .train.trainer import train
 
     cfg_path = REPO / "jobs" / "configs" / f"{method}.yaml"
     if not cfg_path.exists():
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
+    test_qrels = corpus / "qrels" / "test.trec"
     job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
-                                       "validation.corpus=null"])
-    return train(job)
+                                       f"validation.corpus={corpus}", f"validation.qrels={test_qrels}",
+                                       "train.eval_every=6", "train.report_every=6"])
+    v = job.validation
+    return train(job, validate_fn=Validator(str(corpus), v.queries, str(test_qrels), v.metric, v.top_k, v.batch_size,
+                                            job.eval))
 
 
-def _plot(histories: dict[str, list[dict]], path: Path) -> None:
+def _plot(histories: dict[str, list[dict]], path: Path, metric: str) -> None:
+    """Two panels: the NLL term per report (comparable across DPR and DAR: DAR's total loss adds its
+    mix term), and the validation metric over steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, axv) = plt.subplots(1, 2, figsize=(11, 4))
     for label, hist in histories.items():
-        pts = [(h["step"], h["loss"]) for h in hist if "loss" in h]
-        steps, loss = [p[0] for p in pts], [p[1] for p in pts]
-        line, = ax.plot(steps, loss, marker="o", ms=3, alpha=0.35, label=f"{label} loss (per report)")
-        k = max(1, len(loss) // 6)  # moving average: per-step losses of small batches are noisy
-        smooth = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
-        ax.plot(steps, smooth, color=line.get_color(), lw=2, label=f"{label} loss ({k}-report mean)")
+        pts = [(h["step"], h["nll"]) for h in hist if "nll" in h]
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=f"{label} NLL")
+        val = [(h["step"], h[f"val_{metric}"]) for h in hist if f"val_{metric}" in h]
+        axv.plot([p[0] for p in val], [p[1] for p in val], marker="s", color=line.get_color(), label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title("Fine-tuning MiniLM on the Python FAQ (train split)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_ylabel("NLL (in-batch, mean over the report window)")
+    ax.set_title("Training NLL, train split")
+    axv.set_xlabel("step")
+    axv.set_ylabel(metric)
+    axv.set_title(f"Validation {metric}, test split")
+    for a in (ax, axv):
+        a.grid(alpha=0.3)
+        a.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _training_md(summaries: dict[str, dict]) -> list[str]:
+    md = ["## Training", "",
+          "| method | steps | global batch (workers x batch) | examples | similarity / τ | lr (warmup) | seed | "
+          "final NLL | final loss | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m, s in summaries.items():
+        lc, opt = s.get("loss_config", {}), s.get("optim", {})
+        nll = [h["nll"] for h in s["history"] if "nll" in h]
+        md.append(f"| {m} | {s['steps']} | {s['global_batch']} ({s['world_size']} x {s['batch_per_worker']}) | "
+                  f"{s['examples']} | {lc.get('similarity')} / {lc.get('temperature')} | "
+                  f"{opt.get('lr')} ({opt.get('warmup_ratio')}) | {s.get('seed')} | "
+                  f"{nll[-1] if nll else float('nan'):.4f} | {s['final_metrics'].get('loss', float('nan')):.4f} | "
+                  f"{s['wall_seconds']} |")
+    extra = {m: {k: v for k, v in s.get("loss_config", {}).items() if k not in ("name", "similarity", "temperature")}
+             for m, s in summaries.items()}
+    md += ["", "Method settings: " + "; ".join(f"{m}: {v or 'none'}" for m, v in extra.items()), ""]
+    versions = next(iter(summaries.values())).get("versions", {})
+    md += ["Library versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    return md
+
+
 def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = True) -> dict:
     from .data.ingest import ingest
     from .data.manifest import MANIFEST_NAME
-    from .eval.report import comparison_table, format_table
+    from .eval.report import format_table
+
+    from .ray_runtime import init_ray
 
     t0 = time.time()
+    if train:  # one local Ray for every step; Ray Train needs its dashboard (bound to 127.0.0.1)
+        init_ray(replace(cfg.ray, dashboard=True))
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,24 +152,25 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
             mcfg = replace(cfg, model=replace(cfg.model, name_or_path=summaries[method]["model"]))
             results[method] = _spine(corpus, out / method, mcfg, {"test": splits["test"]})
 
+    from .eval.compare import compare_runs, format_comparison
+
     labels = {"zero-shot": "MiniLM zero-shot", "dpr": "MiniLM + DPR fine-tune", "dar": "MiniLM + DAR fine-tune"}
-    test_rows = {labels[k]: {"metrics": v["test"]["metrics"], "corpus": v["test"]["corpus"]} for k, v in results.items()}
+    dirs = {"zero-shot": out / "zero_shot", **{m: out / m for m in summaries}}
     n_test = zs["test"]["queries"]["evaluated"]
-    table = comparison_table(test_rows)
+    cmp = compare_runs({labels[k]: dirs[k] / "run.trec" for k in results}, splits["test"], test="both", cfg=cfg.eval)
+    table = format_comparison(cmp)
     md = ["# Demo: dense retrieval on the Python FAQ", "",
           f"Held-out test split ({n_test} queries) of the bundled Python FAQ corpus "
           f"({zs['test']['corpus']['variant']}, fingerprint {zs['test']['corpus']['fingerprint']}); "
-          f"index {cfg.index.factory} ({cfg.index.metric}).", "", comparison_table(test_rows, markdown=True), ""]
+          f"index {cfg.index.factory} ({cfg.index.metric}). Paired tests against the first row.", "",
+          format_comparison(cmp, markdown=True), ""]
     if summaries:
-        md += ["## Training", "", "| method | steps | global batch | examples | wall s | final loss |", "|---|---|---|---|---|---|"]
-        for m, s in summaries.items():
-            md.append(f"| {m} | {s['steps']} | {s['global_batch']} | {s['examples']} | {s['wall_seconds']} | "
-                      f"{s['final_metrics'].get('loss', float('nan')):.4f} |")
-        _plot({m.upper(): s["history"] for m, s in summaries.items()}, out / "training_curves.png")
-        md += ["", "![training curves](training_curves.png)", ""]
+        md += _training_md(summaries)
+        _plot({m.upper(): s["history"] for m, s in summaries.items()}, out / "training_curves.png", "RR@10")
+        md += ["![training NLL and validation curves](training_curves.png)", ""]
     md += ["Zero-shot on all queries:", "", format_table({"MiniLM zero-shot (all)": zs["all"]["metrics"]}, markdown=True), ""]
     write_text_atomic(out / "report.md", "\n".join(md))
-    write_json_atomic(out / "results.json", {"results": results, "training": {
+    write_json_atomic(out / "results.json", {"results": results, "comparison": cmp, "training": {
         m: {k: v for k, v in s.items() if k != "history"} for m, s in summaries.items()}})
     print(f"\nHeld-out test split ({n_test} queries):\n" + table + "\n")
     print(f"[demo] done in {time.time() - t0:.0f}s; report: {out / 'report.md'}", flush=True)

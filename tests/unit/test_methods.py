@@ -325,3 +325,17 @@ def test_m_per_class_batches():
     assert [[r["idx"] for r in b] for b in again] == [[r["idx"] for r in b] for b in batches]
     with pytest.raises(ValueError):
         list(m_per_class_batches(rows, "author", 3, 8, 1, random.Random(0)))
+
+
+def test_shipped_training_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "jobs" / "configs").glob("*.yaml"))
+    train_cfgs = [p for p in configs if p.name.split(".")[0] in ("dpr", "dar", "dpr_nq", "dar_nq")]
+    assert len(train_cfgs) == 4
+    for p in train_cfgs:
+        job = load_train_config(p)
+        assert job.loss.name in method_names()
+    nq = load_train_config(configs[0].parent / "dar_nq.yaml")
+    assert (nq.loss.similarity, nq.loss.temperature, nq.model.pooling, nq.train.epochs) == ("dot", 1.0, "cls", 25)
+    assert nq.train.batch_size * nq.train.num_workers == 32 and nq.data.hard_negatives == 1
