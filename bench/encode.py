@@ -1,15 +1,22 @@
-"""Encoding throughput: Ray Data encoder actors vs a plain single-process loop, and memory flatness.
+"""Encoding speed on real text, side by side in one run, and driver memory flatness.
 
-Prints, from one run on the same machine:
-  1. passages/s of a plain loop (same model, batch size, max length, torch threads)
-     and of `pipeline encode` (Ray Data, encoder actors), end to end and steady state,
-     with the ratio ours / plain;
-  2. peak memory (driver RSS and USS, the latter without the object-store pages it maps;
-     Ray processes' PSS, which counts shared pages once) for a corpus and larger ones,
-     with the ratio large / small.
+Throughput (default: the bundled Python FAQ answers, or a BEIR folder given with
+--beir; `--repeat k` encodes k copies for a longer run), same model, threads, batch
+size and max length everywhere, passages/s of:
+  1. sentence-transformers `encode`, fp32 and with bf16 autocast;
+  2. a plain in-process loop of our `BiEncoder.embed` (length-sorted batches), fp32 and bf16;
+  3. `pipeline encode` (Ray Data encoder actors writing their own shards), fp32 and
+     `encode.precision=auto` (bf16 on CPUs with AMX/AVX512-BF16), end to end (actor start and
+     model load included) and steady state (the actors' own encode time);
+and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
+cosine of bf16 to fp32 vectors, and nDCG@10 (queries and documents encoded in the same
+precision, exact search) of fp32 and bf16 when qrels are there.
 
-    python bench/encode.py                      # tiny random BERT (fast)
-    python bench/encode.py --model minilm --n 2000 --max-length 128
+Memory: driver peak RSS/USS and Ray processes' PSS for a synthetic corpus at several sizes.
+
+    python bench/encode.py                                  # FAQ x3, MiniLM, then memory
+    python bench/encode.py --beir ~/data/scifact --repeat 1 --skip-memory
+    python bench/encode.py --skip-throughput --rss-n 1000 --rss-mults 1,10,30
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+ROOT = Path(__file__).resolve().parents[1]
+FAQ = ROOT / "pipeline" / "resources" / "python_faq"
 WORDS = ("the of and to in is was for on as with by he at from his an were are which this be has or had "
          "python retrieval dense passage query index vector model train encoder ray data shard corpus").split()
 
@@ -43,33 +52,21 @@ def make_corpus(folder: Path, n: int, part_rows: int) -> Path:
     return out
 
 
-def plain_loop(corpus: Path, model_dir: str, batch: int, max_len: int, threads: int) -> tuple[float, int]:
-    import pyarrow.parquet as pq
-    import torch
-
-    from pipeline.config import ModelConfig
-    from pipeline.models import BiEncoder
-
-    torch.set_num_threads(threads)
-    model = BiEncoder.load(ModelConfig(name_or_path=model_dir, doc_max_length=max_len))
-    texts = [t for p in sorted((corpus / "corpus").glob("*.parquet")) for t in pq.read_table(p)["text"].to_pylist()]
-    t0 = time.perf_counter()
-    model.embed(texts, "doc", batch_size=batch)
-    return time.perf_counter() - t0, len(texts)
-
-
-def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int, actors: int, cpus: float,
-               threads: int) -> dict:
+def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int, actors: int | None,
+               cpus: float | None, threads: int, precision: str = "fp32") -> dict:
     from pipeline.config import load_config
     from pipeline.index.encode import encode_corpus
 
+    shape = ([f"encode.num_actors={actors}"] if actors else []) + ([f"encode.cpus_per_actor={cpus}"] if cpus else [])
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"model.doc_max_length={max_len}",
-                             f"encode.batch_size={batch}", f"encode.num_actors={actors}",
-                             f"encode.cpus_per_actor={cpus}", f"encode.torch_threads={threads}",
-                             "encode.show_progress=false"])
+                             f"encode.batch_size={batch}", f"encode.torch_threads={threads}",
+                             f"encode.precision={precision}", "encode.show_progress=false", *shape])
     t0 = time.perf_counter()
     summary = encode_corpus(corpus, out, cfg)
     summary["wall"] = time.perf_counter() - t0
+    markers = [json.loads(p.read_text()) for p in out.glob("shard-*.done")]
+    summary["actor_seconds"] = sum(m.get("seconds", 0.0) for m in markers)
+    summary["precisions"] = sorted({m.get("precision") for m in markers})
     return summary
 
 
@@ -121,16 +118,169 @@ def child_rss(args) -> None:
                                "rows": s["rows"], "wall": s["wall"]}))
 
 
+def beir_copy(src: Path, dst: Path, repeat: int) -> Path:
+    """A BEIR folder whose corpus is `repeat` copies of `src`'s (copies 2.. get new ids)."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    lines = (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    with open(dst / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for j in range(repeat):
+            for line in lines:
+                doc = json.loads(line)
+                if j:
+                    doc["_id"] = f"{doc['_id']}~{j}"
+                f.write(json.dumps(doc) + "\n")
+    shutil.copy(src / "queries.jsonl", dst / "queries.jsonl")
+    shutil.copytree(src / "qrels", dst / "qrels", dirs_exist_ok=True)
+    return dst
+
+
+def corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
+    import pyarrow.parquet as pq
+
+    from pipeline.data.manifest import join_title, load_manifest
+
+    manifest = load_manifest(corpus)
+    pids, texts = [], []
+    for part in manifest["parts"]:
+        t = pq.read_table(corpus / part["file"])
+        pids += [str(p) for p in t["pid"].to_pylist()]
+        texts += [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+    return pids, texts
+
+
+def timed(fn) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def load_vectors(emb: Path) -> tuple[list[str], "np.ndarray"]:
+    import numpy as np
+
+    from pipeline.index.shards import iter_shards
+
+    pids, vecs = [], []
+    for p, v in iter_shards(emb):
+        pids += p
+        vecs.append(np.asarray(v, dtype=np.float32))
+    return pids, np.concatenate(vecs)
+
+
+def ndcg10(corpus: Path, model, pids: list[str], docs, precision: str, tmp: Path, split: str) -> float | None:
+    """nDCG@10 of exact inner-product search, queries encoded in `precision`."""
+    import numpy as np
+
+    from pipeline.config import load_config
+    from pipeline.data.readers import load_queries
+    from pipeline.eval.metrics import evaluate_files
+    from pipeline.index.retrieve import write_run
+
+    qrels = corpus / "qrels" / f"{split}.trec"
+    if not qrels.exists() or not (corpus / "queries.tsv").exists():
+        return None
+    queries = load_queries(corpus / "queries.tsv")
+    judged = {line.split()[0] for line in qrels.read_text().splitlines() if line.strip()}
+    qids = [q for q in queries if q in judged]
+    qv = model.embed([queries[q] for q in qids], "query", batch_size=64, precision=precision)
+    scores = qv @ docs.T
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+    run = tmp / f"run-{precision}.trec"
+    write_run(run, qids, pids, np.take_along_axis(scores, top, 1), top, "bench")
+    return evaluate_files(run, qrels, load_config(None, []).eval)["metrics"].get("nDCG@10")
+
+
+def throughput(args, tmp: Path) -> None:
+    import numpy as np
+    import ray
+    import torch
+
+    from pipeline.config import ModelConfig
+    from pipeline.data.ingest import ingest
+    from pipeline.models import BiEncoder
+    from pipeline.models.encoder import resolve_model_path, resolve_precision
+
+    src = Path(args.beir) if args.beir else FAQ
+    folder = beir_copy(src, tmp / "beir", args.repeat) if args.repeat > 1 else src
+    corpus = tmp / "corpus"
+    ingest([folder], "beir", corpus, part_rows=args.part_rows, progress=False)
+    pids, texts = corpus_texts(corpus)
+    n, T, B, L = len(texts), args.threads, args.batch, args.max_length
+    auto = resolve_precision("auto", "cpu")
+    print(f"\n== encode throughput: {n} passages ({src.name} x{args.repeat}), model {args.model}, "
+          f"{T} threads, batch {B}, max_len {L}; precision auto = {auto} here ==", flush=True)
+    torch.set_num_threads(T)
+    rates: dict[str, float] = {}
+
+    def keep_best(label: str, rate: float) -> None:  # best of the rounds: the machine may be shared
+        rates[label] = max(rates.get(label, 0.0), rate)
+
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
+    st.max_seq_length = L
+    st.encode(texts[:8], batch_size=B)
+    model = BiEncoder.load(ModelConfig(name_or_path=args.model, doc_max_length=L))
+    model.embed(texts[:8], "doc", batch_size=B)
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    shape = None
+    for rnd in range(args.rounds):
+        keep_best("sentence-transformers fp32", n / timed(lambda: st.encode(texts, batch_size=B))[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            keep_best("sentence-transformers bf16 autocast", n / timed(lambda: st.encode(texts, batch_size=B))[0])
+        keep_best("plain loop (BiEncoder.embed) fp32",
+                  n / timed(lambda: model.embed(texts, "doc", batch_size=B, precision="fp32"))[0])
+        keep_best(f"plain loop (BiEncoder.embed) auto={auto}",
+                  n / timed(lambda: model.embed(texts, "doc", batch_size=B, precision="auto"))[0])
+        for prec in ("fp32", "auto"):
+            r = ray_encode(corpus, tmp / f"emb-{prec}-{rnd}", args.model, B, L, None, None, T, prec)
+            label = f"pipeline encode {prec}" + (f"={auto}" if prec == "auto" else "")
+            keep_best(label + " (end to end)", n / r["wall"])
+            keep_best(label + " (steady state)", n * r["actors"] / r["actor_seconds"])
+            shape = r if prec == "auto" else shape
+        print(f"[round {rnd + 1}/{args.rounds} done]", flush=True)
+    ray.shutdown()
+    del st
+
+    base = rates["sentence-transformers fp32"]
+    for label, rate in rates.items():
+        print(f"{label:52s} {rate:8.1f} psg/s   {rate / base:5.2f}x sentence-transformers fp32", flush=True)
+    print(f"(pipeline encode shape: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
+          f"{shape['torch_threads']} threads; precisions used {shape['precisions']})")
+    plain = rates[f"plain loop (BiEncoder.embed) auto={auto}"]
+    for kind in ("end to end", "steady state"):
+        print(f"Ray Data / plain loop ({kind}, auto): {rates[f'pipeline encode auto={auto} ({kind})'] / plain:.2f}x")
+
+    p32, v32 = load_vectors(tmp / "emb-fp32-0")
+    pa, va = load_vectors(tmp / "emb-auto-0")
+    assert p32 == pa == pids
+    cos = (v32 * va).sum(1) / np.linalg.norm(v32, axis=1) / np.linalg.norm(va, axis=1)
+    print(f"cosine {auto} vs fp32 vectors: min {cos.min():.6f}, mean {cos.mean():.6f}")
+    keep = [i for i, p in enumerate(pids) if "~" not in p]  # the original corpus, not the copies
+    split = args.split or next((s for s in ("test", "all") if (corpus / "qrels" / f"{s}.trec").exists()), "test")
+    scores = {prec: ndcg10(corpus, model, [pids[i] for i in keep], v[keep], prec, tmp, split)
+              for prec, v in (("fp32", v32), (auto, va))}
+    if scores["fp32"] is not None:
+        print(f"nDCG@10 ({split} qrels, exact search): fp32 {scores['fp32']:.4f}, {auto} {scores[auto]:.4f} "
+              f"(diff {scores[auto] - scores['fp32']:+.4f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="'tiny' (random BERT, hidden 256, 4 layers), 'minilm' or a dir")
-    ap.add_argument("--n", type=int, default=6000, help="passages for the throughput run")
+    ap.add_argument("--model", default="minilm", help="'minilm' (default), 'tiny' (random BERT) or a model dir")
+    ap.add_argument("--beir", help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/); default: the bundled FAQ")
+    ap.add_argument("--repeat", type=int, default=3, help="encode this many copies of the corpus (longer runs)")
+    ap.add_argument("--rounds", type=int, default=2, help="measure every row this many times, keep the best")
+    ap.add_argument("--split", help="qrels split for nDCG@10 (default: test, else all)")
+    ap.add_argument("--part-rows", type=int, default=100_000)
     ap.add_argument("--rss-n", type=int, default=2000, help="base corpus size for the memory runs")
     ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
     ap.add_argument("--skip-throughput", action="store_true", help="only the memory runs")
+    ap.add_argument("--skip-memory", action="store_true", help="only the throughput runs")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads, same for both sides")
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, same for every row")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -148,27 +298,8 @@ def main() -> None:
         args.model = str(build_tiny_bert(tmp / "tiny", hidden=256, layers=4, heads=4, intermediate=1024))
     if not args.skip_throughput:
         throughput(args, tmp)
-    memory(args, tmp)
-
-
-def throughput(args, tmp: Path) -> None:
-    import ray
-
-    corpus = make_corpus(tmp, args.n, part_rows=max(1, args.n // 8))
-    plain_s, n = plain_loop(corpus, args.model, args.batch, args.max_length, args.threads)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    # warm-up run (Ray worker start, model load) on a separate output, then the measured one
-    ray_encode(corpus, tmp / "warm", args.model, args.batch, args.max_length, 1, 1.0, args.threads)
-    r1 = ray_encode(corpus, tmp / "emb1", args.model, args.batch, args.max_length, 1, 1.0, args.threads)
-    r2 = ray_encode(corpus, tmp / "emb2", args.model, args.batch, args.max_length, 2, 0.5, 1)
-    ray.shutdown()
-    plain_rate = n / plain_s
-    print("\n== encode throughput ==")
-    print(f"corpus {n} passages, model {args.model}, batch {args.batch}, max_len {args.max_length}")
-    print(f"plain loop ({args.threads} torch threads):          {plain_rate:8.1f} psg/s")
-    for label, r in (("Ray Data, 1 actor x 1 CPU", r1), ("Ray Data, 2 actors x 0.5 CPU", r2)):
-        rate = n / r["wall"]
-        print(f"{label:34s} {rate:8.1f} psg/s   ratio vs plain {rate / plain_rate:.2f}x  (wall {r['wall']:.1f}s incl. actor start)")
+    if not args.skip_memory:
+        memory(args, tmp)
 
 
 def memory(args, tmp: Path) -> None:

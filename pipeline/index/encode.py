@@ -85,6 +85,12 @@ class ShardEncoder:
         self.model = BiEncoder.load(ModelConfig(**model_cfg)).to(self.device).eval()
         self.precision = resolve_precision(precision, self.device)
         self.title_join, self.batch_size, self.dtype, self.out_dir = title_join, batch_size, dtype, out_dir
+        try:
+            import ray
+
+            self.node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - outside Ray (tests, plain use): no node id
+            self.node = None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names, rows, secs = [], [], []
@@ -97,14 +103,15 @@ class ShardEncoder:
                      for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
             vectors = self.model.embed(texts, "doc", batch_size=self.batch_size, device=self.device,
                                        precision=self.precision)
+            secs.append(time.perf_counter() - t0)
             try:
                 write_shard(self.out_dir, spec, pids, vectors.astype(self.dtype, copy=False),
-                            precision=self.precision, device=str(self.device))
+                            precision=self.precision, device=str(self.device), node=self.node,
+                            seconds=round(secs[-1], 3))
             except ValueError as e:
                 raise PipelineError(str(e)) from None
             names.append(spec["name"])
             rows.append(len(pids))
-            secs.append(time.perf_counter() - t0)
         return {"name": np.array(names, dtype=object), "rows": np.array(rows, dtype=np.int64),
                 "seconds": np.array(secs, dtype=np.float64)}
 
