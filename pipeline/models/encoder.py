@@ -645,9 +645,13 @@ class BiEncoder(nn.Module):
         """Tokenised documents -> (B, D) vectors (with gradients when training)."""
         return self._forward(self.doc_encoder, batch, self.doc_head, self._prompt_lengths["doc"])
 
-    def forward(self, queries: dict[str, torch.Tensor], docs: dict[str, torch.Tensor]):
-        """Training forward (what DDP wraps): each tower runs once. -> (B, D), (N, D)."""
-        return self.encode_queries(queries), self.encode_docs(docs)
+    def forward(self, queries: dict[str, torch.Tensor] | None, docs: dict[str, torch.Tensor] | None):
+        """Training forward (what DDP wraps): each tower runs once. -> (B, D), (N, D).
+
+        Either side may be None (single-tower methods such as ARR encode all texts as
+        documents); its output is then None."""
+        return (self.encode_queries(queries) if queries is not None else None,
+                self.encode_docs(docs) if docs is not None else None)
 
     @torch.inference_mode()
     def embed(self, texts: list[str], side: str, batch_size: int = 64, device: str | torch.device = "cpu",

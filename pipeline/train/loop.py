@@ -167,6 +167,11 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                + "; ".join(f"{k} ({a!r} then, {b!r} now)" for k, (a, b) in sorted(mismatch.items())))
     else:
         model = BiEncoder.load(job.model)
+    heads = method.heads(job, model)
+    if heads:
+        model.heads = torch.nn.ModuleDict(heads)
+        if train_state is not None and train_state.get("heads") is not None:
+            model.heads.load_state_dict(train_state["heads"])
     model.to(device)
     ddp = ray.train.torch.prepare_model(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)
@@ -256,7 +261,8 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             model.save(Path(tmp) / "model")
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "scaler": scaler.state_dict() if scaler is not None else None, "rng": rngs,
-                        "negatives_log": negatives_log},
+                        "negatives_log": negatives_log,
+                        "heads": model.heads.state_dict() if hasattr(model, "heads") else None},
                        Path(tmp) / "training_state.pt")
             (Path(tmp) / "config.yaml").write_text(dump_config(job))
             (Path(tmp) / "history.json").write_text(json.dumps(history))

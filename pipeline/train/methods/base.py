@@ -11,6 +11,8 @@ ARR and ANCE:
     partition_key   the integer column that assigns an example to a worker (value % world)
     steps_per_epoch / batches   its batch sampler (deterministic given seed, epoch, rank)
     side_inputs     frozen models and tables it needs, loaded once per worker (eval mode, no grad)
+    heads           extra trainable modules (e.g. a classifier), trained with the encoder and
+                    kept in checkpoints (`training_state.pt`), but not part of the saved model
     forward         tokenise + run the towers for one batch of rows (inside autocast)
     assemble        cross-worker gathering and layout: model outputs -> the loss's batch dict
 
@@ -93,6 +95,11 @@ class Method:
 
     # ---- side inputs and the step ---------------------------------------------------
     def side_inputs(self, job, device: torch.device) -> dict:
+        return {}
+
+    def heads(self, job, model) -> dict[str, nn.Module]:
+        """Extra trainable modules, attached as `model.heads[name]` before DDP wraps the model
+        (reach them as `model.module.heads` inside `forward`); their state is checkpointed."""
         return {}
 
     def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
