@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..config import EvalConfig, IndexConfig, ModelConfig, RayConfig, from_dict, merge_overrides, read_yaml
@@ -96,6 +96,14 @@ class TrainJobConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    # Top-level sections a method declares (`Method.sections`, e.g. `rcl:`), typed by the
+    # method's own dataclasses; reach one with `job.section("rcl")`.
+    sections: dict = field(default_factory=dict)
+
+    def section(self, name: str):
+        if name not in self.sections:
+            raise ConfigError(f"method {self.loss.name!r} has no {name!r} section")
+        return self.sections[name]
 
 
     def validate(self) -> None:
@@ -125,11 +133,36 @@ def job_from_dict(data: dict) -> TrainJobConfig:
     loss = data.get("loss") or {}
     if not isinstance(loss, dict) and not isinstance(loss, LossConfig):
         raise ConfigError(f"loss: expected a mapping, got {loss!r}")
+    name = loss.get("name", LossConfig.name) if isinstance(loss, dict) else loss.name
+    method = get_method(str(name))
     if isinstance(loss, dict):
-        name = loss.get("name", LossConfig.name)
-        method = get_method(str(name))
         data["loss"] = from_dict(method.config_cls, {**loss, "name": str(name)}, prefix="loss.")
+    given = dict(data.pop("sections", None) or {})
+    sections = {}
+    for sec, cls in method.sections.items():
+        raw = data.pop(sec, None) if sec in data else given.pop(sec, None)
+        sections[sec] = raw if isinstance(raw, cls) else from_dict(cls, raw or {}, prefix=sec + ".")
+    if given:
+        raise ConfigError(f"unknown section(s) for method {name!r}: {', '.join(sorted(given))}")
+    data["sections"] = sections
     return from_dict(TrainJobConfig, data)
+
+
+def job_to_dict(job: TrainJobConfig) -> dict:
+    """The job as plain data, method sections at the top level (as they are written in YAML)."""
+    from ..config import to_dict
+
+    out = to_dict(replace(job, sections={}))
+    out.pop("sections", None)
+    for name, sec in job.sections.items():
+        out[name] = to_dict(sec)
+    return out
+
+
+def dump_job(job: TrainJobConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(job_to_dict(job), sort_keys=False)
 
 
 def load_train_config(path=None, overrides=None) -> TrainJobConfig:

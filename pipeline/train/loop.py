@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import dump_config
 from ..models import BiEncoder
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
-from .config import job_from_dict
+from .config import dump_job, job_from_dict
 from .methods import StepContext, check_frozen, get_method
 from .optim import build_optimizer, warmup_linear, warmup_steps
 
@@ -264,7 +263,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                         "negatives_log": negatives_log,
                         "heads": model.heads.state_dict() if hasattr(model, "heads") else None},
                        Path(tmp) / "training_state.pt")
-            (Path(tmp) / "config.yaml").write_text(dump_config(job))
+            (Path(tmp) / "config.yaml").write_text(dump_job(job))
             (Path(tmp) / "history.json").write_text(json.dumps(history))
             finalize_checkpoint(tmp, {"step": step, "epoch": step // spe, "step_in_epoch": step % spe,
                                       "steps_per_epoch": spe, "total_steps": total, "world_size": world,

@@ -18,12 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..config import save_config, to_dict
+from ..config import to_dict
 from ..errors import ConfigError, PipelineError
-from ..io_utils import atomic_path, sha256_files, write_json_atomic
+from ..io_utils import atomic_path, sha256_files, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
-from .config import TrainJobConfig
+from .config import TrainJobConfig, dump_job, job_to_dict
 from .loop import train_loop_per_worker
 from .methods import get_method
 
@@ -102,7 +102,8 @@ def examples_digest(examples_dir: Path, meta: dict) -> str:
 
 def run_identity(job: TrainJobConfig, meta: dict, digest: str, world: int, spe: int) -> dict:
     """What a checkpoint must share with this run to be resumed at its exact data position."""
-    loss = json.dumps(to_dict(job.loss), sort_keys=True)
+    loss = json.dumps({"loss": to_dict(job.loss), **{k: to_dict(v) for k, v in job.sections.items()}},
+                      sort_keys=True)
     return {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
             "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
             "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed}
@@ -152,7 +153,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     if resume is not None:
         _check_identity(resume, identity)
     complete = resume is not None and read_state(resume)["step"] >= total
-    save_config(job, run_dir / "config.yaml")
+    write_text_atomic(run_dir / "config.yaml", dump_job(job))
     t0 = time.time()
     if complete:
         if progress:
@@ -239,7 +240,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
               f" ({'held in memory' if materialize else 'streamed'}), {world} worker(s) x batch {B} "
               f"(global {world * B}), {spe} steps/epoch, {total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
-    loop_cfg = {"job": to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
+    loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
                 "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
     datasets, data_config = {}, None

@@ -339,3 +339,34 @@ def test_shipped_training_configs_load():
     nq = load_train_config(configs[0].parent / "dar_nq.yaml")
     assert (nq.loss.similarity, nq.loss.temperature, nq.model.pooling, nq.train.epochs) == ("dot", 1.0, "cls", 25)
     assert nq.train.batch_size * nq.train.num_workers == 32 and nq.data.hard_negatives == 1
+
+
+def test_method_sections_are_typed_and_round_trip(monkeypatch):
+    from dataclasses import dataclass
+
+    from pipeline.train import methods as registry
+    from pipeline.train.config import dump_job, job_from_dict, job_to_dict
+    from pipeline.train.methods.pairs import DPR
+
+    @dataclass(frozen=True)
+    class Extra:
+        lambdas: tuple[float, ...] = (0.01, 0.02)
+        patience: int = 3
+
+    class WithSection(DPR):
+        name = "with_section_test"
+        sections = {"extra": Extra}
+
+    monkeypatch.setitem(registry.METHODS, "with_section_test", WithSection())
+    job = load_train_config(None, ["loss.name=with_section_test", "extra.patience=5"])
+    assert job.section("extra") == Extra(patience=5)
+    with pytest.raises(ConfigError, match="extra.nope"):
+        load_train_config(None, ["loss.name=with_section_test", "extra.nope=1"])
+    with pytest.raises(ConfigError, match="extra"):
+        load_train_config(None, ["loss.name=dpr", "extra.patience=5"])  # not DPR's section
+    flat = job_to_dict(job)
+    assert flat["extra"] == {"lambdas": [0.01, 0.02], "patience": 5} and "sections" not in flat
+    assert job_from_dict(flat) == job
+    import yaml
+
+    assert job_from_dict(yaml.safe_load(dump_job(job))) == job

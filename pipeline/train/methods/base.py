@@ -5,6 +5,7 @@ validation and reporting. A method owns everything that differs between DPR, DAR
 ARR and ANCE:
 
     config_cls      its `loss:` block (a `LossConfig` subclass; unknown keys refused)
+    sections        extra top-level config sections it owns ({"rcl": RCLSettings}; `job.section("rcl")`)
     loss_fn         a pure function  (batch dict of tensors, cfg, training, generator) -> (loss, {term: tensor})
     terms           the loss terms it reports (besides `loss`)
     build_examples  how its examples are read and written (Parquet + examples.json with a digest)
@@ -76,6 +77,8 @@ class Method:
     loss_fn: Callable = None  # type: ignore[assignment]
     terms: tuple[str, ...] = ()
     partition_key: str = "idx"
+    # extra top-level config sections of this method: {"rcl": RCLSettings} -> job.section("rcl")
+    sections: dict = {}
     # whether the loop may swap in versioned negatives from a provider (ANCE-style)
     uses_negatives_provider: bool = False
 
