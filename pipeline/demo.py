@@ -157,7 +157,8 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
     labels = {"zero-shot": "MiniLM zero-shot", "dpr": "MiniLM + DPR fine-tune", "dar": "MiniLM + DAR fine-tune"}
     dirs = {"zero-shot": out / "zero_shot", **{m: out / m for m in summaries}}
     n_test = zs["test"]["queries"]["evaluated"]
-    cmp = compare_runs({labels[k]: dirs[k] / "run.trec" for k in results}, splits["test"], test="both", cfg=cfg.eval)
+    cmp = compare_runs({labels[k]: dirs[k] / "run.trec" for k in results}, splits["test"],
+                       measures="RR@10 nDCG@10 R@10 R@100", test="randomization", cfg=cfg.eval)
     table = format_comparison(cmp)
     md = ["# Demo: dense retrieval on the Python FAQ", "",
           f"Held-out test split ({n_test} queries) of the bundled Python FAQ corpus "
