@@ -124,11 +124,12 @@ def _check_identity(resume: Path, identity: dict) -> None:
 
 
 def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True,
-          negatives_provider=None) -> dict:
+          negatives_provider=None, callbacks: list | None = None) -> dict:
     """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json.
 
     `validate_fn(model) -> {"val_…": …}` and `negatives_provider` (see data/negatives.py) are
-    handed down from above, so `train/` never imports `index/`. A run whose newest checkpoint
+    handed down from above, so `train/` never imports `index/`. `callbacks` are Ray Train
+    callbacks for its RunConfig (e.g. Tune's `TuneReportCallback`). A run whose newest checkpoint
     already reached the last step is not started again: its summary and model are rebuilt.
     """
     tc = job.train
@@ -160,7 +161,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
             print(f"[train] {tc.name}: already complete at {resume.name}; nothing to train", flush=True)
     else:
         _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
-             progress)
+             progress, callbacks)
     final = latest_checkpoint(run_dir)
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
@@ -210,7 +211,8 @@ def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
 
 
 def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: Path, storage: Path, meta: dict,
-         spe: int, total: int, identity: dict, resume: Path | None, progress: bool) -> None:
+         spe: int, total: int, identity: dict, resume: Path | None, progress: bool,
+         callbacks: list | None = None) -> None:
     """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -259,7 +261,8 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
                                      resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
         run_config=RunConfig(name=tc.name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=tc.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints)),
+                             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
+                             callbacks=list(callbacks or [])),
         datasets=datasets or None,
         **({"dataset_config": data_config} if data_config is not None else {}),
     )
