@@ -166,7 +166,20 @@ def cmd_train(args) -> None:
     from .train.trainer import train
 
     job = load_train_config(args.config, list(args.overrides))
+    if job.loss.name in ("ance", "ance_dar"):
+        from .ance import run_ance
+
+        run_ance(job, validate_fn=make_validator(job))
+        return
     train(job, validate_fn=make_validator(job))
+
+
+def cmd_refresh(args) -> None:
+    from .ance import refresh_command
+    from .train.config import load_train_config
+
+    job = load_train_config(args.config, list(args.overrides))
+    refresh_command(args.run_dir, job, once=args.once, idle_exit_s=args.idle_exit)
 
 
 def make_validator(job):
@@ -273,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a bi-encoder with Ray Train (DPR, DAR)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("refresh", help="ANCE index refresher alone, against a training run's checkpoints")
+    p.add_argument("--run-dir", required=True, help="<train.storage_path>/<train.name> of the run to follow")
+    p.add_argument("--once", action="store_true", help="refresh from the newest checkpoint once and exit")
+    p.add_argument("--idle-exit", type=float, default=600.0, help="exit after this many seconds without a new checkpoint")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_refresh)
 
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")

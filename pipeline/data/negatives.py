@@ -76,6 +76,43 @@ def publish_version(root: str | Path, version: int, negatives: dict[str, list[st
     return final
 
 
+@dataclass(frozen=True)
+class RefresherConfig:
+    """What the index refresher does per version (METHODS.md §5 defaults). Shared by the
+    refresher (`index/refresher.py`) and the ANCE method's `ance:` section."""
+
+    versions_dir: str | None = None          # default <run_dir>/negatives
+    corpus: str | None = None                # default data.corpus
+    queries: str | None = None               # training queries; default <corpus>/queries.tsv
+    qrels: str | None = None                 # training qrels; default <corpus>/qrels/train.trec
+    dev_qrels: str | None = None             # for the per-version dev metric (None: no dev metric)
+    dev_metric: str = "RR@10"
+    top_k: int = 200                         # retrieved per training query
+    negatives: int = 20                      # sampled from the top-k after removing judged positives
+    rel_level: int = 1
+    factory: str = "Flat"                    # FAISS factory string (exact inner product by default)
+    nprobe: int = 0
+    batch_size: int = 64
+    precision: str = "auto"                  # the refresher's encoding precision (auto: bf16 where fast)
+    keep_versions: int = 2
+    seed: int = 0
+    poll_seconds: float = 2.0                # how often the refresher looks for a newer checkpoint
+    cpus: float = 1.0                        # the refresher actor's resources
+    gpus: float = 0.0
+    max_restarts: int = 3
+
+    def __post_init__(self):
+        from ..errors import ConfigError
+
+        for key in ("top_k", "negatives", "keep_versions", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"ance.{key} must be >= 1, got {getattr(self, key)}")
+        if self.negatives > self.top_k:
+            raise ConfigError(f"ance.negatives={self.negatives} is more than ance.top_k={self.top_k} retrieved")
+        if self.cpus < 0 or self.gpus < 0 or self.poll_seconds <= 0:
+            raise ConfigError("ance.cpus/gpus must be >= 0 and ance.poll_seconds > 0")
+
+
 @dataclass
 class NegativesVersion:
     """One loaded version: qid -> negative passage texts (title-joined as the corpus says)."""
@@ -86,6 +123,12 @@ class NegativesVersion:
 
     def get(self, qid: str) -> list[str] | None:
         return self.texts.get(qid)
+
+    def pool(self) -> list[str]:
+        """Every negative text of this version (for queries the version has none for)."""
+        if not hasattr(self, "_pool"):
+            self._pool = sorted({t for ts in self.texts.values() for t in ts})
+        return self._pool
 
 
 class VersionedNegatives:

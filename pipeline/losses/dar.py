@@ -107,15 +107,21 @@ def mix_loss(s: torch.Tensor, pos_idx: torch.Tensor, n_pos: int, lam: torch.Tens
 
 
 def dar_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: DARConfig,
-             training: bool = True, generator: torch.Generator | None = None, n_pos: int | None = None):
+             training: bool = True, generator: torch.Generator | None = None, n_pos: int | None = None,
+             nll_fn=None):
     """DAR loss. Returns (loss, {"nll", "mix"}) with each term averaged over the n+1 copies.
 
     `n_pos` (G) is the number of leading columns of `docs` that are in-batch positives
     (`dist.gather_docs` returns it); without it, the unsharded case G = B is assumed.
+    `nll_fn(scores) -> scalar` replaces the in-batch NLL (ANCE composes its pairwise NLL
+    with DAR this way); default `nll_from_scores(s, pos_idx)`.
     """
     G = n_pos if n_pos is not None else q.shape[0]
+    if nll_fn is None:
+        def nll_fn(s):
+            return nll_from_scores(s, pos_idx)
     if not training:
-        nll = nll_from_scores(scores(q, docs, cfg), pos_idx)
+        nll = nll_fn(scores(q, docs, cfg))
         return nll, {"nll": nll.detach(), "mix": torch.zeros((), device=q.device)}
     copies = [docs]
     for _ in range(cfg.n_perturb):
@@ -126,7 +132,7 @@ def dar_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: DA
     total = nll_sum = mix_sum = 0.0
     for d in copies:
         s = scores(q, d, cfg)
-        nll = nll_from_scores(s, pos_idx)
+        nll = nll_fn(s)
         if w > 0:
             lam = torch.rand((q.shape[0], K), generator=generator, device=q.device, dtype=s.dtype)
             mix = mix_loss(s, pos_idx, G, lam, cfg)

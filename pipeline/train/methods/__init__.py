@@ -41,4 +41,5 @@ def method_names() -> list[str]:
 
 
 def _load_builtin() -> None:
-    from . import pairs  # noqa: F401
+    from . import ance, pairs  # noqa: F401
+    from . import rcl  # noqa: F401

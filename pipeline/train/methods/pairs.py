@@ -64,7 +64,8 @@ class PairMethod(Method):
         """Gather documents across workers: docs = [G positives, rank-major | hard negatives]."""
         q, pos, hard = (_fp32(out[k]) for k in ("q", "pos", "hard"))
         docs, pos_idx, G = gather_docs(pos, hard if hard.numel() else None)
-        return {"q": q, "docs": docs, "pos_idx": pos_idx, "n_pos": G}
+        return {"q": q, "docs": docs, "pos_idx": pos_idx, "n_pos": G,
+                "hard_per_query": hard.shape[0] // max(pos.shape[0], 1)}
 
 
 @register

@@ -1,0 +1,119 @@
+"""ANCE composed one level above the trainer and the refresher (DESIGN.md's dependency rule:
+`train/` and `index/` never import each other).
+
+    pipeline train --config jobs/configs/ance.yaml
+
+starts the `IndexRefresher` actor (index/refresher.py) on its own resources, hands the trainer
+a `VersionedNegatives` provider over the refresher's versions folder, and trains; the two are
+connected only through the checkpoint format (trainer -> refresher) and the version format
+(refresher -> trainer). If the refresher dies for good, training goes on with the last version
+and one warning; when training ends the refresher is stopped and its per-version record is
+added to the run's summary.json.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable
+
+from .data.negatives import VersionedNegatives
+from .errors import ConfigError
+from .io_utils import write_json_atomic
+
+
+def _watch(handle, out: dict) -> None:
+    """Wait on the refresher's run(); record how it ended (one warning if it died for good)."""
+    import ray
+
+    try:
+        out["status"] = ray.get(handle)
+    except Exception as e:  # restarts exhausted: training continues on the last version
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        print(f"[ance] WARNING: the index refresher stopped for good ({out['error']}); training continues with "
+              "the last published negatives version", flush=True)
+
+
+def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) -> dict:
+    """Train with concurrently refreshed ANN negatives; returns the training summary (+ refresher record)."""
+    import ray
+
+    from .index.refresher import start_refresher
+    from .ray_runtime import check_resources, init_ray
+    from .train.trainer import train
+
+    s = job.section("ance")
+    tc = job.train
+    if tc.checkpoint_every == 0:
+        job = replace(job, train=replace(tc, checkpoint_every=s.refresh_every))
+        tc = job.train
+    corpus = s.corpus or job.data.corpus
+    if not corpus:
+        raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
+    run_dir = Path(tc.storage_path).expanduser().resolve() / tc.name
+    versions = Path(s.versions_dir) if s.versions_dir else run_dir / "negatives"
+    s = replace(s, versions_dir=str(versions), corpus=str(Path(corpus).resolve()),
+                queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
+    provider = VersionedNegatives(versions, corpus)
+    actor, watch = None, {}
+    if s.start_refresher:
+        init_ray(replace(job.ray, dashboard=True))
+        # the trainer checks its own workers; the refresher's share comes on top
+        check_resources("ANCE (trainer workers + index refresher)",
+                        tc.num_workers * tc.cpus_per_worker + s.cpus,
+                        (tc.num_workers * tc.gpus_per_worker if tc.use_gpu else 0.0) + s.gpus)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
+        actor = start_refresher(run_dir, s, s.corpus)
+        handle = actor.run.remote()
+        thread = threading.Thread(target=_watch, args=(handle, watch), daemon=True)
+        thread.start()
+        if progress:
+            print(f"[ance] index refresher started ({s.cpus:g} CPU, {s.gpus:g} GPU): newest checkpoint every "
+                  f"{tc.checkpoint_every} steps -> top {s.top_k}, {s.negatives} negatives/query -> {versions}",
+                  flush=True)
+    try:
+        summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=progress)
+    finally:
+        if actor is not None:
+            try:
+                ray.get(actor.stop.remote(), timeout=30)
+            except Exception:
+                pass
+            thread.join(timeout=600)
+            ray.kill(actor)
+    if actor is not None:
+        summary["refresher"] = {"settings": asdict(s), **watch}
+        write_json_atomic(run_dir / "summary.json", summary)
+        if progress:
+            st = watch.get("status") or {}
+            vs = st.get("versions", [])
+            print(f"[ance] refresher: {len(vs)} version(s) this run"
+                  + (f", {sum(v['seconds'] for v in vs) / len(vs):.1f}s each" if vs else "")
+                  + f", {st.get('skipped_checkpoints', 0)} stale checkpoint(s) skipped; trainer used "
+                  + ", ".join(f"v{v['version']} from step {v['at_step']}" for v in summary["negatives_versions"]),
+                  flush=True)
+    return summary
+
+
+def refresh_command(run_dir: str | Path, job, once: bool = False, idle_exit_s: float = 600.0) -> list[dict]:
+    """`pipeline refresh`: the refresher alone, against a run's checkpoint folder (another job, other GPUs)."""
+    from .index.refresher import run_refresher
+
+    s = job.section("ance")
+    corpus = s.corpus or job.data.corpus
+    if not corpus:
+        raise ConfigError("pipeline refresh needs the corpus: data.corpus or ance.corpus")
+    s = replace(s, queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
+    return run_refresher(run_dir, s, corpus, once=once, idle_exit_s=idle_exit_s)
+
+
+def versions_table(summary: dict) -> str:
+    """Markdown: the versions the trainer used, with staleness and the refresher's dev metric."""
+    rows = ["| version | used from step | checkpoint step | dev metric | load s |", "|---|---|---|---|---|"]
+    for v in summary.get("negatives_versions", []):
+        dev = v.get("dev_metric")
+        rows.append(f"| {v['version']} | {v['at_step']} | {v.get('checkpoint_step')} | "
+                    f"{'' if dev is None else f'{dev:.4f}'} | {v.get('load_seconds')} |")
+    return "\n".join(rows)

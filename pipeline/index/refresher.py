@@ -1,0 +1,286 @@
+"""ANCE's index refresher (METHODS.md §5): newest checkpoint -> re-encode -> FAISS -> hard negatives.
+
+`IndexRefresher` is a long-lived Ray actor with its own resources (a second GPU where there
+is one; a CPU share otherwise). It watches a training run's checkpoints and always takes the
+**newest** complete one (latest wins: a backlog is skipped, never worked through), pins it
+with hard links so checkpoint rotation cannot delete it mid-read, and for it:
+
+1. loads the checkpoint's model and re-encodes the corpus and the training queries on its
+   device, batched and length-sorted (`BiEncoder.embed`, the spine's encoder);
+2. builds a FAISS index (exact inner product by default, any factory string by config);
+3. retrieves the top `top_k` (200) per training query, drops every judged positive, and
+   samples `negatives` (20) with a per-version seed, kept in rank order;
+4. computes a dev metric for that checkpoint when dev qrels are given;
+5. publishes version v (data/negatives.py: data first, `COMPLETE` marker last) and keeps
+   only the newest `keep_versions`. Embeddings live only in the actor's memory: nothing of a
+   refresh but its negatives (a few MB) reaches the disk.
+
+A restarted actor (`max_restarts`) resumes after its last published version. `run_refresher`
+is the same loop without Ray (`pipeline refresh`, a separate job on other GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..config import EvalConfig, ModelConfig
+from ..data.manifest import join_title, load_manifest
+from ..data.negatives import RefresherConfig, list_versions, publish_version, version_dir
+from ..data.readers import load_qrels, load_queries
+from ..errors import PipelineError
+from ..models.checkpoint import list_checkpoints, read_state
+
+PIN_DIR = ".pins"
+
+
+def check_run_dir(run_dir: str | Path, corpus_dir: str | Path) -> dict:
+    """Refuse a folder that is not a training run, or a corpus other than the one it trains on."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not ((run_dir / "config.yaml").exists() or list_checkpoints(run_dir)):
+        raise PipelineError(f"{run_dir}: not a training run (no config.yaml and no complete step-* checkpoint); "
+                            "point the refresher at <train.storage_path>/<train.name>")
+    manifest = load_manifest(corpus_dir)
+    ex = run_dir / "examples" / "examples.json"
+    if ex.exists():
+        trained_on = json.loads(ex.read_text()).get("corpus_fingerprint")
+        if trained_on and trained_on != manifest["fingerprint"]:
+            raise PipelineError(f"{corpus_dir}: corpus fingerprint {manifest['fingerprint']} differs from the one the "
+                                f"run at {run_dir} trains on ({trained_on}); negatives from another corpus are refused")
+    return manifest
+
+
+def pin_checkpoint(ckpt: Path, pin_root: Path) -> Path | None:
+    """Hard-link a complete checkpoint's files into a private folder (rotation cannot delete
+    them under us); None when it vanished or changed while pinning."""
+    state = read_state(ckpt)
+    if state is None:
+        return None
+    pin = pin_root / f"{ckpt.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        for rel in list(state["files"]) + ["state.json"]:
+            dst = pin / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(ckpt / rel, dst)
+            except OSError as e:
+                if isinstance(e, FileNotFoundError):
+                    raise
+                shutil.copy2(ckpt / rel, dst)  # another filesystem: copy
+    except FileNotFoundError:
+        shutil.rmtree(pin, ignore_errors=True)
+        return None
+    if read_state(pin) is None:
+        shutil.rmtree(pin, ignore_errors=True)
+        return None
+    return pin
+
+
+def _rng_for(seed: int, version: int) -> random.Random:
+    return random.Random(seed * 1_000_003 + version)
+
+
+def sample_negatives(ranked: list[str], judged: set[str], n: int, rng: random.Random) -> list[str]:
+    """n of the ranked candidates that are not judged positives, sampled, kept in rank order."""
+    cands = [p for p in ranked if p not in judged]
+    if len(cands) <= n:
+        return cands
+    keep = sorted(rng.sample(range(len(cands)), n))
+    return [cands[i] for i in keep]
+
+
+class Refresh:
+    """One refresher's state: the corpus texts, training queries and judgements, loaded once."""
+
+    def __init__(self, run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path, device: str | None = None):
+        import torch
+
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.corpus_dir = Path(corpus_dir)
+        self.manifest = check_run_dir(run_dir, corpus_dir)
+        self.root = Path(cfg.versions_dir) if cfg.versions_dir else self.run_dir / "negatives"
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        qrels_path = cfg.qrels or self.corpus_dir / "qrels" / "train.trec"
+        queries_path = cfg.queries or self.corpus_dir / "queries.tsv"
+        qrels = load_qrels(qrels_path)
+        self.judged = {q: {d for d, r in docs.items() if r >= cfg.rel_level} for q, docs in qrels.items()}
+        queries = load_queries(queries_path)
+        missing = [q for q in self.judged if q not in queries]
+        if missing:
+            raise PipelineError(f"{qrels_path}: {len(missing)} judged queries are not in {queries_path}, e.g. {missing[:3]}")
+        self.qids = sorted(q for q in self.judged if self.judged[q])
+        self.qtexts = [queries[q] for q in self.qids]
+        self.dev = None
+        if cfg.dev_qrels:
+            dev = load_qrels(cfg.dev_qrels)
+            self.dev = (dev, {q: queries[q] for q in dev if q in queries})
+        self.pids: list[str] = []
+        self.texts: list[str] = []
+        import pyarrow.parquet as pq
+
+        for part in self.manifest["parts"]:
+            t = pq.read_table(self.corpus_dir / part["file"], columns=["pid", "title", "text"])
+            self.pids += t["pid"].to_pylist()
+            self.texts += [join_title(a, b, self.manifest["title_join"])
+                           for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+        if cfg.top_k > len(self.pids):
+            raise PipelineError(f"ance.top_k={cfg.top_k} is more than the corpus's {len(self.pids)} passages")
+        versions = list_versions(self.root)
+        self.version = versions[-1] if versions else 0
+        self.last_step = -1
+        if versions:
+            self.last_step = int(json.loads((version_dir(self.root, versions[-1]) / "meta.json").read_text())
+                                 .get("checkpoint_step", -1))
+        self.history: list[dict] = []
+        self.skipped = 0
+
+    def newest(self) -> tuple[int, Path] | None:
+        found = list_checkpoints(self.run_dir)
+        return found[-1] if found else None
+
+    def step_once(self) -> dict | None:
+        """Refresh from the newest complete checkpoint if it is newer than the last one used."""
+        newest = self.newest()
+        if newest is None or newest[0] <= self.last_step:
+            return None
+        step, ckpt = newest
+        self.skipped += sum(1 for s, _ in list_checkpoints(self.run_dir) if self.last_step < s < step)
+        pin_root = self.root / PIN_DIR
+        pin = pin_checkpoint(ckpt, pin_root)
+        if pin is None:
+            return None  # rotated away while pinning: the next poll takes the newer one
+        try:
+            meta = self.refresh(pin / "model", step, str(ckpt))
+        finally:
+            shutil.rmtree(pin, ignore_errors=True)
+        self.last_step = step
+        return meta
+
+    def refresh(self, model_dir: Path, step: int, source: str) -> dict:
+        import faiss
+
+        from ..eval.metrics import evaluate_run, measure_name
+        from ..models import BiEncoder
+
+        cfg = self.cfg
+        t0 = time.time()
+        model = BiEncoder.load(ModelConfig(name_or_path=str(model_dir))).to(self.device)
+        docs = model.embed(self.texts, "doc", batch_size=cfg.batch_size, device=self.device, precision=cfg.precision)
+        queries = model.embed(self.qtexts, "query", batch_size=cfg.batch_size, device=self.device,
+                              precision=cfg.precision)
+        t_enc = time.time() - t0
+        index = faiss.index_factory(docs.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
+        if not index.is_trained:
+            index.train(docs)
+        index.add(docs)
+        if cfg.nprobe and hasattr(index, "nprobe"):
+            index.nprobe = cfg.nprobe
+        _, ids = index.search(np.ascontiguousarray(queries), cfg.top_k)
+        version = self.version + 1
+        rng = _rng_for(cfg.seed, version)
+        negs = {}
+        for qi, qid in enumerate(self.qids):
+            ranked = [self.pids[j] for j in ids[qi] if j >= 0]
+            negs[qid] = sample_negatives(ranked, self.judged[qid], cfg.negatives, rng)
+        dev_value = None
+        if self.dev is not None:
+            dev_qrels, dev_q = self.dev
+            dq = sorted(dev_q)
+            dv = model.embed([dev_q[q] for q in dq], "query", batch_size=cfg.batch_size, device=self.device,
+                             precision=cfg.precision)
+            sc, di = index.search(np.ascontiguousarray(dv), min(100, len(self.pids)))
+            run = {q: {self.pids[j]: float(s) for s, j in zip(sc[i], di[i]) if j >= 0} for i, q in enumerate(dq)}
+            name = measure_name(cfg.dev_metric)
+            dev_value = evaluate_run(run, dev_qrels, EvalConfig(), measures=[name])["metrics"][name]
+        seconds = time.time() - t0
+        meta = {"checkpoint": source, "checkpoint_step": step, "dev_metric": dev_value,
+                "dev_metric_name": cfg.dev_metric if dev_value is not None else None,
+                "corpus_fingerprint": self.manifest["fingerprint"], "passages": len(self.pids),
+                "training_queries": len(self.qids), "seconds": round(seconds, 3), "encode_seconds": round(t_enc, 3),
+                "seconds_per_1000_passages": round(1000 * seconds / max(len(self.pids), 1), 3),
+                "skipped_checkpoints": self.skipped, "device": self.device, "settings": asdict(cfg)}
+        publish_version(self.root, version, negs, meta, keep=cfg.keep_versions)
+        self.version = version
+        rec = {"version": version, "checkpoint_step": step, "dev_metric": dev_value, "seconds": meta["seconds"]}
+        self.history.append(rec)
+        return rec
+
+
+class IndexRefresher:
+    """The Ray actor (threaded, so `stop`/`status` answer while `run` works)."""
+
+    def __init__(self, run_dir: str, cfg: dict, corpus_dir: str):
+        import torch
+
+        from ..runtime_env import setup_offline_env
+
+        setup_offline_env()
+        cfg = RefresherConfig(**cfg)
+        torch.set_num_threads(max(1, int(cfg.cpus)))
+        self.state = Refresh(run_dir, cfg, corpus_dir)
+        self._stop = threading.Event()
+        self.started = time.time()
+
+    def run(self, idle_exit_s: float | None = None) -> dict:
+        """Refresh until `stop()` (or `idle_exit_s` without a new checkpoint)."""
+        last = time.time()
+        while not self._stop.is_set():
+            if self.state.step_once() is not None:
+                last = time.time()
+            elif idle_exit_s is not None and time.time() - last > idle_exit_s:
+                break
+            self._stop.wait(self.state.cfg.poll_seconds)
+        return self.status()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def status(self) -> dict:
+        return {"versions": list(self.state.history), "latest_version": self.state.version,
+                "last_checkpoint_step": self.state.last_step, "skipped_checkpoints": self.state.skipped,
+                "pid": os.getpid()}
+
+
+def start_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path):
+    """Start the actor with its own resources; restarts resume after the last published version."""
+    import ray
+
+    actor_cls = ray.remote(IndexRefresher).options(
+        num_cpus=cfg.cpus, num_gpus=cfg.gpus, max_restarts=cfg.max_restarts, max_task_retries=-1,
+        max_concurrency=2, name=None)
+    return actor_cls.remote(str(run_dir), asdict(cfg), str(corpus_dir))
+
+
+def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path, once: bool = False,
+                  idle_exit_s: float = 600.0, progress: bool = True) -> list[dict]:
+    """The refresher loop without Ray (`pipeline refresh`): until idle for `idle_exit_s`, or one refresh."""
+    state = Refresh(run_dir, cfg, corpus_dir)
+    done, last = [], time.time()
+    while True:
+        rec = state.step_once()
+        if rec is not None:
+            done.append(rec)
+            last = time.time()
+            if progress:
+                dev = f", dev {rec['dev_metric']:.4f}" if rec["dev_metric"] is not None else ""
+                print(f"[refresh] version {rec['version']} from step {rec['checkpoint_step']} in {rec['seconds']:.1f}s"
+                      f"{dev} -> {state.root}", flush=True)
+            if once:
+                return done
+        elif once and state.newest() is None:
+            raise PipelineError(f"{run_dir}: no complete checkpoint to refresh from")
+        elif once:
+            return done  # the newest checkpoint already has its version
+        elif time.time() - last > idle_exit_s:
+            return done
+        time.sleep(cfg.poll_seconds)

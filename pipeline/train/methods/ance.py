@@ -1,0 +1,77 @@
+"""ANCE (and ANCE + DAR): pair training whose hard negatives are refreshed while training runs.
+
+The negatives come from a provider handed to the trainer (`data/negatives.VersionedNegatives`,
+fed by the concurrent `index/refresher.IndexRefresher`; `pipeline/ance.py` wires them).
+Before the first version, the examples file's own negatives are used when the run was given
+some (`data.negatives_run`, e.g. BM25), else training is in-batch only — on every rank at
+once, so the gathered layout stays the same across workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ...data.negatives import RefresherConfig
+from ...data.training import build_examples
+from ...losses.ance import ANCEConfig, ANCEDARConfig, ance_batch_loss, ance_dar_batch_loss
+from ..batching import pick_negatives
+from . import register
+from .base import StepContext
+from .pairs import PairMethod
+
+
+@dataclass(frozen=True)
+class ANCESettings(RefresherConfig):
+    """The `ance:` section: the refresher's settings plus how the trainer uses its versions."""
+
+    # checkpoints (and so refreshes) every this many steps; sets train.checkpoint_every when that is 0
+    refresh_every: int = 100
+    # run the refresher beside training (pipeline train); false = versions come from elsewhere
+    # (`pipeline refresh` as a separate job) and the trainer only polls `versions_dir`
+    start_refresher: bool = True
+
+
+class _ANCEBase(PairMethod):
+    sections = {"ance": ANCESettings}
+
+    def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:
+        data = job.data
+        if not data.negatives_run and data.source == "qrels":
+            data = replace(data, hard_negatives=0)  # in-batch only until the first version: keep every example
+        return build_examples(data, out_dir, progress=progress)
+
+    def negatives_for(self, row: dict, ctx: StepContext) -> list[str]:
+        h = ctx.job.data.hard_negatives
+        if h == 0:
+            return []
+        if ctx.negatives is None:
+            if not ctx.job.data.negatives_run and ctx.job.data.source == "qrels":
+                return []  # before the first version, every rank trains in-batch only
+            return pick_negatives(row, h, ctx.rng)
+        fresh = ctx.negatives.get(str(row["qid"]))
+        if fresh:
+            ctx.stats["negatives_from_version"] = ctx.stats.get("negatives_from_version", 0) + 1
+            return pick_negatives({"idx": row["idx"], "negatives": fresh}, h, ctx.rng)
+        ctx.stats["negatives_fallback"] = ctx.stats.get("negatives_fallback", 0) + 1
+        if len(row.get("negatives") or []):
+            return pick_negatives(row, h, ctx.rng)
+        pool = ctx.negatives.pool()  # a query the version has nothing for: negatives of other queries
+        return [pool[ctx.rng.randrange(len(pool))] for _ in range(h)]
+
+
+@register
+class ANCE(_ANCEBase):
+    name = "ance"
+    description = "ANCE: NLL over positive vs refreshed ANN hard negatives (METHODS.md §5)"
+    config_cls = ANCEConfig
+    loss_fn = staticmethod(ance_batch_loss)
+
+
+@register
+class ANCEDAR(_ANCEBase):
+    name = "ance_dar"
+    description = "ANCE negatives with DAR's perturbation and mixup on top"
+    config_cls = ANCEDARConfig
+    loss_fn = staticmethod(ance_dar_batch_loss)
+    terms = ("nll", "mix")

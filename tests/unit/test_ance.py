@@ -1,0 +1,164 @@
+"""ANCE: the pairwise loss by hand, composition with DAR, and the refresher's protocol
+(newest checkpoint wins, positives never negatives, per-version seeds, pinning, versions kept,
+resume after the last version, bad input) on the bundled FAQ with the tiny BERT, without Ray."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.losses.ance import ANCEConfig, ANCEDARConfig, ance_batch_loss, ance_dar_batch_loss, pairwise_nll
+from pipeline.losses.dpr import dpr_loss
+
+
+def test_pairwise_nll_by_hand():
+    # G = 2 queries, h = 1: docs = [d0+, d1+, d0-, d1-]
+    s = torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.5, 2.0, 4.0, 1.0]], dtype=torch.float64)
+    got = pairwise_nll(s, torch.tensor([0, 1]), 2, 1)
+    want = (-(3 - math.log(math.exp(3) + math.exp(2))) - (2 - math.log(math.exp(2) + math.exp(1)))) / 2
+    assert got.item() == pytest.approx(want, abs=1e-12)
+    # rank 1 of 2 (pos_idx = [1]): its own negative is column G + 1*h = 3
+    one = pairwise_nll(s[1:], torch.tensor([1]), 2, 1).item()
+    assert one == pytest.approx(-(2 - math.log(math.exp(2) + math.exp(1))), abs=1e-12)
+
+
+def test_ance_loss_options_and_dar_composition():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    docs = torch.randn(3 + 6, 4, generator=g, dtype=torch.float64)
+    batch = {"q": q, "docs": docs, "pos_idx": torch.arange(3), "n_pos": 3, "hard_per_query": 2}
+    pair, _ = ance_batch_loss(batch, ANCEConfig(similarity="dot"))
+    inb, _ = ance_batch_loss(batch, ANCEConfig(similarity="dot", in_batch_negatives=True))
+    assert torch.allclose(inb, dpr_loss(q, docs, torch.arange(3), ANCEConfig(similarity="dot"))[0])
+    assert not torch.allclose(pair, inb)
+    # before the first version (h = 0) the pairwise form falls back to the in-batch NLL
+    b0 = {**batch, "docs": docs[:3], "hard_per_query": 0}
+    assert torch.allclose(ance_batch_loss(b0, ANCEConfig(similarity="dot"))[0],
+                          dpr_loss(q, docs[:3], torch.arange(3), ANCEConfig(similarity="dot"))[0])
+    # ANCE + DAR with no copies and no mix is ANCE
+    plain = ANCEDARConfig(similarity="dot", n_perturb=0, mix_weight=0.0)
+    assert torch.allclose(ance_dar_batch_loss(batch, plain)[0], pair)
+    full, terms = ance_dar_batch_loss(batch, ANCEDARConfig(similarity="dot"), generator=torch.Generator().manual_seed(1))
+    assert set(terms) == {"nll", "mix"} and torch.isfinite(full)
+
+
+def test_ance_config_section_and_bad_values():
+    from pipeline.train.config import load_train_config
+
+    job = load_train_config(None, ["loss.name=ance", "ance.negatives=5", "ance.top_k=50"])
+    assert job.section("ance").negatives == 5
+    with pytest.raises(ConfigError, match="more than ance.top_k"):
+        load_train_config(None, ["loss.name=ance", "ance.negatives=30", "ance.top_k=20"])
+
+
+# --------------------------------------------------------------------------- the refresher, without Ray
+
+
+@pytest.fixture(scope="module")
+def faq(tmp_path_factory):
+    from pipeline.data.ingest import ingest
+    from pipeline.demo import demo_data_dir
+
+    out = tmp_path_factory.mktemp("faq_ance") / "corpus"
+    ingest([demo_data_dir()], "beir", out, progress=False)
+    return out
+
+
+def _checkpoint(run_dir, step, model):
+    from pipeline.models.checkpoint import finalize_checkpoint
+
+    d = run_dir / f"step-{step:08d}"
+    model.save(d / "model")
+    finalize_checkpoint(d, {"step": step})
+    return d
+
+
+@pytest.fixture()
+def run(tmp_path, tiny_model_dir):
+    from pipeline.config import ModelConfig
+    from pipeline.models import BiEncoder
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("{}\n")
+    model = BiEncoder.load(ModelConfig(name_or_path=str(tiny_model_dir), pooling="mean", normalize=True))
+    return run_dir, model
+
+
+def _cfg(**kw):
+    from pipeline.data.negatives import RefresherConfig
+
+    return RefresherConfig(**{"top_k": 30, "negatives": 5, "precision": "fp32", "keep_versions": 2, **kw})
+
+
+def test_refresher_takes_the_newest_checkpoint_and_never_a_positive(run, faq):
+    from pipeline.data.negatives import VersionedNegatives, list_versions, version_dir
+    from pipeline.data.readers import load_qrels
+    from pipeline.index.refresher import Refresh
+
+    run_dir, model = run
+    for step in (2, 4, 6):  # three arrive at once: only the newest is refreshed
+        _checkpoint(run_dir, step, model)
+    r = Refresh(run_dir, _cfg(dev_qrels=str(faq / "qrels" / "test.trec")), faq)
+    rec = r.step_once()
+    assert rec["version"] == 1 and rec["checkpoint_step"] == 6 and r.skipped == 2
+    assert 0.0 <= rec["dev_metric"] <= 1.0
+    assert r.step_once() is None  # nothing newer
+    meta = json.loads((version_dir(run_dir / "negatives", 1) / "meta.json").read_text())
+    assert meta["checkpoint_step"] == 6 and meta["skipped_checkpoints"] == 2
+    judged = load_qrels(faq / "qrels" / "train.trec")
+    v1 = VersionedNegatives(run_dir / "negatives", faq)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(version_dir(run_dir / "negatives", 1) / "negatives.parquet").to_pylist()
+    assert len(table) == len(judged)
+    for row in table:
+        assert len(row["negatives"]) == 5 and not set(row["negatives"]) & set(judged[row["qid"]])
+    assert v1.load(1).get(table[0]["qid"])
+    # the next checkpoints: new versions with a different seed; only the newest 2 kept
+    _checkpoint(run_dir, 8, model)
+    assert r.step_once()["version"] == 2
+    _checkpoint(run_dir, 10, model)
+    assert r.step_once()["version"] == 3
+    assert list_versions(run_dir / "negatives") == [2, 3]
+    t2 = pq.read_table(version_dir(run_dir / "negatives", 2) / "negatives.parquet").to_pylist()
+    t3 = pq.read_table(version_dir(run_dir / "negatives", 3) / "negatives.parquet").to_pylist()
+    assert [r["negatives"] for r in t2] != [r["negatives"] for r in t3]  # same model, per-version seed
+    # a restarted refresher resumes after its last version
+    again = Refresh(run_dir, _cfg(), faq)
+    assert (again.version, again.last_step) == (3, 10) and again.step_once() is None
+    assert not list((run_dir / "negatives" / ".pins").iterdir())  # pins released
+
+
+def test_pinned_checkpoint_survives_rotation(run):
+    from pipeline.index.refresher import pin_checkpoint
+    from pipeline.models.checkpoint import read_state
+
+    run_dir, model = run
+    ckpt = _checkpoint(run_dir, 2, model)
+    pin = pin_checkpoint(ckpt, run_dir / "pins")
+    shutil.rmtree(ckpt)  # checkpoint rotation deletes it mid-read
+    assert read_state(pin) is not None and (pin / "model" / "config.json").exists()
+    assert pin_checkpoint(ckpt, run_dir / "pins") is None  # a vanished checkpoint is skipped
+
+
+def test_refresher_bad_input(tmp_path, run, faq):
+    from pipeline.data.ingest import ingest
+    from pipeline.index.refresher import Refresh
+
+    run_dir, _ = run
+    not_a_run = tmp_path / "notes"
+    not_a_run.mkdir()
+    with pytest.raises(PipelineError, match="not a training run"):
+        Refresh(not_a_run, _cfg(), faq)
+    with pytest.raises(PipelineError, match="more than the corpus"):
+        Refresh(run_dir, _cfg(top_k=1000, negatives=5), faq)
+    (run_dir / "examples").mkdir()
+    (run_dir / "examples" / "examples.json").write_text(json.dumps({"corpus_fingerprint": "deadbeef"}))
+    with pytest.raises(PipelineError, match="fingerprint"):
+        Refresh(run_dir, _cfg(), faq)
