@@ -171,7 +171,18 @@ def cmd_train(args) -> None:
 
         run_ance(job, validate_fn=make_validator(job))
         return
+    if job.loss.name == "rcl":  # RCL's stages (initial, entropy models, regulators, final): pipeline/rcl.py
+        from .rcl import run_rcl
+
+        run_rcl(job)
+        return
     train(job, validate_fn=make_validator(job))
+
+
+def cmd_subset(args) -> None:
+    from .data.subset import make_subset
+
+    make_subset(args.corpus, args.queries, args.qrels, args.out, args.passages, args.train_queries, seed=args.seed)
 
 
 def cmd_refresh(args) -> None:
@@ -286,6 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a bi-encoder with Ray Train (DPR, DAR)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("subset", help="seeded corpus subset keeping the positives of sampled queries (ANCE's 500k)")
+    p.add_argument("--corpus", required=True, help="an ingested corpus folder")
+    p.add_argument("--queries", required=True)
+    p.add_argument("--qrels", required=True)
+    p.add_argument("--passages", type=int, required=True)
+    p.add_argument("--train-queries", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_subset)
 
     p = sub.add_parser("refresh", help="ANCE index refresher alone, against a training run's checkpoints")
     p.add_argument("--run-dir", required=True, help="<train.storage_path>/<train.name> of the run to follow")

@@ -162,3 +162,27 @@ def test_refresher_bad_input(tmp_path, run, faq):
     (run_dir / "examples" / "examples.json").write_text(json.dumps({"corpus_fingerprint": "deadbeef"}))
     with pytest.raises(PipelineError, match="fingerprint"):
         Refresh(run_dir, _cfg(), faq)
+
+
+def test_subset_keeps_every_positive_of_the_sampled_queries(faq, tmp_path):
+    from pipeline.data.manifest import load_manifest
+    from pipeline.data.readers import load_qrels
+    from pipeline.data.subset import make_subset
+
+    rec = make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub", passages=120,
+                      train_queries=40, seed=1, progress=False)
+    assert rec["passages"] == 120 and rec["train_queries"] == 40 and rec["seed"] == 1
+    sub_qrels = load_qrels(tmp_path / "sub" / "qrels" / "train.trec")
+    assert sorted(sub_qrels) == rec["queries"]
+    import pyarrow.parquet as pq
+
+    m = load_manifest(tmp_path / "sub")
+    pids = {p for part in m["parts"] for p in pq.read_table(tmp_path / "sub" / part["file"])["pid"].to_pylist()}
+    assert len(pids) == 120 and set(rec["positives"]) <= pids
+    assert all(d in pids for docs in sub_qrels.values() for d in docs)
+    again = make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub2", passages=120,
+                        train_queries=40, seed=1, progress=False)
+    assert again["fingerprint"] == rec["fingerprint"]  # seeded: the same subset
+    with pytest.raises(PipelineError, match="more than --passages"):
+        make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub3", passages=10,
+                    train_queries=40, progress=False)
