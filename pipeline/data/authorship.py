@@ -280,3 +280,93 @@ def read_manifest(split_dir: str | Path) -> dict:
 def bundled_fortunes() -> Path:
     """The bundled corpus: 7,571 quotes from Debian's fortunes (scripts/build_fortunes.py)."""
     return Path(__file__).resolve().parent.parent / "resources" / "fortunes" / "quotes.parquet"
+
+
+# ---------------------------------------------------------------------------- vectorisers (H, baselines)
+VECTORIZER_KINDS = ("tfidf", "bow")
+
+
+class FittedVectorizer:
+    """A scikit-learn vectoriser fitted on a split's *training* records only.
+
+    `transform` is the only way in: there is no method to refit it, and `fit_vectorizer`
+    refuses any split but `train`. Persisted as `<split>/vectorizers/<kind>.pkl` with
+    `<kind>.json` (sha256 of the pickle, sha256 of the train file it was fitted on); loading
+    checks both, and a changed train file means a new fit, never a fit on other data."""
+
+    def __init__(self, kind: str, vectorizer, sha256: str, train_sha256: str):
+        self.kind, self._v, self.sha256, self.train_sha256 = kind, vectorizer, sha256, train_sha256
+
+    def transform(self, texts: list[str]):
+        """L2-normalised sparse rows (cosine = dot product)."""
+        from sklearn.preprocessing import normalize
+
+        return normalize(self._v.transform(texts), norm="l2", copy=False)
+
+    def similarity(self, texts: list[str]):
+        """(N, N) cosine similarities of `texts` as a dense float32 numpy array."""
+        import numpy as np
+
+        x = self.transform(texts)
+        return np.asarray((x @ x.T).todense(), dtype=np.float32)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self._v.vocabulary_)
+
+
+def _new_vectorizer(kind: str):
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+
+    if kind == "tfidf":
+        return TfidfVectorizer()
+    if kind == "bow":
+        return CountVectorizer()
+    raise ConfigError(f"unknown vectorizer {kind!r}; kinds: {', '.join(VECTORIZER_KINDS)}")
+
+
+def fit_vectorizer_on(records: list[dict], split: str, kind: str = "tfidf"):
+    """Fit a default-settings scikit-learn vectoriser on `records` of split `split` (must be train)."""
+    if split != "train":
+        raise PipelineError(f"refusing to fit the {kind} model on the {split!r} split: it is fitted on the training "
+                            "split only (METHODS.md §4)")
+    v = _new_vectorizer(kind)
+    v.fit([r["text"] for r in records])
+    return v
+
+
+def vectorizer(split_dir: str | Path, kind: str = "tfidf") -> FittedVectorizer:
+    """The split's `kind` vectoriser fitted on train.parquet: loaded when persisted and intact
+    for the current train file, else fitted (on train only) and persisted."""
+    import hashlib
+    import pickle
+
+    from ..io_utils import sha256_file, write_json_atomic, write_text_atomic  # noqa: F401
+
+    d = Path(split_dir)
+    read_manifest(d)
+    train_path = d / "train.parquet"
+    train_sha = sha256_file(train_path)
+    folder = d / "vectorizers"
+    pkl, meta_path = folder / f"{kind}.pkl", folder / f"{kind}.json"
+    if pkl.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        blob = pkl.read_bytes()
+        if meta.get("train_sha256") == train_sha:
+            if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+                raise PipelineError(f"{pkl}: its sha256 does not match {meta_path}; delete both to refit on train")
+            return FittedVectorizer(kind, pickle.loads(blob), meta["sha256"], train_sha)
+    v = fit_vectorizer_on(load_split(d, "train"), "train", kind)
+    blob = pickle.dumps(v, protocol=4)
+    sha = hashlib.sha256(blob).hexdigest()
+    folder.mkdir(exist_ok=True)
+    from ..io_utils import atomic_path
+
+    with atomic_path(pkl) as tmp:
+        tmp.write_bytes(blob)
+    import sklearn
+
+    write_json_atomic(meta_path, {"kind": kind, "sha256": sha, "train_sha256": train_sha, "fitted_on": "train",
+                                  "texts": len(load_split(d, "train")), "vocabulary": len(v.vocabulary_),
+                                  "sklearn": sklearn.__version__})
+    return FittedVectorizer(kind, v, sha, train_sha)

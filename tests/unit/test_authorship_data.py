@@ -133,3 +133,32 @@ def test_bundled_fortunes():
     assert 150 < sum(1 for c in per_author.values() if c >= 5) < 260
     splits, _ = split_records(recs, SplitConfig(author_fraction=0.1, topic_fraction=0.4))
     assert all(splits[k] for k in SPLITS)
+
+
+def test_vectorizer_fitted_on_train_only_and_persisted(tmp_path):
+    from pipeline.data.authorship import fit_vectorizer_on, vectorizer
+
+    src = tmp_path / "recs.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in _synthetic()) + "\n")
+    d = tmp_path / "split"
+    write_split(src, d, SplitConfig(author_fraction=0.3, topic_fraction=0.3), progress=False)
+    v = vectorizer(d, "tfidf")
+    analyze = v._v.build_analyzer()
+    train_words = {w for r in load_split(d, "train") for w in analyze(r["text"])}
+    vocab = set(v._v.vocabulary_)
+    assert vocab == train_words
+    # a token only in the cross-topic test is not in the vocabulary (fitted on train only)
+    test_only = {w for r in load_split(d, "cross_topic_test") for w in analyze(r["text"])} - train_words
+    assert test_only and not (test_only & vocab)
+    meta = json.loads((d / "vectorizers" / "tfidf.json").read_text())
+    assert meta["fitted_on"] == "train" and meta["sha256"] == v.sha256
+    assert vectorizer(d, "tfidf").sha256 == v.sha256  # loaded, not refitted
+    for split in ("val", "cross_topic_test", "same_topic_test"):
+        with pytest.raises(PipelineError, match="training split only"):
+            fit_vectorizer_on(load_split(d, split), split)
+    # a tampered pickle is refused
+    (d / "vectorizers" / "tfidf.pkl").write_bytes(b"x" + (d / "vectorizers" / "tfidf.pkl").read_bytes())
+    with pytest.raises(PipelineError, match="sha256"):
+        vectorizer(d, "tfidf")
+    sim = vectorizer(d, "bow").similarity(["text about", "about text", "zzz"])
+    assert abs(sim[0, 1] - 1) < 1e-6 and sim.shape == (3, 3)
