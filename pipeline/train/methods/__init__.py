@@ -43,3 +43,4 @@ def method_names() -> list[str]:
 def _load_builtin() -> None:
     from . import ance, pairs  # noqa: F401
     from . import rcl  # noqa: F401
+    from . import arr  # noqa: F401
