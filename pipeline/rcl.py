@@ -1,0 +1,458 @@
+"""RCL's stages from one command: `pipeline train --config jobs/configs/rcl.yaml` (METHODS.md §3).
+
+    <train.storage_path>/<train.name>/
+        examples/                 the training pairs (stage 2 encodes their texts)
+        initial/                  stage 0 (entropy_init: initial): eq. 1 run, best/ = best dev MAP
+        entropy-<λ>/              stage 1: one eq. 2 run per λ, best/ = lowest dev loss (early stop)
+        regulators/<digest>/      stage 2: one table per frozen entropy model (keys.txt, vectors.npy, meta.json)
+        final/                    stage 3: eq. 3 from the base with the 2K regulators
+        stages/<stage>.json       a complete stage's record (reused on re-run)
+        rcl.json                  the summary: stages, models, anisotropy
+
+The entropy models run as separate Ray Train runs at the same time (one driver thread each,
+sharing the cluster's CPUs), each early-stopped when its dev loss has not improved for
+`rcl.patience` evaluations. A complete stage is reused on re-run; a killed run resumes from
+its newest checkpoint (the trainer resumes runs by name), and its early-stop state is kept in
+its run folder.
+
+What is a reconstruction (the paper lost its equations): the loss forms (losses/rcl.py), τ,
+the mean-vs-sum of the regulator terms, and the early-stop signal (the run's own loss on the
+validation pairs). Selection and early stopping use the `validation:` split: make it a dev
+split, not the test split, for honest numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError, PipelineError
+from .io_utils import atomic_path, sha256_files, write_json_atomic
+
+EARLY_STOP_FILE = "early_stop.json"
+SELECT_STATE = "select_state.json"
+
+
+class EarlyStopped(Exception):
+    """Raised by the validation hook to end an entropy run (the trainer has no stop hook)."""
+
+
+# --------------------------------------------------------------------------- dev data
+
+
+def dev_pairs(job, limit: int | None = None) -> list[tuple[str, str]]:
+    """(query, positive text) pairs of the validation split (`validation.corpus/queries/qrels`)."""
+    import pyarrow.parquet as pq
+
+    from .data.manifest import join_title, load_manifest
+    from .data.readers import load_qrels, load_queries
+
+    v = job.validation
+    if not v.corpus:
+        raise ConfigError("RCL needs validation.corpus (a dev split) for early stopping and model selection")
+    corpus = Path(v.corpus)
+    manifest = load_manifest(corpus)
+    qrels = load_qrels(Path(v.qrels or corpus / "qrels" / "test.trec"))
+    queries = load_queries(Path(v.queries or corpus / "queries.tsv"))
+    want = {d for q in qrels for d, r in qrels[q].items() if r >= job.data.rel_level}
+    texts: dict[str, str] = {}
+    for part in manifest["parts"]:
+        t = pq.read_table(corpus / part["file"], columns=["pid", "title", "text"])
+        for pid, title, text in zip(t["pid"].to_pylist(), t["title"].to_pylist(), t["text"].to_pylist()):
+            if pid in want:
+                texts[pid] = join_title(title, text, manifest["title_join"])
+    pairs = [(queries[q], texts[d]) for q in sorted(qrels) if q in queries
+             for d, r in sorted(qrels[q].items()) if r >= job.data.rel_level and d in texts]
+    if not pairs:
+        raise ConfigError(f"the validation split ({v.qrels}) gives no (query, positive) pair")
+    return pairs[:limit] if limit else pairs
+
+
+# --------------------------------------------------------------------------- validation hooks
+
+
+def _save_model(model, dest: Path) -> None:
+    with atomic_path(dest) as tmp:
+        model.save(tmp)
+
+
+class EarlyStop:
+    """Validation hook of an entropy run: the run's own loss (eq. 2) on fixed dev batches.
+
+    Keeps the lowest-loss model in `<run>/best`; after `patience` evaluations without a lower
+    loss it writes `early_stop.json` and raises `EarlyStopped`, which ends the Ray Train run.
+    Its counters live in `<run>/select_state.json`, so a resumed run keeps them."""
+
+    def __init__(self, run_dir: Path, pairs: list[tuple[str, str]], loss_cfg, batch_size: int, patience: int):
+        self.run_dir, self.pairs, self.loss_cfg = Path(run_dir), pairs, loss_cfg
+        self.batch_size, self.patience = batch_size, patience
+
+    def dev_loss(self, model) -> dict:
+        import torch
+
+        from .losses.base import resolve_similarity
+        from .losses.rcl import rcl_loss
+
+        cfg = resolve_similarity(self.loss_cfg, bool(model.normalize))
+        device = str(next(model.parameters()).device)
+        q = model.embed([a for a, _ in self.pairs], "query", batch_size=64, device=device)
+        d = model.embed([b for _, b in self.pairs], "doc", batch_size=64, device=device)
+        sums = {"loss": 0.0, "cl": 0.0, "entropy": 0.0}
+        n = 0
+        B = self.batch_size
+        for s in range(0, len(self.pairs) - B + 1 if len(self.pairs) >= B else 1, B):
+            qb, db = torch.from_numpy(q[s:s + B]), torch.from_numpy(d[s:s + B])
+            loss, terms = rcl_loss(qb, db, torch.arange(qb.shape[0]), cfg)
+            sums["loss"] += float(loss)
+            sums["cl"] += float(terms["cl"])
+            sums["entropy"] += float(terms["entropy"])
+            n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def __call__(self, model) -> dict:
+        t0 = time.time()
+        dev = self.dev_loss(model)
+        state_path = self.run_dir / SELECT_STATE
+        state = json.loads(state_path.read_text()) if state_path.exists() else {"best": None, "bad": 0, "evals": 0}
+        state["evals"] += 1
+        if state["best"] is None or dev["loss"] < state["best"] - 1e-7:
+            state.update(best=dev["loss"], bad=0, best_eval=state["evals"])
+            _save_model(model, self.run_dir / "best")
+        else:
+            state["bad"] += 1
+        write_json_atomic(state_path, state)
+        out = {f"val_{k}": v for k, v in dev.items()}
+        out.update(val_metric=dev["loss"], val_best_loss=state["best"], val_bad_evals=state["bad"],
+                   val_seconds=time.time() - t0)
+        if state["bad"] >= self.patience:
+            write_json_atomic(self.run_dir / EARLY_STOP_FILE, {**state, "patience": self.patience})
+            raise EarlyStopped(f"dev loss has not improved for {self.patience} evaluations")
+        return out
+
+
+class SelectBest:
+    """Validation hook of the initial model: the spine's Validator; the best `val_metric` model
+    (dev MAP by default) is kept in `<run>/best`."""
+
+    def __init__(self, run_dir: Path, validator):
+        self.run_dir, self.validator = Path(run_dir), validator
+
+    def __call__(self, model) -> dict:
+        out = self.validator(model)
+        state_path = self.run_dir / SELECT_STATE
+        state = json.loads(state_path.read_text()) if state_path.exists() else {"best": None, "evals": 0}
+        state["evals"] += 1
+        if state["best"] is None or out["val_metric"] > state["best"]:
+            state.update(best=out["val_metric"], best_eval=state["evals"])
+            _save_model(model, self.run_dir / "best")
+        write_json_atomic(state_path, state)
+        return {**out, "val_best": state["best"]}
+
+
+# --------------------------------------------------------------------------- stage helpers
+
+
+def model_digest(path: str | Path) -> str:
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+    return sha256_files(files)[:16]
+
+
+class Stages:
+    """`stages/<name>.json` records a complete stage; a record is reused unless its inputs changed."""
+
+    def __init__(self, root: Path):
+        self.dir = root / "stages"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def get(self, name: str, inputs: dict) -> dict | None:
+        p = self.dir / f"{name}.json"
+        if not p.exists():
+            return None
+        rec = json.loads(p.read_text())
+        if rec.get("inputs") != inputs:
+            raise PipelineError(f"{p}: stage {name!r} was completed with other inputs "
+                                f"({rec.get('inputs')} then, {inputs} now); use another train.name")
+        return rec
+
+    def put(self, name: str, inputs: dict, result: dict) -> dict:
+        rec = {"stage": name, "inputs": inputs, **result, "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        write_json_atomic(self.dir / f"{name}.json", rec)
+        return rec
+
+
+def _config_key(job) -> dict:
+    """The job settings a stage record must match (everything but names and paths of the run)."""
+    from .config import to_dict
+
+    return {"model": to_dict(job.model), "data": to_dict(job.data), "optim": to_dict(job.optim),
+            "loss": to_dict(job.loss), "batch": job.train.batch_size, "seed": job.train.seed,
+            "epochs": job.train.epochs, "max_steps": job.train.max_steps}
+
+
+def _run(train_fn, job, validate_fn, progress: bool) -> dict:
+    """One Ray Train run; an `EarlyStopped` from its hook (the run's marker file) is a normal end."""
+    run_dir = Path(job.train.storage_path).expanduser().resolve() / job.train.name
+    if (run_dir / EARLY_STOP_FILE).exists():
+        return {"early_stopped": True, **json.loads((run_dir / EARLY_STOP_FILE).read_text())}
+    try:
+        summary = train_fn(job, validate_fn=validate_fn, progress=progress)
+    except Exception:
+        if (run_dir / EARLY_STOP_FILE).exists():
+            st = json.loads((run_dir / EARLY_STOP_FILE).read_text())
+            if progress:
+                print(f"[rcl] {job.train.name}: early stop after {st['evals']} evaluations "
+                      f"(best dev loss {st['best']:.4f} at evaluation {st['best_eval']})", flush=True)
+            return {"early_stopped": True, **st}
+        raise
+    return {"early_stopped": False, "steps": summary["steps"], "wall_seconds": summary["wall_seconds"]}
+
+
+def _chosen_model(run_dir: Path) -> Path:
+    best = run_dir / "best"
+    return best if (best / "modules.json").exists() or (best / "config.json").exists() else run_dir / "model"
+
+
+# --------------------------------------------------------------------------- stage 2: regulator tables
+
+
+def regulator_texts(examples_dir: Path) -> tuple[list[str], list[str]]:
+    """Every training query and every document text (positives and hard negatives), deduplicated."""
+    import pyarrow.parquet as pq
+
+    queries: dict[str, None] = {}
+    docs: dict[str, None] = {}
+    for part in sorted(Path(examples_dir).glob("part-*.parquet")):
+        t = pq.read_table(part)
+        queries.update(dict.fromkeys(t["query"].to_pylist()))
+        docs.update(dict.fromkeys(t["positive"].to_pylist()))
+        if "negatives" in t.column_names:
+            for negs in t["negatives"].to_pylist():
+                docs.update(dict.fromkeys(negs or []))
+    return list(queries), list(docs)
+
+
+def write_regulator_table(model_cfg, queries: list[str], docs: list[str], out: Path, batch_size: int = 64,
+                          digest: str | None = None, threads: int = 1) -> dict:
+    """Encode every text with one frozen model; keys are `text_key(text, side)` (train/methods/rcl.py)."""
+    import torch
+
+    from .models import BiEncoder
+    from .train.methods.base import freeze
+    from .train.methods.rcl import text_key
+
+    torch.set_num_threads(max(1, threads))
+    model = freeze(BiEncoder.load(model_cfg))
+    with torch.no_grad():
+        qv = model.embed(queries, "query", batch_size=batch_size) if queries else np.zeros((0, model.dim), np.float32)
+        dv = model.embed(docs, "doc", batch_size=batch_size) if docs else np.zeros((0, model.dim), np.float32)
+    keys = [text_key(t, "query") for t in queries] + [text_key(t, "doc") for t in docs]
+    meta = {"model": str(model_cfg.name_or_path), "digest": digest, "rows": len(keys), "dim": int(model.dim),
+            "queries": len(queries), "docs": len(docs)}
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "keys.txt").write_text("\n".join(keys) + "\n")
+        np.save(tmp / "vectors.npy", np.concatenate([qv, dv]).astype(np.float32))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the table complete
+    return meta
+
+
+def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: Path, progress: bool = True) -> list[str]:
+    """Stage 2: one Ray task per frozen entropy model (run side by side), each writing its table."""
+    import ray
+
+    queries, docs = regulator_texts(examples_dir)
+    jobs, tables = [], []
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    per_task = max(0.25, min(1.0, cpus / max(1, len(models))))
+    task = ray.remote(num_cpus=per_task)(write_regulator_table)
+    for name, path in models.items():
+        digest = model_digest(path)
+        dest = out_dir / digest
+        tables.append(str(dest))
+        if (dest / "meta.json").exists():
+            continue
+        mcfg = replace(job.model, name_or_path=str(path), query_name_or_path=None)
+        if progress:
+            print(f"[rcl] stage 2: {name} encodes {len(queries)} queries + {len(docs)} documents -> {dest}", flush=True)
+        jobs.append(task.remote(mcfg, queries, docs, dest, 64, digest, max(1, int(per_task))))
+    ray.get(jobs)
+    return tables
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -> tuple[list, int]:
+    """One job per λ; CPUs per worker shared among the concurrent runs (`cpus` = the cluster's)."""
+    s = job.section("rcl")
+    tc = job.train
+    n = len(s.entropy_lambdas)
+    per_run = tc.num_workers * tc.cpus_per_worker
+    cpus = per_run * n if cpus is None else cpus
+    conc = max(1, min(n, s.max_concurrent or n)) if s.concurrent else 1
+    cpw = s.entropy_cpus_per_worker or (tc.cpus_per_worker if conc * per_run <= cpus
+                                        else math.floor(100 * cpus / (conc * tc.num_workers)) / 100)
+    if cpw <= 0:
+        raise ConfigError(f"{conc} concurrent entropy runs x {tc.num_workers} worker(s) do not fit {cpus:g} CPUs")
+    every = s.eval_every or tc.eval_every
+    if not every:
+        raise ConfigError("RCL early stopping needs rcl.eval_every (or train.eval_every) > 0")
+    out = []
+    for lam in s.entropy_lambdas:
+        out.append(replace(job, model=replace(job.model, name_or_path=init_model, query_name_or_path=None),
+                           loss=replace(job.loss, entropy_lambda=float(lam)),
+                           sections={**job.sections, "rcl": replace(s, regulator_tables=())},
+                           train=replace(tc, name=f"entropy-{lam:g}", storage_path=str(root),
+                                         max_steps=s.entropy_max_steps or tc.max_steps, eval_every=every,
+                                         checkpoint_every=every, cpus_per_worker=cpw,
+                                         torch_threads=tc.torch_threads or 1)))
+    return out, conc
+
+
+def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dict:
+    """All stages of RCL; returns (and writes to rcl.json) the record of every stage.
+
+    `train_fn` (default trainer.train) and `validator_fn(job) -> Validator` are injectable for tests."""
+    if train_fn is None:
+        from .train.trainer import train as train_fn
+    if validator_fn is None:
+        from .cli import make_validator as validator_fn
+    from .train.methods import get_method
+
+    s = job.section("rcl")
+    root = Path(job.train.storage_path).expanduser().resolve() / job.train.name
+    root.mkdir(parents=True, exist_ok=True)
+    stages = Stages(root)
+    base_model = job.model.name_or_path
+    key = _config_key(job)
+    record: dict = {"base": base_model, "stages": {}}
+    t_all = time.time()
+
+    # ---- stage 0: the initial model (FAQ setting), eq. 1 with dev-MAP selection
+    init_model = base_model
+    if s.entropy_init == "initial":
+        inputs = {**key, "stage": "initial", "metric": s.initial_metric, "eval_every": s.eval_every or job.train.eval_every}
+        rec = stages.get("initial", inputs)
+        if rec is None:
+            j0 = replace(job, loss=replace(job.loss, entropy_lambda=0.0),
+                         sections={**job.sections, "rcl": replace(s, regulator_tables=())},
+                         validation=replace(job.validation, metric=s.initial_metric),
+                         train=replace(job.train, name="initial", storage_path=str(root),
+                                       max_steps=s.initial_max_steps or job.train.max_steps,
+                                       eval_every=s.eval_every or job.train.eval_every))
+            if progress:
+                print(f"[rcl] stage 0: initial model (eq. 1, selected on dev {s.initial_metric})", flush=True)
+            val = validator_fn(j0)
+            run = _run(train_fn, j0, SelectBest(root / "initial", val) if val is not None else None, progress)
+            chosen = _chosen_model(root / "initial")
+            sel = root / "initial" / SELECT_STATE
+            rec = stages.put("initial", inputs, {"model": str(chosen), **run,
+                                                 "selection": json.loads(sel.read_text()) if sel.exists() else None})
+        init_model = rec["model"]
+        record["stages"]["initial"] = rec
+
+    # ---- stage 1: entropy models, concurrently, each early-stopped
+    entropy_models: dict[str, Path] = {}
+    if s.regulators:
+        jobs, conc = _entropy_jobs(job, init_model, root)
+        pairs = dev_pairs(job, limit=s.dev_batches * job.train.batch_size)
+        todo, results, errors = [], {}, {}
+        for jk in jobs:
+            inputs = {**_config_key(jk), "stage": jk.train.name, "patience": s.patience,
+                      "eval_every": jk.train.eval_every, "init": init_model}
+            rec = stages.get(jk.train.name, inputs)
+            if rec is None:
+                todo.append((jk, inputs))
+            else:
+                results[jk.train.name] = rec
+        if todo:
+            from .ray_runtime import cluster_resources, init_ray
+
+            init_ray(replace(job.ray, dashboard=True))  # once, before the threads
+            jobs, conc = _entropy_jobs(job, init_model, root, cluster_resources().get("CPU", 1.0))
+            by_name = {jk.train.name: jk for jk in jobs}
+            todo = [(by_name[jk.train.name], inputs) for jk, inputs in todo]
+            if progress:
+                print(f"[rcl] stage 1: {len(todo)} entropy model(s) "
+                      f"({', '.join(f'λ={jk.loss.entropy_lambda:g}' for jk, _ in todo)}), {conc} at a time, "
+                      f"{jobs[0].train.cpus_per_worker:g} CPU/worker", flush=True)
+            t1 = time.time()
+            sem = threading.Semaphore(conc)
+
+            def one(jk, inputs):
+                with sem:
+                    try:
+                        rd = root / jk.train.name
+                        rd.mkdir(parents=True, exist_ok=True)
+                        stop = EarlyStop(rd, pairs, jk.loss, jk.train.batch_size, s.patience)
+                        run = _run(train_fn, jk, stop, progress)
+                        results[jk.train.name] = stages.put(jk.train.name, inputs,
+                                                            {"model": str(_chosen_model(rd)), "lambda": jk.loss.entropy_lambda,
+                                                             **run, "selection": json.loads((rd / SELECT_STATE).read_text())
+                                                             if (rd / SELECT_STATE).exists() else None})
+                    except BaseException as e:  # noqa: BLE001 — re-raised below, in the caller's thread
+                        errors[jk.train.name] = e
+
+            threads = [threading.Thread(target=one, args=a, name=f"rcl-{a[0].train.name}", daemon=True) for a in todo]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            record["stage1_wall_seconds"] = round(time.time() - t1, 1)
+            if errors:
+                name, err = next(iter(errors.items()))
+                if isinstance(err, PipelineError):
+                    raise err
+                raise PipelineError(f"entropy run {name} failed: {err}") from err
+        for jk in jobs:
+            rec = results[jk.train.name]
+            record["stages"][jk.train.name] = rec
+            entropy_models[jk.train.name] = Path(rec["model"])
+
+    # ---- stage 2: regulator vectors
+    tables: list[str] = []
+    if entropy_models:
+        method = get_method(job.loss.name)
+        examples = root / "examples"
+        meta = method.build_examples(job, examples, progress=progress)
+        inputs = {"models": {k: model_digest(p) for k, p in entropy_models.items()}, "examples": meta.get("digest")}
+        rec = stages.get("regulators", inputs)
+        if rec is None:
+            from .ray_runtime import init_ray
+
+            init_ray(job.ray)
+            t2 = time.time()
+            tables = build_regulators(entropy_models, job, examples, root / "regulators", progress)
+            rec = stages.put("regulators", inputs, {"tables": tables, "wall_seconds": round(time.time() - t2, 1)})
+        tables = rec["tables"]
+        record["stages"]["regulators"] = rec
+
+    # ---- stage 3: the final model from the base, eq. 3
+    j3 = replace(job, loss=replace(job.loss, entropy_lambda=0.0),
+                 sections={**job.sections, "rcl": replace(s, regulator_tables=tuple(tables))},
+                 train=replace(job.train, name="final", storage_path=str(root)))
+    inputs = {**_config_key(j3), "stage": "final", "tables": tables}
+    rec = stages.get("final", inputs)
+    if rec is None:
+        if progress:
+            print(f"[rcl] stage 3: final model from the base with {2 * len(tables)} regulators", flush=True)
+        summary = train_fn(j3, validate_fn=validator_fn(j3), progress=progress)
+        rec = stages.put("final", inputs, {"model": str(root / "final" / "model"), "steps": summary["steps"],
+                                           "wall_seconds": summary["wall_seconds"],
+                                           "final_metrics": summary.get("final_metrics")})
+    record["stages"]["final"] = rec
+    record["final_model"] = rec["model"]
+    record["entropy_models"] = {k: str(v) for k, v in entropy_models.items()}
+    record["wall_seconds"] = round(time.time() - t_all, 1)
+    write_json_atomic(root / "rcl.json", record)
+    if progress:
+        print(f"[rcl] done: final model {rec['model']} ({len(entropy_models)} entropy models, "
+              f"{2 * len(tables)} regulators); record {root / 'rcl.json'}", flush=True)
+    return record
+

@@ -1,0 +1,155 @@
+"""RCL: (query, positive) pairs trained with eq. 1 / eq. 2 / eq. 3 (METHODS.md §3, a reconstruction).
+
+One method serves the three kinds of RCL run; `pipeline/rcl.py` orchestrates them:
+
+    initial model  (FAQ setting)  loss.entropy_lambda = 0, no regulators  -> eq. 1
+    entropy model k               loss.entropy_lambda = λ_k               -> eq. 2
+    final model                   rcl.regulator_tables = [K tables]       -> eq. 3
+
+Examples, tokenisation and the gathered document layout are those of DPR (`pairs.PairMethod`).
+The regulator vectors are side inputs: tables written by stage 2 (`RegulatorTable`), one per
+frozen entropy model, opened once per worker (memory-mapped) and looked up per example by the
+hash of the text and its side (query / document). They are numpy arrays turned into tensors
+without gradient: nothing of an entropy model is trained, and the loss detaches them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ...errors import ConfigError, PipelineError
+from ...losses.dist import gather_with_grad
+from ...losses.rcl import RCLConfig, rcl_batch_loss
+from . import register
+from .base import StepContext
+from .pairs import PairMethod, _fp32
+
+
+@dataclass(frozen=True)
+class RCLSettings:
+    """The `rcl:` section: the stages of `pipeline train` with `loss.name: rcl` (pipeline/rcl.py)."""
+
+    # stage 1: one entropy model per λ (paper: 0.01..0.04; 4 models = 8 regulators was best)
+    entropy_lambdas: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04)
+    # STS setting: entropy models start from the base; FAQ setting: from the initial model
+    # (stage 0: the base fine-tuned with eq. 1, selected on dev MAP)
+    entropy_init: Literal["base", "initial"] = "base"
+    patience: int = 3                        # early stop: evaluations without a lower dev loss
+    eval_every: int = 0                      # steps between early-stop / selection evaluations (0 = train.eval_every)
+    entropy_max_steps: int = 0               # budget of one entropy model (0 = train.max_steps / epochs)
+    initial_max_steps: int = 0               # budget of the initial model (0 = train.max_steps / epochs)
+    initial_metric: str = "AP@100"           # stage 0 selection measure on the validation split (MAP)
+    concurrent: bool = True                  # stage 1 runs as concurrent Ray Train runs
+    max_concurrent: int = 0                  # 0 = as many as the cluster's CPUs allow
+    entropy_cpus_per_worker: float = 0.0     # 0 = train.cpus_per_worker / number of concurrent runs
+    regulators: bool = True                  # False: stage 3 is plain eq. 1 (the ablation)
+    dev_batches: int = 4                     # dev batches of train.batch_size for the early-stop loss
+    # set by the orchestrator for the final model: stage 2 regulator tables (folders)
+    regulator_tables: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if not self.entropy_lambdas and self.regulators:
+            raise ConfigError("rcl.entropy_lambdas is empty: give at least one λ, or rcl.regulators=false")
+        if self.entropy_init not in ("base", "initial"):
+            raise ConfigError(f"rcl.entropy_init must be base or initial, got {self.entropy_init!r}")
+        for key in ("patience", "dev_batches"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"rcl.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("eval_every", "entropy_max_steps", "initial_max_steps", "max_concurrent"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"rcl.{key} must be >= 0, got {getattr(self, key)}")
+        if self.entropy_cpus_per_worker < 0:
+            raise ConfigError("rcl.entropy_cpus_per_worker must be >= 0")
+        if len(set(self.entropy_lambdas)) != len(self.entropy_lambdas):
+            raise ConfigError(f"rcl.entropy_lambdas has duplicates: {list(self.entropy_lambdas)}")
+
+
+def text_key(text: str, side: str) -> str:
+    """A sentence's id in a regulator table: sha1 of its side ('query' / 'doc') and text."""
+    return hashlib.sha1(f"{side}\0{text}".encode()).hexdigest()
+
+
+class RegulatorTable:
+    """One frozen entropy model's vectors for every training sentence.
+
+    Folder: `keys.txt` (one `text_key` per row), `vectors.npy` (float32, rows aligned),
+    `meta.json` (the model, its digest, row count) written last: no meta = incomplete."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        meta_path = self.folder / "meta.json"
+        if not meta_path.exists():
+            raise PipelineError(f"{self.folder}: not a complete regulator table (no meta.json)")
+        self.meta = json.loads(meta_path.read_text())
+        keys = (self.folder / "keys.txt").read_text().split()
+        self.vectors = np.load(self.folder / "vectors.npy", mmap_mode="r")
+        if len(keys) != self.vectors.shape[0] or len(keys) != self.meta.get("rows"):
+            raise PipelineError(f"{self.folder}: {len(keys)} keys, {self.vectors.shape[0]} vectors, "
+                                f"meta says {self.meta.get('rows')}")
+        self.row = {k: i for i, k in enumerate(keys)}
+
+    def lookup(self, texts: list[str], side: str) -> np.ndarray:
+        try:
+            rows = [self.row[text_key(t, side)] for t in texts]
+        except KeyError:
+            missing = next(t for t in texts if text_key(t, side) not in self.row)
+            raise PipelineError(f"{self.folder}: no regulator vector for the {side} {missing[:60]!r} "
+                                "(the table was built from other examples)") from None
+        return np.asarray(self.vectors[rows], dtype=np.float32)
+
+
+@register
+class RCL(PairMethod):
+    name = "rcl"
+    description = "RCL: contrastive + in-batch entropy (entropy models) / frozen regulators (METHODS.md §3)"
+    config_cls = RCLConfig
+    loss_fn = staticmethod(rcl_batch_loss)
+    terms = ("cl", "entropy", "regulator")
+    sections = {"rcl": RCLSettings}
+    uses_negatives_provider = False
+
+    def side_inputs(self, job, device: torch.device) -> dict:
+        s = job.section("rcl")
+        if not s.regulator_tables:
+            return {}
+        return {"regulators": [RegulatorTable(p) for p in s.regulator_tables]}
+
+    def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
+        """q (B, D), docs = [positives | hard negatives]; plus, with regulators, the K frozen
+        entropy models' vectors of the same texts (no gradient, never through the model)."""
+        B = len(rows)
+        queries = [r["query"] for r in rows]
+        docs = [r["positive"] for r in rows] + [n for r in rows for n in self.negatives_for(r, ctx)]
+        base = model.module if hasattr(model, "module") else model
+        q_tok = {k: v.to(ctx.device) for k, v in base.tokenize(queries, "query").items()}
+        d_tok = {k: v.to(ctx.device) for k, v in base.tokenize(docs, "doc").items()}
+        q, d = model(q_tok, d_tok)
+        out = {"q": q, "pos": d[:B], "hard": d[B:]}
+        tables = ctx.side.get("regulators") or []
+        if tables:
+            out["reg_q"] = torch.from_numpy(np.stack([t.lookup(queries, "query") for t in tables])).to(ctx.device)
+            rd = torch.from_numpy(np.stack([t.lookup(docs, "doc") for t in tables])).to(ctx.device)
+            out["reg_pos"], out["reg_hard"] = rd[:, :B], rd[:, B:]
+        return out
+
+    def assemble(self, out: dict[str, torch.Tensor], ctx: StepContext) -> dict:
+        batch = super().assemble(out, ctx)
+        if "reg_q" in out:
+            # the regulator documents take the layout of `docs`: [G gathered positives | hard negatives]
+            K = out["reg_pos"].shape[0]
+            per_k = []
+            for k in range(K):
+                parts = [gather_with_grad(out["reg_pos"][k].contiguous())]
+                if out["reg_hard"].shape[1]:
+                    parts.append(gather_with_grad(out["reg_hard"][k].contiguous()))
+                per_k.append(torch.cat(parts, 0))
+            batch["reg_q"] = _fp32(out["reg_q"])
+            batch["reg_docs"] = torch.stack(per_k).float()
+        return batch
