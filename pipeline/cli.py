@@ -195,6 +195,10 @@ def cmd_refresh(args) -> None:
 
 def make_validator(job):
     """The validation function handed to the trainer (None without a validation corpus)."""
+    from .authorship import AUTHORSHIP_METHODS, validator_for
+
+    if job.loss.name in AUTHORSHIP_METHODS:  # R@8 on the authorship split's val (METHODS.md §4)
+        return validator_for(job)
     if not job.validation.corpus:
         return None
     from .index.validate import Validator
@@ -314,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit", type=float, default=600.0, help="exit after this many seconds without a new checkpoint")
     _add_config_args(p)
     p.set_defaults(func=cmd_refresh)
+
+    from .authorship import add_parser as add_authorship_parser
+
+    add_authorship_parser(sub)  # pipeline authorship split|evaluate|table (ARR)
 
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")
