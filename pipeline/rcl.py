@@ -315,10 +315,46 @@ def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -
     return out, conc
 
 
+def split_dev(job, root: Path):
+    """`rcl.dev_split`: a seeded share of the training queries becomes the dev split; the job then
+    trains on the rest (`data.qrels`) and validates on the dev queries (`validation.*`)."""
+    import random
+
+    from .data.readers import load_qrels
+
+    s = job.section("rcl")
+    if not s.dev_split:
+        return job
+    if job.data.source != "qrels" or not job.data.corpus:
+        raise ConfigError("rcl.dev_split needs data.source=qrels with data.corpus")
+    corpus = Path(job.data.corpus)
+    src = Path(job.data.qrels or corpus / "qrels" / "train.trec")
+    qrels = load_qrels(src)
+    qids = sorted(qrels)
+    random.Random(job.train.seed).shuffle(qids)
+    n_dev = max(1, round(s.dev_split * len(qids)))
+    if n_dev >= len(qids):
+        raise ConfigError(f"rcl.dev_split={s.dev_split} leaves no training query ({len(qids)} in {src})")
+    dev, train = set(qids[:n_dev]), set(qids[n_dev:])
+    out = root / "split"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, keep in (("train.trec", train), ("dev.trec", dev)):
+        lines = [f"{q} 0 {d} {r}" for q in sorted(keep) for d, r in sorted(qrels[q].items())]
+        text = "\n".join(lines) + "\n"
+        if not (out / name).exists() or (out / name).read_text() != text:
+            from .io_utils import write_text_atomic
+
+            write_text_atomic(out / name, text)
+    return replace(job, data=replace(job.data, qrels=str(out / "train.trec")),
+                   validation=replace(job.validation, corpus=str(corpus), queries=job.data.queries,
+                                      qrels=str(out / "dev.trec")))
+
+
 def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dict:
     """All stages of RCL; returns (and writes to rcl.json) the record of every stage.
 
     `train_fn` (default trainer.train) and `validator_fn(job) -> Validator` are injectable for tests."""
+    on_ray = train_fn is None  # injected training (tests) starts no Ray
     if train_fn is None:
         from .train.trainer import train as train_fn
     if validator_fn is None:
@@ -328,6 +364,7 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
     s = job.section("rcl")
     root = Path(job.train.storage_path).expanduser().resolve() / job.train.name
     root.mkdir(parents=True, exist_ok=True)
+    job = split_dev(job, root)
     stages = Stages(root)
     base_model = job.model.name_or_path
     key = _config_key(job)
@@ -374,10 +411,11 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
         if todo:
             from .ray_runtime import cluster_resources, init_ray
 
-            init_ray(replace(job.ray, dashboard=True))  # once, before the threads
-            jobs, conc = _entropy_jobs(job, init_model, root, cluster_resources().get("CPU", 1.0))
-            by_name = {jk.train.name: jk for jk in jobs}
-            todo = [(by_name[jk.train.name], inputs) for jk, inputs in todo]
+            if on_ray:
+                init_ray(replace(job.ray, dashboard=True))  # once, before the threads
+                jobs, conc = _entropy_jobs(job, init_model, root, cluster_resources().get("CPU", 1.0))
+                by_name = {jk.train.name: jk for jk in jobs}
+                todo = [(by_name[jk.train.name], inputs) for jk, inputs in todo]
             if progress:
                 print(f"[rcl] stage 1: {len(todo)} entropy model(s) "
                       f"({', '.join(f'λ={jk.loss.entropy_lambda:g}' for jk, _ in todo)}), {conc} at a time, "
@@ -426,7 +464,8 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
         if rec is None:
             from .ray_runtime import init_ray
 
-            init_ray(job.ray)
+            if on_ray:
+                init_ray(job.ray)
             t2 = time.time()
             tables = build_regulators(entropy_models, job, examples, root / "regulators", progress)
             rec = stages.put("regulators", inputs, {"tables": tables, "wall_seconds": round(time.time() - t2, 1)})

@@ -51,6 +51,9 @@ class RCLSettings:
     entropy_cpus_per_worker: float = 0.0     # 0 = train.cpus_per_worker / number of concurrent runs
     regulators: bool = True                  # False: stage 3 is plain eq. 1 (the ablation)
     dev_batches: int = 4                     # dev batches of train.batch_size for the early-stop loss
+    # > 0: hold this fraction of the training queries out as the dev split (seeded by train.seed)
+    # for early stopping and selection, in place of the `validation:` split
+    dev_split: float = 0.0
     # set by the orchestrator for the final model: stage 2 regulator tables (folders)
     regulator_tables: tuple[str, ...] = field(default_factory=tuple)
 
@@ -65,6 +68,8 @@ class RCLSettings:
         for key in ("eval_every", "entropy_max_steps", "initial_max_steps", "max_concurrent"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"rcl.{key} must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.dev_split < 1.0:
+            raise ConfigError(f"rcl.dev_split must be in [0, 1), got {self.dev_split}")
         if self.entropy_cpus_per_worker < 0:
             raise ConfigError("rcl.entropy_cpus_per_worker must be >= 0")
         if len(set(self.entropy_lambdas)) != len(self.entropy_lambdas):
