@@ -161,6 +161,25 @@ def cmd_compare(args) -> None:
         print(f"[compare] wrote {args.json}")
 
 
+def cmd_sts(args) -> None:
+    """STS: Spearman and Pearson of cosine vs gold (pipeline/eval/sts.py)."""
+    from dataclasses import replace as _replace
+
+    from .eval.sts import evaluate_sts
+    from .io_utils import check_output, write_json_atomic
+    from .models import BiEncoder
+
+    if args.json:
+        check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
+    cfg = _cfg(args)
+    model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
+    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size)
+    print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
+          f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
+    if args.json:
+        write_json_atomic(args.json, {**res, "model": args.model or cfg.model.name_or_path})
+
+
 def cmd_train(args) -> None:
     from .train.config import load_train_config
     from .train.trainer import train
@@ -205,6 +224,15 @@ def make_validator(job):
 
     v = job.validation
     return Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval)
+
+
+def cmd_tune(args) -> None:
+    from .tune.runner import run_sweep
+    from .tune.space import load_sweep_config
+
+    if not args.config:
+        raise PipelineError("tune needs --config SWEEP.yaml (see jobs/configs/tune_dar.yaml)")
+    run_sweep(load_sweep_config(args.config, list(args.overrides)), resume=args.resume)
 
 
 def cmd_demo(args) -> None:
@@ -281,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
 
+    p = sub.add_parser("sts", help="STS pairs -> Spearman / Pearson of cosine similarity vs the gold score")
+    p.add_argument("--pairs", required=True, help="STS-benchmark CSV or TSV, SICK, or s1<TAB>s2<TAB>score")
+    p.add_argument("--model", help="model directory or minilm (default model.name_or_path)")
+    p.add_argument("--format", choices=("auto", "stsb-csv", "stsb-tsv", "sick", "tsv"), default="auto")
+    p.add_argument("--side", choices=("doc", "query"), default="doc", help="encode sentences as documents (default, "
+                                                                           "no query prompt) or as queries")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--json", help="write spearman, pearson, pairs as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace an STS JSON this tool wrote at --json")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_sts)
+
     p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
     p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
     p.add_argument("--qrels", required=True)
@@ -318,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-exit", type=float, default=600.0, help="exit after this many seconds without a new checkpoint")
     _add_config_args(p)
     p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser("tune", help="Ray Tune sweep over a trainer's config (ASHA, grid/random/optuna)")
+    _add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue the interrupted sweep in the config's output")
+    p.set_defaults(func=cmd_tune)
 
     from .authorship import add_parser as add_authorship_parser
 

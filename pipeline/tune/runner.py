@@ -1,0 +1,323 @@
+"""`pipeline tune`: a Ray Tune sweep whose trials are `pipeline train` runs.
+
+Ray 2.60 (STACK.md §4): Train V2 is the default and `Tuner(trainer)` fails, so each trial is a
+small driver function (0.1 CPU by default) that applies the trial's values to the base training
+config and calls `pipeline.train.trainer.train` -- exactly `pipeline train` with those overrides --
+with Tune's `TuneReportCallback` on the Train run. The trainer's workers ask for their own
+resources. Each trial trains under `<output>/trials/<trial id>` with `train.resume=auto`, so a
+trial restored by `Tuner.restore` continues from its own checkpoints. ASHA's `time_attr` is the
+trainer's own `step` (restored trials restart Tune's `training_iteration`, and ASHA's rungs are
+not saved by `Tuner.restore`). The dashboard runs (bound to 127.0.0.1): without it, Train runs of
+stopped trials never release their CPUs.
+
+    <output>/sweep.json      the sweep as resolved (a resume must match it)
+    <output>/tune/           Tune's experiment state (Tuner.restore)
+    <output>/trials/<id>/    each trial's Train run: checkpoints, model, summary.json
+    <output>/events.jsonl    one record per trial event; results.* / best.yaml / plots from it
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..config import to_dict
+from ..errors import ConfigError, PipelineError
+from .space import SweepConfig, grid_space, load_job, metric_mode, set_key, to_tune, trial_data, validate_sweep
+
+EXPERIMENT = "tune"
+
+
+def _plain(v):
+    """numpy scalars (Tune's samplers) -> Python values the config loader takes."""
+    if hasattr(v, "item") and not isinstance(v, (list, dict, str)):
+        try:
+            return v.item()
+        except (TypeError, ValueError):
+            return v
+    return v
+
+
+# --------------------------------------------------------------------------- the trial
+
+from ray import tune as _tune  # noqa: E402  (module-level classes: pickled into Ray's processes)
+from ray.tune.integration.ray_train import TuneReportCallback as _TuneReportCallback  # noqa: E402
+
+
+class StepReport(_TuneReportCallback):
+    """Tune's report callback, plus the run's total steps (to tell early-stopped from complete)."""
+
+    def after_report(self, run_context, metrics, checkpoint):
+        total = (getattr(run_context, "train_loop_config", None) or {}).get("total_steps")
+        if metrics and total is not None:
+            metrics = [dict(metrics[0], total_steps=total), *metrics[1:]]
+        super().after_report(run_context, metrics, checkpoint)
+
+
+def trial_job(base_data: dict, params: dict, storage: str, name: str):
+    data = base_data
+    for key, value in params.items():
+        data = set_key(data, key, _plain(value))
+    data = set_key(data, "train.storage_path", storage)
+    data = set_key(data, "train.name", name)
+    data = set_key(data, "train.resume", "auto")
+    return load_job(data, f"trial {name}")
+
+
+def run_trial(config: dict, ctx: dict) -> None:
+    """The Tune trainable: one `pipeline train` run with the trial's values."""
+    from ray import tune
+
+    from ..runtime_env import setup_offline_env
+    from ..train.trainer import train
+
+    os.chdir(ctx["cwd"])  # relative paths of the training config mean what they mean for the CLI
+    setup_offline_env()
+    trial_id = tune.get_context().get_trial_id()
+    job = trial_job(ctx["base"], config, ctx["storage"], trial_id)
+    validate_fn = None
+    if job.validation.corpus:
+        from ..index.validate import Validator
+
+        v = job.validation
+        validate_fn = Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval)
+    train(job, validate_fn=validate_fn, progress=False, callbacks=[StepReport()])
+
+
+# --------------------------------------------------------------------------- progress
+
+class Progress(_tune.Callback):
+    """Tune callback: one readable line per trial event, and the event log the results come from."""
+
+    def __init__(self, events: Path, metric: str, keys: list[str], n_trials: int | None, print_fn=print):
+        self.events, self.metric, self.keys, self.n_trials = events, metric, keys, n_trials
+        self.print = print_fn
+        self.last: dict[str, dict] = {}
+        self.numbers: dict[str, int] = {}
+        for ev in _read(events):  # a resumed sweep keeps its trial numbers
+            if ev.get("event") == "start" and ev["trial"] not in self.numbers:
+                self.numbers[ev["trial"]] = len(self.numbers) + 1
+
+    def _write(self, rec: dict) -> None:
+        rec = {"time": time.time(), **rec}
+        with open(self.events, "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+            f.flush()
+
+    def _name(self, trial) -> str:
+        n = self.numbers.setdefault(trial.trial_id, len(self.numbers) + 1)
+        return f"trial {n}{f'/{self.n_trials}' if self.n_trials else ''} ({trial.trial_id})"
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        params = {k: _plain(v) for k, v in trial.config.items()}
+        self._write({"event": "start", "trial": trial.trial_id, "params": params})
+        self.print(f"[tune] {self._name(trial)} started: " + ", ".join(f"{k}={v!r}" for k, v in params.items()),
+                   flush=True)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        keep = {k: _plain(v) for k, v in result.items()
+                if k in ("step", "total_steps", "loss", "lr", "epoch") or k.startswith("val_")
+                or (isinstance(_plain(v), (int, float)) and k in ("nll", "mix") or k == self.metric)}
+        keep = {k: v for k, v in keep.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.last[trial.trial_id] = keep
+        self._write({"event": "result", "trial": trial.trial_id, "metrics": keep})
+        step, total = keep.get("step"), keep.get("total_steps")
+        parts = [f"[tune] {self._name(trial)} step {int(step) if step is not None else '?'}"
+                 + (f"/{int(total)}" if total else "")]
+        for k in dict.fromkeys((self.metric, "val_metric", "loss")):
+            if k in keep:
+                parts.append(f"{k} {keep[k]:.4f}")
+        self.print("  ".join(parts), flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        last = self.last.get(trial.trial_id) or {k: _plain(v) for k, v in (trial.last_result or {}).items()}
+        step, total = last.get("step"), last.get("total_steps")
+        stopped = step is not None and total is not None and int(step) < int(total)
+        event = "early-stopped" if stopped else "complete"
+        self._write({"event": event, "trial": trial.trial_id, "step": step, "total_steps": total})
+        m = last.get(self.metric)
+        self.print(f"[tune] {self._name(trial)} {'early-stopped (ASHA)' if stopped else 'completed'} at step "
+                   f"{int(step) if step is not None else '?'}{f'/{int(total)}' if total else ''}"
+                   + (f", {self.metric} {m:.4f}" if isinstance(m, (int, float)) else ""), flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        err = ""
+        try:
+            if trial.error_file and os.path.exists(trial.error_file):
+                lines = [ln for ln in Path(trial.error_file).read_text().splitlines() if ln.strip()]
+                err = lines[-1] if lines else ""
+        except Exception:  # noqa: BLE001 - the message is best effort, the status is not
+            pass
+        self._write({"event": "error", "trial": trial.trial_id, "error": err})
+        self.print(f"[tune] {self._name(trial)} failed: {err or 'see its error.txt'}", flush=True)
+
+
+def _read(path: Path) -> list[dict]:
+    from .results import read_events
+
+    return read_events(path)
+
+
+# --------------------------------------------------------------------------- resources
+
+def trial_demand(cfg: SweepConfig, base) -> tuple[float, float, int, float, float]:
+    """(CPUs, GPUs, workers, CPU per worker, GPU per worker) of the hungriest trial."""
+    jobs = [base]
+    for p in cfg.space:
+        for v in p.candidates():
+            jobs.append(load_job(set_key(cfg.base_data(), p.key, v), f"space.{p.key}"))
+    best = (0.0, 0.0, 1, 0.0, 0.0)
+    for j in jobs:
+        tc = j.train
+        gpw = tc.gpus_per_worker if tc.use_gpu else 0.0
+        cpu = cfg.search.trial_cpus + tc.num_workers * tc.cpus_per_worker
+        if (cpu, tc.num_workers * gpw) > best[:2]:
+            best = (cpu, tc.num_workers * gpw, tc.num_workers, tc.cpus_per_worker, gpw)
+    return best
+
+
+def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: dict | None = None,
+                     nodes: list | None = None) -> int:
+    """How many trials run at once: search.max_concurrent_trials, checked against the cluster,
+    or (0) as many as fit. A shape Ray would wait on forever is a ResourceError."""
+    from ..ray_runtime import check_resources, cluster_resources, node_resources
+
+    res = resources or cluster_resources()
+    cpu, gpu, world, cpw, gpw = trial_demand(cfg, base)
+    keep = 1.0 if base.data.materialize == "never" else 0.0  # streamed examples: Ray Data's read tasks
+    n = cfg.search.max_concurrent_trials
+    if not n:
+        n = math.floor((res["CPU"] - keep + 1e-9) / cpu) if cpu else 1
+        if gpu:
+            n = min(n, math.floor(res["GPU"] / gpu + 1e-9))
+        n = max(1, min(n, n_trials or n))
+    what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver + {world} worker(s) x "
+            f"{cpw:g} CPU{f' + {gpw:g} GPU' if gpw else ''})")
+    check_resources(what, n * cpu, n * gpu, keep, nodes=[res] if nodes is None and resources else nodes)
+    check_resources(what, n * world * cpw, n * world * gpw, count=n * world,
+                    nodes=nodes if nodes is not None else ([res] if resources else node_resources()))
+    return n
+
+
+def count_trials(cfg: SweepConfig) -> int:
+    s = cfg.search
+    if s.searcher == "grid" or all(p.kind == "grid" for p in cfg.space) and s.searcher == "random":
+        sizes = [len(p.values) for p in grid_space(cfg.space) if p.kind == "grid"]
+        return math.prod(sizes) * s.num_samples
+    grids = [len(p.values) for p in cfg.space if p.kind == "grid"]
+    return (math.prod(grids) if grids else 1) * s.num_samples
+
+
+# --------------------------------------------------------------------------- the sweep
+
+def sweep_identity(cfg: SweepConfig) -> dict:
+    return {"base": cfg.base_data(), "space": [[p.key, p.kind, list(p.values)] for p in cfg.space],
+            "search": to_dict(cfg.search)}
+
+
+def _check_output(out: Path, resume: bool, cfg: SweepConfig) -> None:
+    from ray import tune
+
+    exp = out / EXPERIMENT
+    saved = out / "sweep.json"
+    if resume:
+        if not (saved.exists() and tune.Tuner.can_restore(str(exp))):
+            raise PipelineError(f"--resume: {out} holds no sweep to resume (no sweep.json and Tune state); "
+                                "start it without --resume")
+        then = json.loads(saved.read_text())["identity"]
+        now = json.loads(json.dumps(sweep_identity(cfg), default=str))
+        diff = [k for k in ("base", "space", "search") if then.get(k) != now.get(k)]
+        if diff:
+            raise PipelineError(f"--resume: the sweep in {out} was started with another "
+                                f"{' and '.join(diff)}; resume it with the same config, or use another output")
+        return
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a sweep" if saved.exists() else "files that are not a sweep's"
+        raise PipelineError(f"output {out} already holds {what}; resume it with --resume, or choose another "
+                            "output (output=...)")
+
+
+def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
+    """Run (or resume) the sweep; writes the table, best config and plots; returns the summary."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from ..io_utils import write_json_atomic
+    from ..ray_runtime import init_ray
+    from .results import write_results
+
+    base = validate_sweep(cfg)
+    metric, mode = metric_mode(cfg, base)
+    out = Path(cfg.output).expanduser().resolve()
+    cfg = replace(cfg, output=str(out))
+    import ray
+
+    if not ray.is_initialized():
+        init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (STACK.md §4)
+    _check_output(out, resume, cfg)
+    n_trials = count_trials(cfg)
+    conc = plan_concurrency(cfg, base, n_trials)
+    s = cfg.search
+    max_t = s.max_t or base.train.max_steps
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        write_json_atomic(out / "sweep.json", {"identity": sweep_identity(cfg), "metric": metric, "mode": mode,
+                                               "config": cfg.config_path, "base_source": cfg.base_source})
+    space = grid_space(cfg.space) if s.searcher == "grid" else cfg.space
+    param_space = to_tune(space)
+    search_alg = None
+    if s.searcher == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(metric=metric, mode=mode, seed=s.seed)
+    elif s.searcher == "random":
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        search_alg = BasicVariantGenerator(random_state=s.seed)
+    scheduler = (ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
+                               reduction_factor=s.reduction_factor)
+                 if s.scheduler == "asha" else FIFOScheduler())
+    ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": str(out / "trials")}
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": s.trial_cpus})
+    events = out / "events.jsonl"
+    progress = Progress(events, metric, [p.key for p in cfg.space], n_trials, print_fn)
+    print_fn(f"[tune] {'resuming ' if resume else ''}{n_trials} trial(s) of {base.loss.name} "
+             f"({s.searcher}{', ASHA grace ' + str(s.grace_period) + ' steps, x' + f'{s.reduction_factor:g}' + ', max_t ' + str(max_t) if s.scheduler == 'asha' else ''}), "
+             f"{conc} at a time, ranked by {metric} ({mode}) -> {out}", flush=True)
+    # Tune's own output off (its legacy engine at verbosity 0 prints nothing; the new one still
+    # prints banners): the Progress callback prints one line per trial event instead.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    run_config = tune.RunConfig(name=EXPERIMENT, storage_path=str(out), callbacks=[progress], verbose=0)
+    if resume:
+        tuner = tune.Tuner.restore(str(out / EXPERIMENT), trainable=trainable, resume_errored=True,
+                                   param_space=param_space)
+        # the restored Tuner keeps the saved RunConfig; our progress callback is per process
+        tuner._local_tuner._run_config.callbacks = [progress]
+        tuner._local_tuner._run_config.verbose = 0
+    else:
+        tuner = tune.Tuner(trainable, param_space=param_space, run_config=run_config,
+                           tune_config=tune.TuneConfig(metric=metric, mode=mode, search_alg=search_alg,
+                                                       scheduler=scheduler, num_samples=s.num_samples,
+                                                       max_concurrent_trials=conc, reuse_actors=False))
+    t0 = time.time()
+    grid = tuner.fit()
+    summary = write_results(cfg, events, metric, mode)
+    summary["wall_seconds"] = round(time.time() - t0, 1)
+    summary["concurrent_trials"] = conc
+    st = summary["statuses"]
+    print_fn(f"[tune] {summary['trials']} trial(s): " + ", ".join(f"{n} {k}" for k, n in st.items() if n)
+             + f" in {summary['wall_seconds']:.0f}s; table {out / 'results.md'}"
+             + (f"; best {summary['best']['trial']} {metric} {summary['best']['metric']:.4f} -> {out / 'best.yaml'}"
+                if summary["best"] else ""), flush=True)
+    unfinished = st.get("unfinished", 0)
+    if unfinished and not any(r.error for r in grid if r.error):
+        print_fn(f"[tune] interrupted with {unfinished} trial(s) unfinished; continue with "
+                 f"pipeline tune --config {cfg.config_path or '<sweep.yaml>'} --resume", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+    return summary

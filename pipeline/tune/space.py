@@ -1,0 +1,330 @@
+"""The sweep file (`pipeline tune --config jobs/configs/tune_dar.yaml`): parsing and validation.
+
+    base: jobs/configs/dar.yaml        # a training config file, or the training config inline
+    overrides: [train.max_steps=60]    # optional training overrides applied to the base
+    space:                             # training config keys -> Tune's vocabulary
+      loss.n_perturb: {grid: [3, 5, 7, 9]}
+      loss.dropout_p: {uniform: [0.05, 0.3]}
+      loss.temperature: {loguniform: [0.01, 0.1]}
+      optim.lr: {choice: [1.0e-5, 3.0e-5]}
+      train.seed: {randint: [0, 1000]}  # as Tune: the upper bound is excluded
+    search: {searcher: grid, num_samples: 1, metric: val_metric, mode: max,
+             scheduler: asha, grace_period: 10, reduction_factor: 2, max_t: 0,
+             max_concurrent_trials: 0, seed: 0}
+    output: runs/tune/dar
+
+Everything here runs without Ray: a space key that is not a training config key, a value
+the training config refuses, a metric the trainer does not report and a searcher that
+cannot take a distribution are `ConfigError`s before any trial starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import from_dict, merge_overrides, read_yaml
+from ..errors import ConfigError
+
+KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
+# Keys the sweep sets itself for every trial (its own run folder, resume on restore, one Ray).
+RESERVED = ("train.name", "train.storage_path", "train.resume")
+RESERVED_SECTIONS = ("ray",)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    searcher: Literal["grid", "random", "optuna"] = "grid"
+    # grid: repeats of the whole grid; random/optuna: trials
+    num_samples: int = 1
+    metric: str = "val_metric"
+    mode: Literal["auto", "max", "min"] = "auto"   # auto: max for val_*, min for loss terms
+    scheduler: Literal["asha", "none"] = "asha"
+    # ASHA, in training steps (the trainer's own `step`, which survives a restore)
+    grace_period: int = 10
+    reduction_factor: float = 2.0
+    max_t: int = 0                                 # 0 = the base config's train.max_steps
+    max_concurrent_trials: int = 0                 # 0 = as many as the cluster holds
+    seed: int = 0
+    trial_cpus: float = 0.1                        # the per-trial driver (the workers ask their own)
+
+    def validate(self) -> None:
+        if self.num_samples < 1:
+            raise ConfigError(f"search.num_samples must be >= 1, got {self.num_samples}")
+        if self.grace_period < 1:
+            raise ConfigError(f"search.grace_period must be >= 1 step, got {self.grace_period}")
+        if self.reduction_factor <= 1:
+            raise ConfigError(f"search.reduction_factor must be > 1, got {self.reduction_factor}")
+        if self.max_t < 0 or self.max_concurrent_trials < 0:
+            raise ConfigError("search.max_t and search.max_concurrent_trials must be >= 0 (0 = automatic)")
+        if self.trial_cpus < 0:
+            raise ConfigError(f"search.trial_cpus must be >= 0, got {self.trial_cpus}")
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str            # training config key, e.g. loss.n_perturb
+    kind: str           # one of KINDS
+    values: tuple       # choice/grid: the values; uniform/loguniform/randint: (low, high)
+
+    def candidates(self) -> list:
+        """The values checked against the training config: every listed value, or both ends."""
+        if self.kind in ("choice", "grid"):
+            return list(self.values)
+        lo, hi = self.values
+        return [lo, hi - 1] if self.kind == "randint" else [lo, hi]
+
+    def describe(self) -> str:
+        if self.kind in ("choice", "grid"):
+            return f"{self.kind} {list(self.values)}"
+        return f"{self.kind} [{self.values[0]}, {self.values[1]}{')' if self.kind == 'randint' else ']'}"
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    base: dict                              # the base training config (plain data)
+    base_source: str                        # its file, or "inline"
+    overrides: tuple[str, ...]              # training overrides applied to the base
+    space: tuple[Param, ...]
+    search: SearchConfig
+    output: str
+    config_path: str | None = None
+    raw: dict = field(default_factory=dict)  # the sweep file as given (plus CLI overrides)
+
+    def base_data(self) -> dict:
+        return merge_overrides(self.base, list(self.overrides))
+
+
+# --------------------------------------------------------------------------- parsing
+
+def parse_param(key: str, spec: Any) -> Param:
+    where = f"space.{key}"
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise ConfigError(f"{where}: expected one of {{{', '.join(k + ': ...' for k in KINDS)}}}, got {spec!r}")
+    (kind, val), = spec.items()
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind in ("choice", "grid"):
+        if not isinstance(val, list) or not val:
+            raise ConfigError(f"{where}: {kind} needs a non-empty list of values, got {val!r}")
+        if len({repr(v) for v in val}) != len(val):
+            raise ConfigError(f"{where}: {kind} lists a value twice: {val!r}")
+        return Param(key, kind, tuple(val))
+    if not isinstance(val, list) or len(val) != 2:
+        raise ConfigError(f"{where}: {kind} needs [low, high], got {val!r}")
+    lo, hi = val
+    if kind == "randint":
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in val):
+            raise ConfigError(f"{where}: randint needs two integers [low, high), got {val!r}")
+        if hi - lo < 2:
+            raise ConfigError(f"{where}: randint [{lo}, {hi}) holds fewer than two values "
+                              "(as in Tune, the upper bound is excluded)")
+        return Param(key, kind, (lo, hi))
+    try:
+        lo, hi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {kind} needs two numbers [low, high], got {val!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+        raise ConfigError(f"{where}: {kind} needs low < high, got {val!r}")
+    if kind == "loguniform" and lo <= 0:
+        raise ConfigError(f"{where}: loguniform needs low > 0, got {val!r}")
+    return Param(key, kind, (lo, hi))
+
+
+def parse_space(space: Any) -> tuple[Param, ...]:
+    if not isinstance(space, dict) or not space:
+        raise ConfigError("space: expected a mapping of training config keys to search domains, e.g. "
+                          "space: {loss.n_perturb: {grid: [3, 5, 7]}}")
+    params = []
+    for key, spec in space.items():
+        key = str(key)
+        if key in RESERVED or key.split(".")[0] in RESERVED_SECTIONS:
+            raise ConfigError(f"space.{key}: set by the sweep itself (each trial has its own run folder and "
+                              "resumes its own checkpoints; one Ray for the sweep); it cannot be searched")
+        if "." not in key:
+            raise ConfigError(f"space.{key}: expected a training config key such as loss.n_perturb "
+                              "(section.key)")
+        params.append(parse_param(key, spec))
+    return tuple(params)
+
+
+def _split_cli(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """CLI overrides: `search.*`, `space.*`, `output=`, `base=` change the sweep file,
+    anything else (`train.max_steps=20`) is a training override applied to the base."""
+    sweep, training = [], []
+    for ov in overrides:
+        head = ov.split("=", 1)[0].split(".", 1)[0].strip()
+        (sweep if head in ("search", "space", "output", "base", "overrides") else training).append(ov)
+    return sweep, training
+
+
+def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
+    """The sweep file + CLI overrides -> a SweepConfig (keys and values of the space checked
+    against the training config, metric and searcher checked)."""
+    sweep_ov, train_ov = _split_cli(list(overrides or []))
+    raw = merge_overrides(read_yaml(path), sweep_ov)
+    unknown = set(raw) - {"base", "overrides", "space", "search", "output"}
+    if unknown:
+        raise ConfigError(f"unknown sweep key(s): {', '.join(sorted(map(str, unknown)))}; "
+                          "known: base, overrides, space, search, output")
+    base = raw.get("base")
+    if isinstance(base, str):
+        base_path = Path(base)
+        if not base_path.exists() and path is not None and (Path(path).parent / base).exists():
+            base_path = Path(path).parent / base
+        base_data, source = read_yaml(base_path), str(base_path)
+    elif isinstance(base, dict):
+        base_data, source = copy.deepcopy(base), "inline"
+    else:
+        raise ConfigError("base: expected a training config file path or the training config inline")
+    given = raw.get("overrides") or []
+    if not isinstance(given, list) or not all(isinstance(o, str) for o in given):
+        raise ConfigError(f"overrides: expected a list of key=value strings, got {given!r}")
+    search = from_dict(SearchConfig, raw.get("search") or {}, prefix="search.")
+    output = raw.get("output")
+    if not output or not isinstance(output, str):
+        raise ConfigError("output: the sweep folder is required (e.g. output: runs/tune/dar)")
+    cfg = SweepConfig(base=base_data, base_source=source, overrides=tuple(given) + tuple(train_ov),
+                      space=parse_space(raw.get("space")), search=search, output=output,
+                      config_path=str(path) if path else None, raw=raw)
+    validate_sweep(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------- validation
+
+def set_key(data: dict, key: str, value: Any) -> dict:
+    """A copy of `data` with the dotted `key` set to `value` (sections created as needed)."""
+    out = copy.deepcopy(data)
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"space.{key}: {p} is not a section of the training config")
+        node = nxt
+    node[parts[-1]] = value
+    return out
+
+
+def trial_data(cfg: SweepConfig, params: dict) -> dict:
+    """The training config (plain data) of one trial: base + overrides + the trial's values."""
+    data = cfg.base_data()
+    for key, value in params.items():
+        data = set_key(data, key, value)
+    return data
+
+
+def load_job(data: dict, what: str):
+    from ..train.config import job_from_dict
+
+    try:
+        return job_from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def validate_sweep(cfg: SweepConfig):
+    """Every candidate value of every key loads as a training config; the searcher can take the
+    space; the metric is one the trainer reports. Returns the base job."""
+    base = load_job(cfg.base_data(), f"base ({cfg.base_source})")
+    for p in cfg.space:
+        for v in p.candidates():
+            load_job(set_key(cfg.base_data(), p.key, v), f"space.{p.key}={v!r}")
+    # all first values together (catches keys that only clash in combination, e.g. method blocks)
+    load_job(trial_data(cfg, {p.key: p.candidates()[0] for p in cfg.space}), "space (first values together)")
+    s = cfg.search
+    if s.searcher == "grid":
+        cont = [p.key for p in cfg.space if p.kind not in ("choice", "grid")]
+        if cont:
+            raise ConfigError(f"search.searcher=grid needs finite values (grid or choice); "
+                              f"{', '.join(cont)} {'is' if len(cont) == 1 else 'are'} a distribution: "
+                              "use searcher random or optuna")
+    if s.searcher == "optuna":
+        grids = [p.key for p in cfg.space if p.kind == "grid"]
+        if grids:
+            raise ConfigError(f"search.searcher=optuna does not take grid ({', '.join(grids)}): use choice")
+    metric_mode(cfg, base)
+    if s.scheduler == "asha":
+        max_t = s.max_t or base.train.max_steps
+        if not max_t:
+            raise ConfigError("search.scheduler=asha needs search.max_t (steps) or train.max_steps in the base config")
+        if s.grace_period >= max_t:
+            raise ConfigError(f"search.grace_period={s.grace_period} must be below max_t={max_t} steps")
+        metric = metric_mode(cfg, base)[0]
+        if metric.startswith("val_") and not base.train.eval_every:
+            raise ConfigError(f"search.metric={metric} with ASHA needs train.eval_every (steps) in the base "
+                              "config: validation otherwise runs only at the end, after every ASHA rung")
+        if metric.startswith("val_") and base.train.eval_every > s.grace_period:
+            raise ConfigError(f"train.eval_every={base.train.eval_every} is above search.grace_period="
+                              f"{s.grace_period}: ASHA's first rung would see no {metric}")
+    return base
+
+
+def reported_metrics(job) -> list[str]:
+    """The names the trainer reports that a sweep can rank trials by."""
+    from ..train.methods import get_method
+
+    method = get_method(job.loss.name)
+    names = ["loss"] + [t for t in method.terms if t != "loss"]
+    if job.validation.corpus:
+        from ..eval.metrics import measure_name, measures_for
+
+        names.append("val_metric")
+        names += [f"val_{m}" for m in measures_for(job.eval)]
+        key = f"val_{measure_name(job.validation.metric, job.eval.rel_level)}"
+        if key not in names:
+            names.append(key)
+    return names
+
+
+def metric_mode(cfg: SweepConfig, job) -> tuple[str, str]:
+    """(metric name as the trainer reports it, max|min); an unknown metric is a ConfigError."""
+    metric = cfg.search.metric
+    names = reported_metrics(job)
+    if metric not in names and metric.startswith("val_") and job.validation.corpus:
+        from ..eval.metrics import measure_name
+
+        try:  # an alias: val_MRR@10 -> val_RR@10
+            alias = f"val_{measure_name(metric[4:], job.eval.rel_level)}"
+        except ConfigError:
+            alias = None
+        if alias in names:
+            metric = alias
+    if metric not in names:
+        hint = "" if job.validation.corpus else " (validation metrics need validation.corpus in the base config)"
+        raise ConfigError(f"search.metric={cfg.search.metric!r} is not reported by the {job.loss.name} trainer; "
+                          f"it reports {', '.join(names)}{hint}")
+    mode = cfg.search.mode
+    if mode == "auto":
+        mode = "max" if metric.startswith("val_") else "min"
+    return metric, mode
+
+
+def to_tune(space: tuple[Param, ...]) -> dict:
+    """Tune's param_space: {"loss.n_perturb": tune.grid_search([...]), ...}."""
+    from ray import tune
+
+    out = {}
+    for p in space:
+        if p.kind == "grid":
+            out[p.key] = tune.grid_search(list(p.values))
+        elif p.kind == "choice":
+            out[p.key] = tune.choice(list(p.values))
+        elif p.kind == "uniform":
+            out[p.key] = tune.uniform(*p.values)
+        elif p.kind == "loguniform":
+            out[p.key] = tune.loguniform(*p.values)
+        else:
+            out[p.key] = tune.randint(*p.values)
+    return out
+
+
+def grid_space(space: tuple[Param, ...]) -> tuple[Param, ...]:
+    """For searcher=grid: choice lists are searched exhaustively too."""
+    return tuple(Param(p.key, "grid", p.values) if p.kind == "choice" else p for p in space)
