@@ -1,0 +1,200 @@
+"""STS evaluation: Spearman and Pearson correlation of cosine similarity with the gold score.
+
+`pipeline sts --pairs FILE --model MODEL [--json OUT]`. Layouts read (`fmt=auto` tells them apart
+from the first line):
+
+    stsb-csv   STS-benchmark CSV with a header naming sentence1, sentence2, score (any column order,
+               extra columns ignored; comma-separated, RFC 4180 quoting)
+    stsb-tsv   the original STS-benchmark TSV, no header: genre, file, year, id, score, sentence1,
+               sentence2 [, extra source columns]; quotes are literal text (as the file is read
+               with quoting off by its authors)
+    sick       SICK: tab-separated with a header naming pair_ID, sentence_A, sentence_B,
+               relatedness_score (other columns ignored)
+    tsv        plain `s1<TAB>s2<TAB>score`, no header (a header line s1/sentence1 … is skipped)
+
+A malformed row (too few fields, a score that is not a finite number, an empty sentence) is an
+InputError naming the file and line. The STS convention: sentences are encoded as documents
+(no query prompt), cosine similarity, correlations over all pairs (scipy).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, PipelineError
+from ..io_utils import OutputKind, register_output_kind
+
+FORMATS = ("auto", "stsb-csv", "stsb-tsv", "sick", "tsv")
+_S1 = ("sentence1", "sentence_a", "s1", "sentence 1", "text1")
+_S2 = ("sentence2", "sentence_b", "s2", "sentence 2", "text2")
+_SCORE = ("score", "relatedness_score", "similarity_score", "label", "gold", "gold_score")
+
+
+def _is_own_sts(path: Path) -> bool:
+    import json
+
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and {"spearman", "pearson", "pairs"} <= set(m)
+
+
+register_output_kind(OutputKind("sts", False, "an STS metrics JSON (pipeline sts)", is_own=_is_own_sts))
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    from ..data.readers import iter_lines
+
+    return [(no, text) for no, text in iter_lines(path)]
+
+
+def _score(path, line: int, raw: str) -> float:
+    try:
+        v = float(raw.strip())
+    except ValueError:
+        raise InputError(path, line, f"score {raw.strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise InputError(path, line, f"score {raw.strip()!r} is not finite")
+    return v
+
+
+def _pair(path, line: int, s1: str, s2: str, score: str) -> tuple[str, str, float]:
+    s1, s2 = s1.strip(), s2.strip()
+    if not s1 or not s2:
+        raise InputError(path, line, "empty sentence")
+    return s1, s2, _score(path, line, score)
+
+
+def _column(header: list[str], names: tuple[str, ...], path, what: str) -> int:
+    low = [h.strip().lower() for h in header]
+    for n in names:
+        if n in low:
+            return low.index(n)
+    raise InputError(path, 1, f"the header names no {what} column (one of {', '.join(names)}); got {header}")
+
+
+def detect_format(path: str | Path) -> str:
+    """`stsb-csv` | `stsb-tsv` | `sick` | `tsv` from the first non-empty line."""
+    first = next((t for _, t in _lines(Path(path)) if t.strip()), None)
+    if first is None:
+        raise InputError(path, None, "no STS pairs (empty file)")
+    first = first.lstrip("\ufeff")
+    low = first.lower()
+    if "\t" in first:
+        fields = first.split("\t")
+        if "pair_id" in low and "sentence_a" in low:
+            return "sick"
+        if len(fields) >= 7:
+            try:
+                float(fields[4])
+                return "stsb-tsv"
+            except ValueError:
+                pass
+        return "tsv"
+    if "sentence1" in low and "," in first:
+        return "stsb-csv"
+    raise InputError(path, 1, "unknown STS layout: expected an STS-benchmark CSV header (sentence1,sentence2,score), "
+                              "the STS-benchmark TSV (genre, file, year, id, score, s1, s2), SICK, or s1<TAB>s2<TAB>score")
+
+
+def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]]:
+    """(sentence1, sentence2, gold score) for every row; malformed rows are InputErrors (file:line)."""
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise PipelineError(f"unknown STS format {fmt!r}; one of {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    lines = [(no, t.lstrip("\ufeff") if i == 0 else t) for i, (no, t) in enumerate(_lines(path))]
+    out: list[tuple[str, str, float]] = []
+    if fmt == "stsb-csv":
+        text = "\n".join(t for _, t in lines)
+        reader = csv.reader(io.StringIO(text))
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise InputError(path, None, "no STS pairs (empty file)") from None
+        i1, i2, isc = (_column(header, n, path, w) for n, w in ((_S1, "sentence1"), (_S2, "sentence2"), (_SCORE, "score")))
+        need = max(i1, i2, isc) + 1
+        try:
+            for row in reader:
+                line = lines[reader.line_num - 1][0] if reader.line_num - 1 < len(lines) else reader.line_num
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) < need:
+                    raise InputError(path, line, f"{len(row)} field(s), the header names {len(header)}")
+                out.append(_pair(path, line, row[i1], row[i2], row[isc]))
+        except csv.Error as e:
+            raise InputError(path, reader.line_num, f"CSV: {e}") from None
+    elif fmt == "sick":
+        header = lines[0][1].split("\t") if lines else []
+        i1, i2, isc = (_column(header, n, path, w) for n, w in ((_S1, "sentence_A"), (_S2, "sentence_B"),
+                                                                 (_SCORE, "relatedness_score")))
+        for no, t in lines[1:]:
+            if not t.strip():
+                continue
+            f = t.split("\t")
+            if len(f) <= max(i1, i2, isc):
+                raise InputError(path, no, f"{len(f)} field(s), the header names {len(header)}")
+            out.append(_pair(path, no, f[i1], f[i2], f[isc]))
+    elif fmt == "stsb-tsv":
+        for no, t in lines:
+            if not t.strip():
+                continue
+            f = t.split("\t")
+            if len(f) < 7:
+                raise InputError(path, no, f"{len(f)} field(s); the STS-benchmark TSV has 7 "
+                                           "(genre, file, year, id, score, sentence1, sentence2)")
+            out.append(_pair(path, no, f[5], f[6], f[4]))
+    else:  # tsv
+        for k, (no, t) in enumerate(lines):
+            if not t.strip():
+                continue
+            f = t.split("\t")
+            if len(f) != 3:
+                raise InputError(path, no, f"{len(f)} field(s); expected s1<TAB>s2<TAB>score")
+            if k == 0 and f[0].strip().lower() in _S1 and f[1].strip().lower() in _S2:
+                continue  # a header line
+            out.append(_pair(path, no, f[0], f[1], f[2]))
+    if len(out) < 2:
+        raise InputError(path, None, f"{len(out)} STS pair(s): correlations need at least 2")
+    return out
+
+
+def correlations(pred, gold) -> dict:
+    """Spearman and Pearson of predicted vs gold scores (scipy), as floats."""
+    from scipy.stats import pearsonr, spearmanr
+
+    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if pred.shape != gold.shape or pred.ndim != 1:
+        raise ValueError(f"pred {pred.shape} and gold {gold.shape} must be equal-length vectors")
+    if np.ptp(pred) == 0 or np.ptp(gold) == 0:
+        raise PipelineError("a constant score list has no correlation (every prediction or every gold score equal)")
+    return {"spearman": float(spearmanr(pred, gold).statistic), "pearson": float(pearsonr(pred, gold).statistic)}
+
+
+def cosine_scores(model, pairs: list[tuple[str, str, float]], side: str = "doc", batch_size: int = 64,
+                  device: str = "cpu") -> np.ndarray:
+    """cos(E(s1), E(s2)) per pair; every distinct sentence encoded once."""
+    sentences = list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
+    pos = {s: i for i, s in enumerate(sentences)}
+    v = model.embed(sentences, side, batch_size=batch_size, device=device)
+    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    a = v[[pos[p[0]] for p in pairs]]
+    b = v[[pos[p[1]] for p in pairs]]
+    return (a * b).sum(axis=1)
+
+
+def evaluate_sts(pairs_path: str | Path, model, fmt: str = "auto", side: str = "doc", batch_size: int = 64,
+                 device: str = "cpu") -> dict:
+    """{"spearman", "pearson", "pairs", "format", "file"} for a loaded BiEncoder."""
+    fmt = detect_format(pairs_path) if fmt == "auto" else fmt
+    pairs = read_sts(pairs_path, fmt)
+    pred = cosine_scores(model, pairs, side, batch_size, device)
+    return {**correlations(pred, [p[2] for p in pairs]), "pairs": len(pairs), "format": fmt,
+            "file": str(pairs_path), "side": side}
