@@ -1,0 +1,189 @@
+"""The sweep file: space vocabulary, keys and values checked against the training config, metrics,
+searcher/space fit, resource plan, and the outputs built from an event log. No Ray."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from pipeline.errors import ConfigError, ResourceError
+from pipeline.train.config import load_train_config
+from pipeline.tune.results import best_trial, read_events, trial_records, write_results
+from pipeline.tune.runner import count_trials, plan_concurrency, trial_job
+from pipeline.tune.space import load_sweep_config, parse_param, to_tune
+
+BASE = {
+    "model": {"name_or_path": "minilm"},
+    "data": {"corpus": "runs/c"},
+    "loss": {"name": "dar", "n_perturb": 3},
+    "train": {"max_steps": 20, "eval_every": 5, "num_workers": 1, "cpus_per_worker": 0.9},
+    "validation": {"corpus": "runs/c", "metric": "MRR@10"},
+}
+
+
+def sweep(tmp_path, space=None, search=None, base=None, overrides=None, name="s.yaml"):
+    doc = {"base": BASE if base is None else base, "output": str(tmp_path / "out"),
+           "space": space or {"loss.n_perturb": {"grid": [3, 5, 7, 9]}},
+           "search": {"grace_period": 5, **(search or {})}}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return load_sweep_config(path, overrides)
+
+
+def test_vocabulary_parses_to_tune_domains(tmp_path):
+    cfg = sweep(tmp_path, space={"loss.n_perturb": {"randint": [3, 10]}, "loss.dropout_p": {"uniform": [0.05, 0.3]},
+                                 "loss.temperature": {"loguniform": [0.01, 0.1]},
+                                 "loss.mix_weight": {"choice": [0.05, 0.1]}}, search={"searcher": "random"})
+    kinds = {p.key: p.kind for p in cfg.space}
+    assert kinds == {"loss.n_perturb": "randint", "loss.dropout_p": "uniform", "loss.temperature": "loguniform",
+                     "loss.mix_weight": "choice"}
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    dom = to_tune(cfg.space)
+    assert isinstance(dom["loss.n_perturb"], Integer) and (dom["loss.n_perturb"].lower, dom["loss.n_perturb"].upper) == (3, 10)
+    assert isinstance(dom["loss.dropout_p"], Float) and isinstance(dom["loss.mix_weight"], Categorical)
+    assert dom["loss.temperature"].sampler.__class__.__name__.lstrip("_") == "LogUniform"
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"between": [1, 2]}, "unknown kind"),
+    ({"choice": []}, "non-empty list"),
+    ({"grid": [3, 3]}, "twice"),
+    ({"uniform": [0.3, 0.1]}, "low < high"),
+    ({"uniform": [0.1]}, r"\[low, high\]"),
+    ({"loguniform": [0, 1]}, "low > 0"),
+    ({"randint": [3, 4]}, "fewer than two"),
+    ({"randint": [3.0, 9]}, "two integers"),
+    ([3, 5], "expected one of"),
+])
+def test_bad_domains(spec, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_param("loss.n_perturb", spec)
+
+
+def test_unknown_training_key_is_refused_with_its_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"space.loss.n_pertub.*unknown config key.*did you mean loss.n_perturb"):
+        sweep(tmp_path, space={"loss.n_pertub": {"grid": [3, 5]}})
+    with pytest.raises(ConfigError, match=r"space.optim.learning_rate"):
+        sweep(tmp_path, space={"optim.learning_rate": {"grid": [1e-5, 2e-5]}})
+    # a DAR key under a DPR base: the method's own loss block refuses it
+    with pytest.raises(ConfigError, match=r"space.loss.n_perturb.*unknown config key"):
+        sweep(tmp_path, base={**BASE, "loss": {"name": "dpr"}})
+
+
+def test_values_the_training_config_refuses(tmp_path):
+    with pytest.raises(ConfigError, match=r"space.loss.n_perturb=2.5.*integer"):
+        sweep(tmp_path, space={"loss.n_perturb": {"choice": [3, 2.5]}})
+    with pytest.raises(ConfigError, match=r"space.optim.lr=0.0.*optim.lr must be > 0"):
+        sweep(tmp_path, space={"optim.lr": {"uniform": [0.0, 1e-4]}}, search={"searcher": "random"})
+    with pytest.raises(ConfigError, match="set by the sweep itself"):
+        sweep(tmp_path, space={"train.name": {"grid": ["a", "b"]}})
+    with pytest.raises(ConfigError, match="set by the sweep itself"):
+        sweep(tmp_path, space={"ray.num_cpus": {"grid": [1, 2]}})
+
+
+def test_metric_must_be_reported_by_the_trainer(tmp_path):
+    with pytest.raises(ConfigError, match=r"search.metric='val_spearman' is not reported.*val_metric.*val_RR@10"):
+        sweep(tmp_path, search={"metric": "val_spearman"})
+    no_val = {k: v for k, v in BASE.items() if k != "validation"}
+    with pytest.raises(ConfigError, match="need validation.corpus"):
+        sweep(tmp_path, base=no_val, search={"metric": "val_metric"})
+    from pipeline.tune.space import metric_mode
+
+    cfg = sweep(tmp_path, search={"metric": "val_MRR@10"})  # an alias of RR@10
+    job = load_train_config(None, [])
+    assert metric_mode(cfg, trial_job(cfg.base_data(), {}, "/tmp/s", "t")) == ("val_RR@10", "max")
+    cfg = sweep(tmp_path, search={"metric": "mix", "scheduler": "none"})  # DAR's term: minimised
+    assert metric_mode(cfg, trial_job(cfg.base_data(), {}, "/tmp/s", "t")) == ("mix", "min")
+    del job
+
+
+def test_searcher_and_space_must_fit(tmp_path):
+    with pytest.raises(ConfigError, match="grid needs finite values.*loss.dropout_p"):
+        sweep(tmp_path, space={"loss.dropout_p": {"uniform": [0.05, 0.3]}})
+    with pytest.raises(ConfigError, match="optuna does not take grid"):
+        sweep(tmp_path, search={"searcher": "optuna"})
+    with pytest.raises(ConfigError, match="needs train.eval_every"):
+        sweep(tmp_path, base={**BASE, "train": {"max_steps": 20}})
+    with pytest.raises(ConfigError, match="needs search.max_t"):
+        sweep(tmp_path, base={**BASE, "train": {"eval_every": 5}})
+    with pytest.raises(ConfigError, match="unknown config key.*search.metrc"):
+        sweep(tmp_path, search={"metrc": "loss"})
+
+
+def test_cli_overrides_split_between_sweep_and_training(tmp_path):
+    cfg = sweep(tmp_path, overrides=["search.num_samples=3", "train.max_steps=40", "optim.lr=1e-4"])
+    assert cfg.search.num_samples == 3 and count_trials(cfg) == 12
+    job = trial_job(cfg.base_data(), {"loss.n_perturb": 9}, "/tmp/sw/trials", "abc_00001")
+    assert job.train.max_steps == 40 and job.optim.lr == 1e-4 and job.loss.n_perturb == 9
+    assert (job.train.name, job.train.storage_path, job.train.resume) == ("abc_00001", "/tmp/sw/trials", "auto")
+
+
+def test_base_file_relative_to_the_sweep_file(tmp_path):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    cfg = sweep(tmp_path, base="base.yaml")
+    assert cfg.base_source.endswith("base.yaml") and cfg.base_data()["loss"]["name"] == "dar"
+
+
+def test_concurrency_fits_the_cluster_or_is_refused(tmp_path):
+    cfg = sweep(tmp_path)
+    base = trial_job(cfg.base_data(), {}, "/tmp/s", "t")
+    two = {"CPU": 2.0, "GPU": 0.0}
+    assert plan_concurrency(cfg, base, 4, resources=two) == 2  # 2 x (0.1 + 0.9)
+    cfg3 = sweep(tmp_path, search={"max_concurrent_trials": 3})
+    with pytest.raises(ResourceError, match=r"3 concurrent trial\(s\).*3 CPUs asked, the cluster has 2"):
+        plan_concurrency(cfg3, base, 4, resources=two)
+    # a swept worker count: the hungriest trial decides
+    cfgw = sweep(tmp_path, space={"train.num_workers": {"grid": [1, 2]}}, search={"max_concurrent_trials": 2})
+    with pytest.raises(ResourceError, match="concurrent"):
+        plan_concurrency(cfgw, base, 2, resources=two)
+
+
+def _events(tmp_path):
+    ev = [
+        {"event": "start", "trial": "t0", "params": {"loss.n_perturb": 3}, "time": 0},
+        {"event": "start", "trial": "t1", "params": {"loss.n_perturb": 5}, "time": 0},
+        {"event": "result", "trial": "t0", "metrics": {"step": 5, "total_steps": 20, "loss": 3.0, "val_metric": 0.4,
+                                                       "val_RR@10": 0.4}},
+        {"event": "result", "trial": "t1", "metrics": {"step": 5, "total_steps": 20, "loss": 2.0, "val_metric": 0.2,
+                                                       "val_RR@10": 0.2}},
+        {"event": "early-stopped", "trial": "t1", "time": 10},
+        {"event": "result", "trial": "t0", "metrics": {"step": 20, "total_steps": 20, "loss": 1.0, "val_metric": 0.5,
+                                                       "val_RR@10": 0.5}},
+        {"event": "complete", "trial": "t0", "time": 30},
+        {"event": "start", "trial": "t2", "params": {"loss.n_perturb": 7}, "time": 31},
+        {"event": "error", "trial": "t2", "time": 32, "error": "RuntimeError: boom"},
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in ev) + "\n" + '{"event": "result", "tri')  # cut by a kill
+    return path
+
+
+def test_records_table_best_config_and_plots_from_the_event_log(tmp_path):
+    path = _events(tmp_path)
+    recs = {r.trial: r for r in trial_records(read_events(path), "val_metric")}
+    assert {t: r.status for t, r in recs.items()} == {"t0": "terminated", "t1": "early-stopped", "t2": "error"}
+    assert recs["t0"].metric == 0.5 and recs["t0"].steps == 20 and recs["t0"].wall_s == 30
+    assert recs["t1"].metric == 0.2 and recs["t1"].steps == 5
+    assert best_trial(list(recs.values()), "max").trial == "t0"
+
+    cfg = sweep(tmp_path)
+    (tmp_path / "out").mkdir()
+    summary = write_results(cfg, path, "val_metric", "max")
+    out = tmp_path / "out"
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["trial"] for r in rows] == ["t0", "t1", "t2"]
+    assert rows[0]["status"] == "terminated" and rows[0]["loss.n_perturb"] == "3" and rows[0]["steps"] == "20"
+    assert rows[2]["error"] == "RuntimeError: boom"
+    md = (out / "results.md").read_text()
+    assert "| **t0** | terminated | 3 | **0.5** |" in md and "1 early-stopped" in md
+    assert (out / "plots" / "metric_vs_loss.n_perturb.png").stat().st_size > 1000
+    assert (out / "plots" / "learning_curves.png").stat().st_size > 1000
+    assert summary["best"]["trial"] == "t0"
+    # best.yaml is a complete training config with the trial's values and its own run name
+    best = load_train_config(out / "best.yaml")
+    assert best.loss.name == "dar" and best.loss.n_perturb == 3 and best.train.max_steps == 20
+    assert best.train.name.endswith("-best")
