@@ -106,3 +106,55 @@ def test_pipeline_sts_command(tiny_model_dir, tmp_path, capsys):
     bad = _write(tmp_path, "bad.tsv", "a\tb\t1\nc\td\tx\n")
     assert main(["sts", "--pairs", str(bad), "--model", str(tiny_model_dir)]) == 2
     assert "bad.tsv:2" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- FAQ k-fold and anisotropy
+
+
+class _Lookup:
+    """A stand-in model: fixed vectors per text."""
+
+    def __init__(self, vecs):
+        self.vecs = vecs
+
+    def embed(self, texts, side, batch_size=64, device="cpu"):
+        return np.array([self.vecs[t] for t in texts], dtype=np.float32)
+
+
+def _faq(tmp_path):
+    d = tmp_path / "faq"
+    (d / "qrels").mkdir(parents=True)
+    (d / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"a{i}", "text": f"answer {i}"}) + "\n" for i in range(3)))
+    (d / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"question {i}"}) + "\n" for i in range(3)))
+    (d / "qrels" / "all.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\ta{i}\t1\n" for i in range(3)))
+    return d
+
+
+def test_faq_metrics_by_hand(tmp_path):
+    from pipeline.eval.faq import faq_metrics, kfold, kfold_eval, load_faq
+
+    queries, answers, qrels = load_faq(_faq(tmp_path))
+    e = np.eye(3)
+    # q0 -> a0 first; q1 -> a1 second (a0 first); q2 -> a2 third
+    vecs = {"answer 0": e[0], "answer 1": e[1], "answer 2": e[2],
+            "question 0": e[0], "question 1": 0.9 * e[0] + 0.5 * e[1], "question 2": 0.9 * e[0] + 0.5 * e[1] + 0.1 * e[2]}
+    m = faq_metrics(_Lookup(vecs), queries, answers, qrels, ["q0", "q1", "q2"])
+    assert m["top1"] == pytest.approx(1 / 3) and m["top3"] == 1.0 and m["top5"] == 1.0
+    assert m["MAP"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    folds = kfold(["q2", "q0", "q1"], k=3, seed=1)
+    assert sorted(q for f in folds for q in f) == ["q0", "q1", "q2"] and all(len(f) == 1 for f in folds)
+    assert kfold(["q2", "q0", "q1"], k=3, seed=1) == folds  # seeded
+    res = kfold_eval(_Lookup(vecs), _faq(tmp_path / "x"), k=3)
+    assert res["MAP"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3) and res["queries"] == 3
+    seen = []
+    kfold_eval(lambda i, train, test: seen.append((train, test)) or _Lookup(vecs), _faq(tmp_path / "y"), k=3)
+    assert all(set(tr).isdisjoint(te) and len(tr) + len(te) == 3 for tr, te in seen)
+
+
+def test_anisotropy():
+    from pipeline.eval.faq import anisotropy
+
+    e = np.eye(4)
+    assert anisotropy(_Lookup({f"s{i}": e[i] for i in range(4)}), [f"s{i}" for i in range(4)]) == pytest.approx(0.0)
+    same = {f"s{i}": np.array([1.0, 1.0]) * (i + 1) for i in range(5)}
+    assert anisotropy(_Lookup(same), list(same)) == pytest.approx(1.0)
