@@ -112,7 +112,7 @@ def test_arr_batch_without_pairs_is_plain_distillation():
     ent = -sum(float(pg[i, j]) * math.log(float(pg[i, j])) for i in range(3) for j in range(3) if i != j) / 3
     same, _ = arr_batch_loss({"f": g, "f_all": g, "g_all": g, "h_sim": h_sim, "authors": torch.tensor([0, 1, 2]),
                               "offset": 0}, ARRConfig(temperature=0.1))
-    assert math.isclose(float(same), ent, rel_tol=1e-5) and float(loss) > float(same)
+    assert math.isclose(float(same), ent, rel_tol=1e-5) and float(loss.detach()) > float(same)
 
 
 def test_released_code_scaling_selectable():
