@@ -350,6 +350,24 @@ def split_dev(job, root: Path):
                                       qrels=str(out / "dev.trec")))
 
 
+def anisotropy_of(job, models: dict[str, str], root: Path, n: int) -> dict[str, float]:
+    """Anisotropy of each model on the same `n` random training sentences (queries and answers)."""
+    from .eval.faq import anisotropy
+    from .models import BiEncoder
+
+    examples = root / "examples"
+    if not any(examples.glob("part-*.parquet")):
+        from .train.methods import get_method
+
+        get_method(job.loss.name).build_examples(job, examples, progress=False)
+    queries, docs = regulator_texts(examples)
+    out = {}
+    for name, path in models.items():
+        m = BiEncoder.load(replace(job.model, name_or_path=str(path), query_name_or_path=None))
+        out[name] = round(anisotropy(m, queries + docs, n=n, seed=job.train.seed), 6)
+    return out
+
+
 def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dict:
     """All stages of RCL; returns (and writes to rcl.json) the record of every stage.
 
@@ -488,6 +506,13 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
     record["stages"]["final"] = rec
     record["final_model"] = rec["model"]
     record["entropy_models"] = {k: str(v) for k, v in entropy_models.items()}
+    if s.anisotropy_sentences and on_ray:
+        models = {"base": base_model, **({"initial": init_model} if init_model != base_model else {}),
+                  **{k: str(v) for k, v in entropy_models.items()}, "final": rec["model"]}
+        record["anisotropy"] = anisotropy_of(job, models, root, s.anisotropy_sentences)
+        if progress:
+            print("[rcl] anisotropy (mean pairwise cosine): "
+                  + ", ".join(f"{k} {v:.4f}" for k, v in record["anisotropy"].items()), flush=True)
     record["wall_seconds"] = round(time.time() - t_all, 1)
     write_json_atomic(root / "rcl.json", record)
     if progress:

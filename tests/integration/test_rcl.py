@@ -31,10 +31,12 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
         "train.num_workers=1", "train.cpus_per_worker=0.5", "train.batch_size=8", "train.max_steps=2",
         f"train.storage_path={tmp_path}", "train.name=rcl", "train.report_every=1", "optim.lr=1e-4",
         f"validation.corpus={faq}", f"validation.qrels={faq}/qrels/test.trec",
-        "rcl.entropy_lambdas=[0.01,0.04]", "rcl.eval_every=1", "rcl.patience=1", "rcl.dev_batches=2"])
+        "rcl.entropy_lambdas=[0.01,0.04]", "rcl.eval_every=1", "rcl.patience=1", "rcl.dev_batches=2",
+        "rcl.anisotropy_sentences=20"])
     rec = run_rcl(job, progress=False)
     root = tmp_path / "rcl"
     assert set(rec["entropy_models"]) == {"entropy-0.01", "entropy-0.04"}
+    assert all(isinstance(rec["stages"][n]["early_stopped"], bool) for n in rec["entropy_models"])
     for name in rec["entropy_models"]:
         st = rec["stages"][name]
         assert st["selection"]["evals"] >= 1 and (root / name / "best").is_dir()
@@ -53,6 +55,8 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
     assert again["final_model"] == rec["final_model"]
     assert {p.name: p.stat().st_mtime_ns for p in (root / "stages").iterdir()} == before
     assert np.isfinite(np.asarray(tables[0].vectors)).all()
+    assert set(rec["anisotropy"]) == {"base", "entropy-0.01", "entropy-0.04", "final"}
+    assert all(-1 <= v <= 1 for v in rec["anisotropy"].values())
 
 
 def _refuse(*a, **k):

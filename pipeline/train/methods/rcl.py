@@ -54,6 +54,9 @@ class RCLSettings:
     # > 0: hold this fraction of the training queries out as the dev split (seeded by train.seed)
     # for early stopping and selection, in place of the `validation:` split
     dev_split: float = 0.0
+    # anisotropy (mean pairwise cosine) of base, entropy and final models on this many random
+    # training sentences, in rcl.json (0 = skip)
+    anisotropy_sentences: int = 200
     # set by the orchestrator for the final model: stage 2 regulator tables (folders)
     regulator_tables: tuple[str, ...] = field(default_factory=tuple)
 
@@ -65,7 +68,7 @@ class RCLSettings:
         for key in ("patience", "dev_batches"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"rcl.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("eval_every", "entropy_max_steps", "initial_max_steps", "max_concurrent"):
+        for key in ("eval_every", "entropy_max_steps", "initial_max_steps", "max_concurrent", "anisotropy_sentences"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"rcl.{key} must be >= 0, got {getattr(self, key)}")
         if not 0.0 <= self.dev_split < 1.0:
