@@ -99,7 +99,8 @@ def shutdown_local_ray() -> None:
 # The watchdog: a separate process (own session, so a Ctrl-C to the terminal's process
 # group reaches the driver first) that remembers the driver's descendants every
 # half second and, once the driver is gone, terminates those still running (same pid
-# *and* start time, so a recycled pid is never touched), then kills what is left.
+# *and* start time, so a recycled pid is never touched) and the workers of its raylets
+# started since (RAY_RAYLET_PID in their environment), then kills what is left.
 _WATCHDOG = r"""
 import sys, time
 import psutil
@@ -110,6 +111,7 @@ try:
 except psutil.Error:
     sys.exit(0)
 known = {}
+raylets = set()  # pids of this driver's raylets: their workers carry RAY_RAYLET_PID
 def alive(p):
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -124,6 +126,11 @@ while alive(driver):
     for p in kids + list(known.values()):
         if p.pid != me.pid and p.pid not in fresh and alive(p):
             fresh[p.pid] = p
+            try:
+                if p.name() == "raylet":
+                    raylets.add(str(p.pid))
+            except psutil.Error:
+                pass
     known = fresh
     time.sleep(interval)
 time.sleep(1.0)  # let Ray's own shutdown (atexit, fate-sharing) finish first
@@ -134,6 +141,17 @@ for p in list(known.values()):
         try:
             for c in p.children(recursive=True):
                 procs.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+# workers started in the last interval, orphaned when their raylet died: found by the
+# RAY_RAYLET_PID Ray puts in the environment of every worker and agent it starts
+if raylets:
+    for p in psutil.process_iter():
+        if p.pid in procs or p.pid == me.pid:
+            continue
+        try:
+            if p.environ().get("RAY_RAYLET_PID") in raylets:
+                procs[p.pid] = p
         except psutil.Error:
             pass
 procs = [p for p in procs.values() if p.pid != me.pid]
