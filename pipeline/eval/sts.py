@@ -9,7 +9,8 @@ from the first line):
                sentence2 [, extra source columns]; quotes are literal text (as the file is read
                with quoting off by its authors)
     sick       SICK: tab-separated with a header naming pair_ID, sentence_A, sentence_B,
-               relatedness_score (other columns ignored)
+               relatedness_score (other columns ignored); any tab-separated file whose header
+               names sentence1, sentence2 and score is read the same way (GLUE's STS-B dev.tsv)
     tsv        plain `s1<TAB>s2<TAB>score`, no header (a header line s1/sentence1 … is skipped)
 
 A malformed row (too few fields, a score that is not a finite number, an empty sentence) is an
@@ -88,8 +89,8 @@ def detect_format(path: str | Path) -> str:
     low = first.lower()
     if "\t" in first:
         fields = first.split("\t")
-        if "pair_id" in low and "sentence_a" in low:
-            return "sick"
+        if ("pair_id" in low and "sentence_a" in low) or ("sentence1" in low and "sentence2" in low and len(fields) > 3):
+            return "sick"  # a tab header naming the columns (SICK; also GLUE's STS-B train/dev.tsv)
         if len(fields) >= 7:
             try:
                 float(fields[4])

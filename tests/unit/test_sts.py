@@ -158,3 +158,10 @@ def test_anisotropy():
     assert anisotropy(_Lookup({f"s{i}": e[i] for i in range(4)}), [f"s{i}" for i in range(4)]) == pytest.approx(0.0)
     same = {f"s{i}": np.array([1.0, 1.0]) * (i + 1) for i in range(5)}
     assert anisotropy(_Lookup(same), list(same)) == pytest.approx(1.0)
+
+
+def test_glue_stsb_tsv_with_named_columns(tmp_path):
+    p = _write(tmp_path, "dev.tsv", "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+                                    "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA man is smiling.\tA man smiles.\t4.5\n"
+                                    "1\tmain-news\theadlines\t2015\t0002\tnone\tnone\tA dog runs\tA cat, asleep\t0.5\n")
+    assert read_sts(p) == WANT
