@@ -66,6 +66,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) ->
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
         actor = start_refresher(run_dir, s, s.corpus)
+        ray.get(actor.status.remote())  # constructed: its corpus and queries are loaded, its errors surface here
         handle = actor.run.remote()
         thread = threading.Thread(target=_watch, args=(handle, watch), daemon=True)
         thread.start()

@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -258,7 +258,8 @@ def start_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str |
     actor_cls = ray.remote(IndexRefresher).options(
         num_cpus=cfg.cpus, num_gpus=cfg.gpus, max_restarts=cfg.max_restarts, max_task_retries=-1,
         max_concurrency=2, name=None)
-    return actor_cls.remote(str(run_dir), asdict(cfg), str(corpus_dir))
+    base = {f.name: getattr(cfg, f.name) for f in fields(RefresherConfig)}  # a subclass (ANCE's section) may add keys
+    return actor_cls.remote(str(run_dir), base, str(corpus_dir))
 
 
 def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path, once: bool = False,

@@ -71,6 +71,7 @@ class TrainConfig:
     negatives_poll_every: int = 100
     fail_at_step: int = 0                   # testing: raise in the worker at this step
     fail_after_checkpoint: int = 0          # testing: raise right after the checkpoint of this step
+    step_sleep_s: float = 0.0               # testing: pause after each step (a slower trainer, for ANCE tests)
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,8 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                 optimizer.step()
             scheduler.step()
             step += 1
+            if tc.step_sleep_s:
+                time.sleep(tc.step_sleep_s)
             if batch_log is not None:
                 batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch],
                                             "negatives_version": negatives.version if negatives else None}) + "\n")
