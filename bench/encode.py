@@ -274,6 +274,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="measure every row this many times, keep the best")
     ap.add_argument("--split", help="qrels split for nDCG@10 (default: test, else all)")
     ap.add_argument("--part-rows", type=int, default=100_000)
+    ap.add_argument("--rss-model", default="tiny", help="model of the memory runs (default: a tiny random BERT)")
     ap.add_argument("--rss-n", type=int, default=2000, help="base corpus size for the memory runs")
     ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
     ap.add_argument("--skip-throughput", action="store_true", help="only the memory runs")
@@ -292,10 +293,11 @@ def main() -> None:
         return child_rss(args)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-encode-"))
-    if args.model == "tiny":
-        from pipeline.models.tiny import build_tiny_bert
+    for attr in ("model", "rss_model"):
+        if getattr(args, attr) == "tiny":
+            from pipeline.models.tiny import build_tiny_bert
 
-        args.model = str(build_tiny_bert(tmp / "tiny", hidden=256, layers=4, heads=4, intermediate=1024))
+            setattr(args, attr, str(build_tiny_bert(tmp / "tiny", hidden=256, layers=4, heads=4, intermediate=1024)))
     if not args.skip_throughput:
         throughput(args, tmp)
     if not args.skip_memory:
@@ -310,7 +312,7 @@ def memory(args, tmp: Path) -> None:
         size = args.rss_n * m
         c = make_corpus(tmp, size, part_rows=max(1, args.rss_n // 2))
         proc = subprocess.run([sys.executable, __file__, "--child", "--corpus", str(c), "--out", str(tmp / f"rss-{size}"),
-                               "--model", args.model, "--batch", str(args.batch), "--max-length", str(args.max_length),
+                               "--model", args.rss_model, "--batch", str(args.batch), "--max-length", str(args.max_length),
                                "--threads", str(args.threads)], capture_output=True, text=True)
         line = [l for l in proc.stdout.splitlines() if l.startswith("RSS ")]
         if not line:
