@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .data.readers import CORPUS_FORMATS
 
-    parser = argparse.ArgumentParser(prog="pipeline", description="Dense retrieval on Ray: ingest, encode, index, retrieve, evaluate.")
+    parser = argparse.ArgumentParser(prog="pipeline", description="Dense retrieval on Ray: ingest, encode, index, retrieve, evaluate, train, tune.")
     parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config override, e.g. --set eval.rel_level=2 (also accepted among the run files)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("train", help="train a bi-encoder with Ray Train (DPR, DAR)")
+    p = sub.add_parser("train", help="train with Ray Train: any registered method (loss.name: dpr, dar, ance, ance_dar, ...)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
