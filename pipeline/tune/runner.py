@@ -164,6 +164,36 @@ def _read(path: Path) -> list[dict]:
     return read_events(path)
 
 
+# --------------------------------------------------------------------------- ASHA on resume
+
+def replay_asha(scheduler, events: list[dict], metric: str, mode: str) -> int:
+    """Refill ASHA's rungs from the event log; returns how many trials were replayed.
+
+    Ray 2.60's `Tuner.restore` saves the searcher but not the scheduler: a resumed sweep's ASHA
+    would start with empty rungs, so the first trial to reach each rung after a resume could never
+    be stopped. Each trial's first result at or past each milestone is recorded again, in step
+    order, exactly as ASHA recorded it (ASHA keys rungs by trial id and the step is the trainer's).
+    """
+    from types import SimpleNamespace
+
+    from .results import trial_records
+
+    brackets = getattr(scheduler, "_brackets", None)
+    if not brackets:
+        return 0
+    sign = 1.0 if mode == "max" else -1.0
+    n = 0
+    for rec in trial_records(events, metric):
+        pts = [(h["step"], h[metric]) for h in rec.history if isinstance(h.get(metric), (int, float))]
+        if not pts:
+            continue
+        bracket = scheduler._trial_info.get(rec.trial, brackets[0])
+        for step, value in pts:
+            bracket.on_result(SimpleNamespace(trial_id=rec.trial), step, sign * value)
+        n += 1
+    return n
+
+
 # --------------------------------------------------------------------------- resources
 
 def trial_demand(cfg: SweepConfig, base) -> tuple[float, float, int, float, float]:
@@ -206,12 +236,13 @@ def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: di
 
 
 def count_trials(cfg: SweepConfig) -> int:
+    """Trials the sweep runs: grid = every combination (choices included) x num_samples;
+    random = its grid keys' combinations x num_samples draws; optuna = num_samples."""
     s = cfg.search
-    if s.searcher == "grid" or all(p.kind == "grid" for p in cfg.space) and s.searcher == "random":
-        sizes = [len(p.values) for p in grid_space(cfg.space) if p.kind == "grid"]
-        return math.prod(sizes) * s.num_samples
-    grids = [len(p.values) for p in cfg.space if p.kind == "grid"]
-    return (math.prod(grids) if grids else 1) * s.num_samples
+    if s.searcher == "optuna":
+        return s.num_samples
+    space = grid_space(cfg.space) if s.searcher == "grid" else cfg.space
+    return math.prod(len(p.values) for p in space if p.kind == "grid") * s.num_samples
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -243,10 +274,30 @@ def _check_output(out: Path, resume: bool, cfg: SweepConfig) -> None:
                             "output (output=...)")
 
 
+def build_search(cfg: SweepConfig, metric: str, mode: str, max_t: int):
+    """(Tune param_space, searcher or None for Tune's grid/random generator, scheduler)."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    s = cfg.search
+    param_space = to_tune(grid_space(cfg.space) if s.searcher == "grid" else cfg.space)
+    search_alg = None
+    if s.searcher == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(metric=metric, mode=mode, seed=s.seed)  # TPE
+    elif s.searcher == "random":
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        search_alg = BasicVariantGenerator(random_state=s.seed)
+    scheduler = (ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
+                               reduction_factor=s.reduction_factor)
+                 if s.scheduler == "asha" else FIFOScheduler())
+    return param_space, search_alg, scheduler
+
+
 def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     """Run (or resume) the sweep; writes the table, best config and plots; returns the summary."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from ..io_utils import write_json_atomic
     from ..ray_runtime import init_ray
@@ -269,20 +320,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     if not resume:
         write_json_atomic(out / "sweep.json", {"identity": sweep_identity(cfg), "metric": metric, "mode": mode,
                                                "config": cfg.config_path, "base_source": cfg.base_source})
-    space = grid_space(cfg.space) if s.searcher == "grid" else cfg.space
-    param_space = to_tune(space)
-    search_alg = None
-    if s.searcher == "optuna":
-        from ray.tune.search.optuna import OptunaSearch
-
-        search_alg = OptunaSearch(metric=metric, mode=mode, seed=s.seed)
-    elif s.searcher == "random":
-        from ray.tune.search.basic_variant import BasicVariantGenerator
-
-        search_alg = BasicVariantGenerator(random_state=s.seed)
-    scheduler = (ASHAScheduler(time_attr="step", max_t=max_t, grace_period=s.grace_period,
-                               reduction_factor=s.reduction_factor)
-                 if s.scheduler == "asha" else FIFOScheduler())
+    param_space, search_alg, scheduler = build_search(cfg, metric, mode, max_t)
     ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": str(out / "trials")}
     trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": s.trial_cpus})
     events = out / "events.jsonl"
@@ -300,6 +338,10 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
         # the restored Tuner keeps the saved RunConfig; our progress callback is per process
         tuner._local_tuner._run_config.callbacks = [progress]
         tuner._local_tuner._run_config.verbose = 0
+        saved = tuner._local_tuner._tune_config.scheduler
+        if s.scheduler == "asha" and saved is not None:
+            n = replay_asha(saved, _read(events), metric, mode)
+            print_fn(f"[tune] ASHA's rungs refilled from {n} trial(s) of the event log", flush=True)
     else:
         tuner = tune.Tuner(trainable, param_space=param_space, run_config=run_config,
                            tune_config=tune.TuneConfig(metric=metric, mode=mode, search_alg=search_alg,
@@ -315,9 +357,15 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
              + f" in {summary['wall_seconds']:.0f}s; table {out / 'results.md'}"
              + (f"; best {summary['best']['trial']} {metric} {summary['best']['metric']:.4f} -> {out / 'best.yaml'}"
                 if summary["best"] else ""), flush=True)
-    unfinished = st.get("unfinished", 0)
-    if unfinished and not any(r.error for r in grid if r.error):
-        print_fn(f"[tune] interrupted with {unfinished} trial(s) unfinished; continue with "
+    ended = st["terminated"] + st["early-stopped"] + st["error"]
+    if ended < n_trials:
+        print_fn(f"[tune] interrupted: {n_trials - ended} of {n_trials} trial(s) not finished; continue with "
                  f"pipeline tune --config {cfg.config_path or '<sweep.yaml>'} --resume", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
+    if st["error"]:
+        first = next((r.error for r in grid if r.error), None)
+        if st["error"] == n_trials:
+            raise PipelineError(f"every trial failed; the first: {first}; see {out / EXPERIMENT}/*/error.txt")
+        print_fn(f"[tune] WARNING: {st['error']} trial(s) failed (see results.md); pipeline tune --resume "
+                 "runs them again", file=sys.stderr, flush=True)
     return summary

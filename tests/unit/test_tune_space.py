@@ -187,3 +187,32 @@ def test_records_table_best_config_and_plots_from_the_event_log(tmp_path):
     best = load_train_config(out / "best.yaml")
     assert best.loss.name == "dar" and best.loss.n_perturb == 3 and best.train.max_steps == 20
     assert best.train.name.endswith("-best")
+
+
+def test_optuna_searcher_suggests_within_the_space_and_learns(tmp_path):
+    """The pinned Optuna through Ray 2.60's OptunaSearch (no cluster needed): suggestions fall in
+    the declared domains, under our dotted keys, and load as training configs; results are taken."""
+    import optuna
+
+    from pipeline.tune.runner import build_search
+
+    assert optuna.__version__ == "5.0.0"
+    cfg = sweep(tmp_path, space={"loss.n_perturb": {"randint": [3, 10]}, "loss.dropout_p": {"uniform": [0.05, 0.3]},
+                                 "loss.temperature": {"loguniform": [0.01, 0.1]},
+                                 "loss.mix_weight": {"choice": [0.05, 0.1, 0.2]}},
+                search={"searcher": "optuna", "num_samples": 6, "seed": 1})
+    space, alg, sched = build_search(cfg, "val_metric", "max", 20)
+    assert type(alg).__name__ == "OptunaSearch" and type(sched).__name__ == "AsyncHyperBandScheduler"
+    alg.set_search_properties("val_metric", "max", space)
+    seen = []
+    for i in range(6):
+        s = alg.suggest(f"t{i}")
+        assert set(s) == {"loss.n_perturb", "loss.dropout_p", "loss.temperature", "loss.mix_weight"}
+        assert 3 <= s["loss.n_perturb"] < 10 and 0.05 <= s["loss.dropout_p"] <= 0.3
+        assert 0.01 <= s["loss.temperature"] <= 0.1 and s["loss.mix_weight"] in (0.05, 0.1, 0.2)
+        job = trial_job(cfg.base_data(), s, "/tmp/s", f"t{i}")
+        assert job.loss.n_perturb == s["loss.n_perturb"]
+        alg.on_trial_complete(f"t{i}", {"val_metric": s["loss.dropout_p"], "step": 20})
+        seen.append(s)
+    assert len({json.dumps(x, sort_keys=True) for x in seen}) == 6
+    assert len(alg._ot_study.trials) == 6 and alg._ot_study.best_value == max(x["loss.dropout_p"] for x in seen)

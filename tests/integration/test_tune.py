@@ -1,0 +1,147 @@
+"""`pipeline tune` end to end on local Ray: a tiny DAR sweep (tiny BERT, 3 trials, 4 steps,
+2 trials at a time on 2 CPUs) is interrupted (SIGINT) after its first trial ends, resumed with
+`--resume`, and must: not run the ended trial again, continue the unfinished ones from their own
+checkpoints, early-stop the bad trial with ASHA (whose rungs `Tuner.restore` loses and the sweep
+refills from its event log), and write the table, the best config and the plots.
+
+Tune needs the dashboard, which the session Ray fixture does not start: the sweep runs in a
+`pipeline tune` subprocess that starts its own local Ray (loopback, dashboard on).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.data.ingest import ingest
+from pipeline.demo import demo_data_dir
+from pipeline.train.config import load_train_config
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def faq(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faq") / "corpus"
+    ingest([demo_data_dir()], "beir", out, progress=False)
+    return out
+
+
+def _events(out: Path) -> list[dict]:
+    path = out / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+
+
+def _cli(sweep: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+           "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "tune", "--config", str(sweep), *extra],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir, faq, tmp_path):
+    out = tmp_path / "sweep"
+    # τ = 0.02 with dot scores on a random tiny BERT gives a loss ~40x the others' from step 1:
+    # ASHA (metric loss, min) must stop it at its first rung (step 2), whenever it gets there.
+    doc = {
+        "base": {
+            "model": {"name_or_path": str(tiny_model_dir), "pooling": "cls", "query_max_length": 32,
+                      "doc_max_length": 64},
+            "data": {"corpus": str(faq)},
+            "loss": {"name": "dar", "n_perturb": 2, "similarity": "dot"},
+            "optim": {"lr": 1e-4, "warmup_ratio": 0.0},
+            "train": {"name": "tiny", "max_steps": 4, "batch_size": 8, "num_workers": 1, "cpus_per_worker": 0.4,
+                      "report_every": 1, "eval_every": 2, "checkpoint_every": 2, "seed": 3},
+            "validation": {"corpus": str(faq), "qrels": str(faq / "qrels" / "test.trec"), "metric": "RR@10"},
+            "ray": {"num_cpus": 2, "temp_dir": tempfile.mkdtemp(prefix="ray-", dir="/tmp")},
+        },
+        "space": {"loss.temperature": {"grid": [1.0, 0.9, 0.02]}},
+        "search": {"searcher": "grid", "metric": "loss", "scheduler": "asha", "grace_period": 2,
+                   "reduction_factor": 2, "max_concurrent_trials": 2},
+        "output": str(out),
+    }
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(doc))
+
+    # 1. start, and interrupt (Ctrl-C) as soon as one trial has ended
+    proc = _cli(sweep)
+    deadline = time.time() + 150
+    ended: list[str] = []
+    while time.time() < deadline and proc.poll() is None:
+        ended = [e["trial"] for e in _events(out) if e["event"] in ("complete", "early-stopped")]
+        if ended:
+            break
+        time.sleep(0.2)
+    assert ended, "no trial ended within 150 s"
+    proc.send_signal(signal.SIGINT)
+    log1, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, log1
+    assert "--resume" in log1 and "Configuration for experiment" not in log1  # our lines, not Tune's tables
+    first = _events(out)
+    done_before = {e["trial"] for e in first if e["event"] in ("complete", "early-stopped")}
+    steps_before = {}
+    for e in first:
+        if e["event"] == "result":
+            steps_before[e["trial"]] = max(steps_before.get(e["trial"], 0), e["metrics"]["step"])
+    snapshot = {t: sorted((p.name, p.stat().st_mtime_ns) for p in (out / "trials" / t).rglob("*"))
+                for t in done_before}
+
+    # 2. resume: ended trials are not run again, unfinished ones continue from their own checkpoints
+    proc = _cli(sweep, "--resume")
+    log2, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, log2
+    assert "ASHA's rungs refilled" in log2
+    print(log1, log2, sep="\n--- resumed ---\n")
+    events = _events(out)
+    later = events[len(first):]
+    assert not [e for e in later if e["trial"] in done_before], "an ended trial ran again"
+    for t in done_before:
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in (out / "trials" / t).rglob("*")) == snapshot[t]
+    for t, step in steps_before.items():
+        if t in done_before or not 2 <= step < 4:
+            continue  # (a trial that trained its 4 steps before the interrupt ends without training again)
+        resumed = [e["metrics"]["step"] for e in later if e["trial"] == t and e["event"] == "result"]
+        assert resumed and resumed[0] > 2, f"{t} restarted from scratch: {resumed}"  # its step-2 checkpoint
+
+    starts = {e["trial"]: e["params"]["loss.temperature"] for e in events if e["event"] == "start"}
+    final = {}
+    for e in events:
+        if e["event"] in ("complete", "early-stopped", "error"):
+            final[e["trial"]] = e
+    assert len(starts) == 3 and set(final) == set(starts)
+    bad = next(t for t, tau in starts.items() if tau == 0.02)
+    assert final[bad]["event"] == "early-stopped" and final[bad]["step"] == 2
+
+    # 3. outputs: table (CSV + Markdown), best config, plots
+    rows = {r["trial"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert set(rows) == set(starts)
+    assert rows[bad]["status"] == "early-stopped" and rows[bad]["steps"] == "2" and rows[bad]["total_steps"] == "4"
+    assert any(r["status"] == "terminated" and r["steps"] == "4" for r in rows.values())
+    for r in rows.values():
+        assert float(r["loss"]) > 0 and float(r["wall_s"]) > 0 and r["val_RR@10"] != ""
+    md = (out / "results.md").read_text()
+    assert md.startswith("| trial | status | loss.temperature | loss | steps |") and "early-stopped" in md
+    assert (out / "plots" / "metric_vs_loss.temperature.png").stat().st_size > 5000
+    assert (out / "plots" / "learning_curves.png").stat().st_size > 5000
+    summary = json.loads((out / "summary.json").read_text())
+    best_id = summary["best"]["trial"]
+    assert rows[best_id]["status"] == "terminated" and starts[best_id] in (1.0, 0.9)
+    best = load_train_config(out / "best.yaml")  # what `pipeline train --config best.yaml` loads
+    assert best.loss.name == "dar" and best.loss.temperature == starts[best_id] and best.loss.n_perturb == 2
+    assert best.train.max_steps == 4 and best.train.name == "tiny-best" and best.model.name_or_path == str(tiny_model_dir)
+    assert float(rows[best_id]["loss"]) == min(float(r["loss"]) for r in rows.values() if r["status"] == "terminated")
