@@ -32,6 +32,10 @@ from ..errors import ConfigError, PipelineError
 from .space import SweepConfig, grid_space, load_job, metric_mode, set_key, to_tune, trial_data, validate_sweep
 
 EXPERIMENT = "tune"
+# Tune's own bookkeeping in every result (the trainer's metrics are everything else)
+TUNE_KEYS = {"timestamp", "training_iteration", "time_this_iter_s", "time_total_s", "time_since_restore",
+             "iterations_since_restore", "pid", "date", "hostname", "node_ip", "done", "trial_id",
+             "experiment_tag", "config", "checkpoint_dir_name", "checkpoint_path", "should_checkpoint"}
 
 
 def _plain(v):
@@ -121,9 +125,7 @@ class Progress(_tune.Callback):
                    flush=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        keep = {k: _plain(v) for k, v in result.items()
-                if k in ("step", "total_steps", "loss", "lr", "epoch") or k.startswith("val_")
-                or (isinstance(_plain(v), (int, float)) and k in ("nll", "mix") or k == self.metric)}
+        keep = {k: _plain(v) for k, v in result.items() if k not in TUNE_KEYS}
         keep = {k: v for k, v in keep.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.last[trial.trial_id] = keep
         self._write({"event": "result", "trial": trial.trial_id, "metrics": keep})
@@ -309,9 +311,9 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     cfg = replace(cfg, output=str(out))
     import ray
 
+    _check_output(out, resume, cfg)
     if not ray.is_initialized():
         init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (STACK.md §4)
-    _check_output(out, resume, cfg)
     n_trials = count_trials(cfg)
     conc = plan_concurrency(cfg, base, n_trials)
     s = cfg.search

@@ -216,3 +216,28 @@ def test_optuna_searcher_suggests_within_the_space_and_learns(tmp_path):
         seen.append(s)
     assert len({json.dumps(x, sort_keys=True) for x in seen}) == 6
     assert len(alg._ot_study.trials) == 6 and alg._ot_study.best_value == max(x["loss.dropout_p"] for x in seen)
+
+
+def test_cli_bad_sweeps_exit_2_before_any_trial(tmp_path, capsys):
+    from pipeline.cli import main
+
+    def run(doc, *extra):
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        code = main(["tune", "--config", str(path), *extra])
+        return code, capsys.readouterr().err
+
+    doc = {"base": BASE, "space": {"loss.n_pertub": {"grid": [3, 5]}}, "search": {"grace_period": 5},
+           "output": str(tmp_path / "out")}
+    code, err = run(doc)
+    assert code == 2 and err.startswith("error: space.loss.n_pertub") and "Traceback" not in err
+    code, err = run({**doc, "space": {"loss.n_perturb": {"grid": [3, 5]}}}, "search.metric=val_R@1000")
+    assert code == 2 and "search.metric='val_R@1000' is not reported" in err
+    code, err = run({**doc, "space": {"loss.n_perturb": {"grid": [3, 5]}}}, "--resume")
+    assert code == 2 and "holds no sweep to resume" in err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    code, err = run({**doc, "space": {"loss.n_perturb": {"grid": [3, 5]}}})
+    assert code == 2 and "already holds files that are not a sweep's" in err
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine" and not (tmp_path / "out" / "tune").exists()
+    assert not list(tmp_path.glob("out/events.jsonl"))
