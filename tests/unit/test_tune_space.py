@@ -241,3 +241,15 @@ def test_cli_bad_sweeps_exit_2_before_any_trial(tmp_path, capsys):
     assert code == 2 and "already holds files that are not a sweep's" in err
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine" and not (tmp_path / "out" / "tune").exists()
     assert not list(tmp_path.glob("out/events.jsonl"))
+
+
+@pytest.mark.parametrize("name, searcher, n", [("tune_dar.yaml", "random", 8), ("tune_dpr.yaml", "optuna", 8)])
+def test_shipped_sweeps_load(name, searcher, n, monkeypatch):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    cfg = load_sweep_config(repo / "jobs" / "configs" / name)
+    assert cfg.search.searcher == searcher and count_trials(cfg) == n
+    job = trial_job(cfg.base_data(), {p.key: p.candidates()[0] for p in cfg.space}, "/tmp/s", "t")
+    assert job.train.max_steps == 48 and job.train.eval_every == 12 and job.validation.corpus
