@@ -311,7 +311,7 @@ def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -
                            train=replace(tc, name=f"entropy-{lam:g}", storage_path=str(root),
                                          max_steps=s.entropy_max_steps or tc.max_steps, eval_every=every,
                                          checkpoint_every=every, cpus_per_worker=cpw,
-                                         torch_threads=tc.torch_threads or 1)))
+                                         torch_threads=tc.torch_threads or max(1, int(cpw)))))
     return out, conc
 
 
