@@ -58,10 +58,13 @@ def trial_records(events: list[dict], metric: str) -> list[TrialRecord]:
     """Fold the event log into one record per trial (latest terminal event wins; results by step)."""
     recs: dict[str, TrialRecord] = {}
     started: dict[str, float] = {}
+    seen: dict[str, float] = {}  # each trial's latest event time
     for ev in events:
         tid = ev.get("trial")
         if tid is None:
             continue
+        if "time" in ev and ev.get("event") != "start":
+            seen[tid] = ev["time"]
         rec = recs.get(tid)
         if rec is None:
             rec = recs[tid] = TrialRecord(trial=tid, params=dict(ev.get("params") or {}))
@@ -70,6 +73,8 @@ def trial_records(events: list[dict], metric: str) -> list[TrialRecord]:
             rec.params = dict(ev.get("params") or rec.params)
             if rec.status != "terminated":
                 rec.status = "unfinished"
+            if tid in started:  # started again after an interruption: count the time it ran before
+                rec.wall_s += max(0.0, seen.get(tid, started[tid]) - started[tid])
             started[tid] = ev.get("time", 0.0)
         elif kind == "result":
             m = ev.get("metrics") or {}
@@ -93,8 +98,8 @@ def trial_records(events: list[dict], metric: str) -> list[TrialRecord]:
             rec.last = merged
             vals = [h[metric] for h in rec.history if metric in h and _finite(h[metric])]
             rec.metric = float(vals[-1]) if vals else None
-        if rec.status == "unfinished" and rec.trial in started:
-            pass  # still running (or interrupted): its wall time so far is not known
+        if rec.status == "unfinished" and rec.trial in started:  # interrupted: the time it ran so far
+            rec.wall_s += max(0.0, seen.get(rec.trial, started[rec.trial]) - started[rec.trial])
     return list(recs.values())
 
 

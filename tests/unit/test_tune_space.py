@@ -253,3 +253,15 @@ def test_shipped_sweeps_load(name, searcher, n, monkeypatch):
     assert cfg.search.searcher == searcher and count_trials(cfg) == n
     job = trial_job(cfg.base_data(), {p.key: p.candidates()[0] for p in cfg.space}, "/tmp/s", "t")
     assert job.train.max_steps == 48 and job.train.eval_every == 12 and job.validation.corpus
+
+
+def test_a_trial_interrupted_and_resumed_counts_both_runs():
+    ev = [{"event": "start", "trial": "t", "params": {"a.b": 1}, "time": 40},
+          {"event": "result", "trial": "t", "time": 50, "metrics": {"step": 2, "total_steps": 4, "loss": 2.0}},
+          {"event": "start", "trial": "t", "params": {"a.b": 1}, "time": 100},
+          {"event": "result", "trial": "t", "time": 110, "metrics": {"step": 4, "total_steps": 4, "loss": 1.0}}]
+    (rec,) = trial_records(ev, "loss")
+    assert rec.status == "unfinished" and rec.wall_s == 20 and rec.steps == 4
+    (rec,) = trial_records(ev + [{"event": "complete", "trial": "t", "time": 120}], "loss")
+    assert rec.status == "terminated" and rec.wall_s == 30 and rec.metric == 1.0
+    assert [h["step"] for h in rec.history] == [2, 4]
