@@ -58,7 +58,15 @@ def test_cl_mll_then_arr_distillation(ray_session, tiny_model_dir, split_dir, tm
     # step A, MLL: the classifier head is trained and checkpointed, not saved with the model
     mll = train(_job(tiny_model_dir, split_dir, tmp_path, "mll", "arr_mll", "train.num_workers=1"), progress=False)
     assert "mll" in mll["final_metrics"]
-    assert not any("classifier" in p.name for p in (tmp_path / "mll" / "model").rglob("*"))
+    from safetensors import safe_open
+
+    for f in (tmp_path / "mll" / "model").rglob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            assert not any("head" in k or "classifier" in k for k in st.keys() if "pooler" not in k)
+    import torch
+
+    state = torch.load(next((tmp_path / "mll").glob("step-*")) / "training_state.pt", weights_only=False)
+    assert state["heads"]["classifier.weight"].shape[0] == len({r["author"] for r in examples})
 
     # steps B + C: F from the pretrained encoder, distilled from the frozen CL model
     arr = train(_job(tiny_model_dir, split_dir, tmp_path, "arr", "arr", f"authorship.teacher={tmp_path / 'cl' / 'model'}"),
