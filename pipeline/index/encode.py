@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -37,8 +38,8 @@ from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import join_title, load_manifest
 from ..errors import PipelineError, ResourceError
 from ..io_utils import write_json_atomic
-from .shards import (META_NAME, completed_shards, layout_matches, plan_part, remove_shard, stray_files,
-                     verify_shards, write_shard)
+from .shards import (META_NAME, completed_shards, layout_matches, pids_digest, plan_part, remove_shard,
+                     stray_files, verify_shards, write_shard)
 
 SPEC_KEYS = ("name", "part_index", "part", "part_rows", "start", "end", "pids_sha256", "path")
 
@@ -99,6 +100,10 @@ class ShardEncoder:
             t0 = time.perf_counter()
             table = read_slice(spec["path"], spec["start"], spec["end"])
             pids = [str(p) for p in table.column("pid").to_pylist()]
+            if pids_digest(pids) != spec["pids_sha256"]:  # checked before spending time on the model
+                raise PipelineError(f"{spec['name']}: the pids read from {spec['part']} rows {spec['start']}-"
+                                    f"{spec['end']} are not the ones planned (the corpus changed during the run?); "
+                                    "run `pipeline encode` again")
             texts = [join_title(t, x, self.title_join)
                      for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
             vectors = self.model.embed(texts, "doc", batch_size=self.batch_size, device=self.device,
@@ -325,11 +330,23 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> None:
                 _report_shard(str(name), int(rows))
                 bar.update(int(rows))
     except Exception as e:  # a worker's PipelineError arrives wrapped by Ray: surface its message
-        cause = e
-        while cause is not None and not isinstance(cause, PipelineError):
-            cause = cause.__cause__ or getattr(cause, "cause", None)
-        if isinstance(cause, PipelineError):
-            raise PipelineError(str(cause)) from None
+        err = worker_error(e)
+        if err is not None:
+            raise err from None
         raise
     finally:
         bar.close()
+
+
+def worker_error(e: BaseException) -> PipelineError | None:
+    """The PipelineError a worker raised, from the exception Ray hands the driver (or None)."""
+    cause: BaseException | None = e
+    seen: set[int] = set()
+    while cause is not None and not isinstance(cause, PipelineError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    if isinstance(cause, PipelineError):
+        return PipelineError(str(cause))
+    # Ray does not pickle __cause__: the worker's error survives only in the message text
+    found = re.findall(r"pipeline\.errors\.\w+: ([^\n]+)", str(e))
+    return PipelineError(found[-1].strip()) if found else None

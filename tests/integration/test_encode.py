@@ -165,3 +165,27 @@ def test_every_accepted_shape_runs_and_the_rest_is_refused_up_front(ray_session,
             encode_corpus(corpus, tmp_path / "refused", _cfg(tiny_model_dir, *shape))
         assert "encode.num_actors" in str(err.value)  # says what to set
         assert not list((tmp_path / "refused").glob("shard-*"))
+
+
+def test_a_part_changed_under_the_run_is_an_error_not_a_wrong_shard(ray_session, tiny_model_dir, collection,
+                                                                     tmp_path, monkeypatch):
+    """The actor checks the pids it reads against the plan: a corpus changed between planning
+    and encoding fails with a clear PipelineError (not a traceback), writes no shard for it,
+    and never marks the set complete."""
+    from pipeline.errors import PipelineError
+
+    corpus, emb = tmp_path / "corpus", tmp_path / "emb"
+    ingest([collection], "msmarco", corpus, part_rows=N, progress=False)
+    real_plan = encode_mod.plan_shards
+
+    def stale_plan(*a, **k):
+        specs = real_plan(*a, **k)
+        specs[1]["pids_sha256"] = "0" * 64  # as if the part held other pids when it was planned
+        return specs
+
+    monkeypatch.setattr(encode_mod, "plan_shards", stale_plan)
+    cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1", "encode.shard_rows=100")
+    with pytest.raises(PipelineError, match="not the ones planned"):
+        encode_corpus(corpus, emb, cfg)
+    assert "shard-00000-000000100" not in completed_shards(emb)
+    assert not json.loads((emb / "embeddings.json").read_text())["complete"]

@@ -187,3 +187,22 @@ def test_bad_encode_values_are_config_errors(override):
 
     with pytest.raises(ConfigError, match=f"encode.{override.split('=')[0]}"):
         load_config(None, [f"encode.{override}"])
+
+
+def test_a_workers_pipeline_error_reaches_the_driver_as_one():
+    from pipeline.errors import PipelineError
+    from pipeline.index.encode import worker_error
+
+    class Wrapped(Exception):  # what Ray hands the driver: the cause only as text
+        pass
+
+    text = ("ray::MapWorker(MapBatches(ShardEncoder)).submit() (pid=1)\n  File \"encode.py\", line 103\n"
+            "pipeline.errors.PipelineError: shard-00000-000000100: the pids read from part rows 100-200 are not "
+            "the ones planned\n\nThe above exception was the direct cause of the following exception:\n"
+            "ray.exceptions.UserCodeException: UDF failed to process a data block.")
+    err = worker_error(Wrapped(text))
+    assert isinstance(err, PipelineError) and str(err).startswith("shard-00000-000000100: the pids read")
+    chained = RuntimeError("outer")
+    chained.__cause__ = PipelineError("inner reason")
+    assert str(worker_error(chained)) == "inner reason"
+    assert worker_error(RuntimeError("a plain bug")) is None
