@@ -1,11 +1,8 @@
-"""Ray job entrypoint for `pipeline encode` (thin: parse, call the library).
-
-    ray job submit --working-dir . -- python jobs/encode.py --config jobs/configs/<cfg>.yaml [key=value ...]
-"""
+"""Former name of jobs/encode_corpus.py (`pipeline encode`), kept for existing commands."""
 
 import sys
 
-from pipeline.cli import main
+from smoke import run, smoke_encode
 
 if __name__ == "__main__":
-    sys.exit(main(["encode", *sys.argv[1:]]))
+    sys.exit(run("encode", smoke=smoke_encode))
