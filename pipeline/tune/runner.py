@@ -333,6 +333,12 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     # Tune's own output off (its legacy engine at verbosity 0 prints nothing; the new one still
     # prints banners): the Progress callback prints one line per trial event instead.
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    import logging
+
+    # ... and its warnings that speak Python to CLI users ("Resume experiment with:
+    # Tuner.restore(...)"; "Failed to fetch metrics" of trials that never started)
+    logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     run_config = tune.RunConfig(name=EXPERIMENT, storage_path=str(out), callbacks=[progress], verbose=0)
     if resume:
         tuner = tune.Tuner.restore(str(out / EXPERIMENT), trainable=trainable, resume_errored=True,
@@ -361,7 +367,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
                 if summary["best"] else ""), flush=True)
     ended = st["terminated"] + st["early-stopped"] + st["error"]
     if ended < n_trials:
-        print_fn(f"[tune] interrupted: {n_trials - ended} of {n_trials} trial(s) not finished; continue with "
+        print_fn(f"[tune] interrupted (state saved): {n_trials - ended} of {n_trials} trial(s) not finished; continue with "
                  f"pipeline tune --config {cfg.config_path or '<sweep.yaml>'} --resume", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
     if st["error"]:

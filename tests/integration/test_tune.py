@@ -54,11 +54,10 @@ def _cli(sweep: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir, faq, tmp_path):
-    out = tmp_path / "sweep"
+def _sweep(tiny_model_dir, faq, out: Path) -> dict:
     # τ = 0.02 with dot scores on a random tiny BERT gives a loss ~40x the others' from step 1:
     # ASHA (metric loss, min) must stop it at its first rung (step 2), whenever it gets there.
-    doc = {
+    return {
         "base": {
             "model": {"name_or_path": str(tiny_model_dir), "pooling": "cls", "query_max_length": 32,
                       "doc_max_length": 64},
@@ -75,8 +74,12 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
                    "reduction_factor": 2, "max_concurrent_trials": 2},
         "output": str(out),
     }
+
+
+def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir, faq, tmp_path):
+    out = tmp_path / "sweep"
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump(doc))
+    sweep.write_text(yaml.safe_dump(_sweep(tiny_model_dir, faq, out)))
 
     # 1. start, and interrupt (Ctrl-C) as soon as one trial has ended
     proc = _cli(sweep)
@@ -92,6 +95,7 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     log1, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, log1
     assert "--resume" in log1 and "Configuration for experiment" not in log1  # our lines, not Tune's tables
+    assert "Tuner.restore(" not in log1 and "Failed to fetch metrics" not in log1
     first = _events(out)
     done_before = {e["trial"] for e in first if e["event"] in ("complete", "early-stopped")}
     steps_before = {}
@@ -106,7 +110,6 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     log2, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, log2
     assert "ASHA's rungs refilled" in log2
-    print(log1, log2, sep="\n--- resumed ---\n")
     events = _events(out)
     later = events[len(first):]
     assert not [e for e in later if e["trial"] in done_before], "an ended trial ran again"
@@ -133,7 +136,8 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     assert rows[bad]["status"] == "early-stopped" and rows[bad]["steps"] == "2" and rows[bad]["total_steps"] == "4"
     assert any(r["status"] == "terminated" and r["steps"] == "4" for r in rows.values())
     for r in rows.values():
-        assert float(r["loss"]) > 0 and float(r["wall_s"]) > 0 and r["val_RR@10"] != ""
+        assert float(r["loss"]) > 0 and float(r["wall_s"]) > 0
+        assert r["status"] != "terminated" or 0 <= float(r["val_RR@10"]) <= 1  # validated at its last step
     md = (out / "results.md").read_text()
     assert md.startswith("| trial | status | loss.temperature | loss | steps |") and "early-stopped" in md
     assert (out / "plots" / "metric_vs_loss.temperature.png").stat().st_size > 5000
@@ -145,3 +149,16 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     assert best.loss.name == "dar" and best.loss.temperature == starts[best_id] and best.loss.n_perturb == 2
     assert best.train.max_steps == 4 and best.train.name == "tiny-best" and best.model.name_or_path == str(tiny_model_dir)
     assert float(rows[best_id]["loss"]) == min(float(r["loss"]) for r in rows.values() if r["status"] == "terminated")
+
+
+def test_more_concurrent_trials_than_the_cluster_holds_is_refused_before_any_trial(tiny_model_dir, faq, tmp_path):
+    """3 concurrent trials x (0.1 CPU driver + 0.6 CPU worker) = 2.1 CPUs on a 2-CPU Ray: exit 2, nothing run."""
+    out = tmp_path / "sweep"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(_sweep(tiny_model_dir, faq, out)))
+    proc = _cli(sweep, "search.max_concurrent_trials=3", "train.cpus_per_worker=0.6")
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, log
+    assert "error: tune: 3 concurrent trial(s) x (0.1 CPU trial driver + 1 worker(s) x 0.6 CPU)" in log
+    assert "2.1 CPUs asked, the cluster has 2" in log and "Traceback" not in log
+    assert not (out / "events.jsonl").exists() and not (out / "tune").exists()
