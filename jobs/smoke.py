@@ -129,8 +129,17 @@ def _train_data(out: Path) -> list[str]:
             f"validation.qrels={corpus / 'qrels' / 'test.trec'}", f"train.storage_path={out / 'train'}"]
 
 
+def _fresh(run_dir: Path, marker: str) -> None:
+    """A smoke test starts from scratch: remove what an earlier smoke run left (only if it is one)."""
+    import shutil
+
+    if (run_dir / marker).exists():
+        shutil.rmtree(run_dir)
+
+
 def smoke_train(out: Path, config: str | None, overrides: list[str]) -> int:
     """DAR (jobs/configs/dar.yaml) for 6 steps on 2 workers x 0.5 CPU, validated at the end."""
+    _fresh(out / "train" / "smoke", "summary.json")
     return cli_main(["train", "--config", config or str(REPO / "jobs" / "configs" / "dar.yaml"), *_model_args(out),
                      *_train_data(out), "train.name=smoke", "train.max_steps=6", "train.num_workers=2",
                      "train.cpus_per_worker=0.5", "train.batch_size=8", "train.checkpoint_every=3",
@@ -140,6 +149,7 @@ def smoke_train(out: Path, config: str | None, overrides: list[str]) -> int:
 def smoke_ance(out: Path, config: str | None, overrides: list[str]) -> int:
     """ANCE (jobs/configs/ance.yaml, loss.name=ance): trainer and index refresher side by side, 12 steps."""
     corpus = faq_corpus(out)
+    _fresh(out / "train" / "ance_smoke", "summary.json")
     return cli_main(["train", "--config", config or str(REPO / "jobs" / "configs" / "ance.yaml"), *_model_args(out),
                      *_train_data(out), "train.name=ance_smoke", "train.max_steps=12", "train.num_workers=1",
                      "train.cpus_per_worker=0.5", "train.batch_size=8", "train.report_every=4",
@@ -152,6 +162,7 @@ def smoke_tune(out: Path, config: str | None, overrides: list[str]) -> int:
     """Two DAR trials (grid over loss.n_perturb), 4 steps each, ASHA on the validation metric."""
     import yaml
 
+    _fresh(out / "tune", "sweep.json")
     if config is None:
         corpus = faq_corpus(out)
         doc = {
