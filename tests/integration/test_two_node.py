@@ -1,0 +1,119 @@
+"""Two-node simulation (`ray.cluster_utils.Cluster`, not AutoscalingCluster) of training and ANCE: two Ray
+Train workers that cannot share a node (0.6 CPU each on two 1-CPU nodes), one per node, train a tiny
+DPR for a few steps; then ANCE's trainer and index refresher (0.6 CPU each) run on different nodes.
+Checkpoints, the final model and the negatives versions land where `train.storage_path` says.
+(Encoding on two nodes: tests/integration/test_encode_cluster.py.)
+
+The cluster runs in a subprocess of its own process group (never the session Ray fixture; a process
+is connected to one Ray at a time), ended by killing that group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    from pathlib import Path
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only (pipeline.ray_runtime does the same)
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
+    from pipeline.runtime_env import setup_offline_env
+    setup_offline_env()
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from pipeline.data.ingest import ingest
+    from pipeline.ance import run_ance
+    from pipeline.demo import demo_data_dir
+    from pipeline.train.config import load_train_config
+    from pipeline.train.trainer import train
+
+    tmp, model, dash = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    ingest([demo_data_dir()], "beir", tmp / "corpus", progress=False)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dash,
+        "node_ip_address": "127.0.0.1", "object_store_memory": 100 * 2**20})
+    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        job = load_train_config(None, [
+            f"model.name_or_path={model}", "model.pooling=mean", "model.normalize=true", "model.query_max_length=32",
+            "model.doc_max_length=64", f"data.corpus={tmp / 'corpus'}", "loss.name=dpr", "train.num_workers=2",
+            "train.cpus_per_worker=0.6", "train.batch_size=8", "train.max_steps=4", "train.checkpoint_every=2",
+            "train.report_every=2", f"train.storage_path={tmp / 'storage'}", "train.name=two_node", "optim.lr=1e-4"])
+        summary = train(job, progress=False)
+        workers = [a for a in list_actors(detail=True, limit=1000) if "TrainWorker" in a.class_name]
+        alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        # ANCE: one training worker and the index refresher, 0.6 CPU each: one per node
+        ance = load_train_config(None, [
+            f"model.name_or_path={model}", "model.pooling=mean", "model.normalize=true", "model.query_max_length=32",
+            "model.doc_max_length=64", f"data.corpus={tmp / 'corpus'}", "data.hard_negatives=1", "loss.name=ance",
+            "train.num_workers=1", "train.cpus_per_worker=0.6", "train.batch_size=8", "train.max_steps=24",
+            "train.step_sleep_s=0.5", "train.report_every=4", "train.negatives_poll_every=2", f"train.storage_path={tmp / 'storage'}",
+            "train.name=two_node_ance", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
+            "ance.cpus=0.6", "ance.poll_seconds=0.2", "ance.precision=fp32",
+            f"ance.dev_qrels={tmp / 'corpus' / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
+        ance_summary = run_ance(ance, progress=False)
+        actors = list_actors(detail=True, limit=1000)
+        refreshers = [a for a in actors if "IndexRefresher" in a.class_name]
+        ance_workers = [a for a in actors if "TrainWorker" in a.class_name and a.actor_id not in
+                        {w.actor_id for w in workers}]
+        print("RESULT " + json.dumps({"steps": summary["steps"], "cluster_nodes": alive,
+                                      "worker_nodes": sorted({a.node_id for a in workers}),
+                                      "workers": len(workers), "ance_steps": ance_summary["steps"],
+                                      "ance_versions": [v["version"] for v in ance_summary["negatives_versions"]],
+                                      "refresher_nodes": sorted({a.node_id for a in refreshers}),
+                                      "ance_worker_nodes": sorted({a.node_id for a in ance_workers})}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+''')
+
+
+def test_training_spreads_over_two_nodes(tiny_model_dir, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dash = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), str(tiny_model_dir), str(dash)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"two-node training did not finish in 300 s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, stdout[-3000:] + stderr[-6000:]
+    res = json.loads(lines[0][len("RESULT "):])
+    assert res["steps"] == 4
+    assert len(res["cluster_nodes"]) == 2
+    assert res["worker_nodes"] == res["cluster_nodes"]  # one training worker on each simulated node
+    run = tmp_path / "storage" / "two_node"
+    assert (run / "model" / "modules.json").exists()  # the final model where train.storage_path says
+    assert "step-00000004" in {p.name for p in run.glob("step-*")}  # the last checkpoint, in the storage path
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    # ANCE: the trainer and the refresher on different nodes; versions published in the storage path
+    assert res["ance_steps"] == 24 and res["ance_versions"]  # the trainer switched to a published version
+    assert len(res["refresher_nodes"]) == 1 and len(res["ance_worker_nodes"]) == 1
+    assert res["refresher_nodes"] != res["ance_worker_nodes"]
+    assert sorted(set(res["refresher_nodes"] + res["ance_worker_nodes"])) == res["cluster_nodes"]
+    assert list((tmp_path / "storage" / "two_node_ance" / "negatives").glob("v-*"))
