@@ -333,6 +333,10 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     # Tune's own output off (its legacy engine at verbosity 0 prints nothing; the new one still
     # prints banners): the Progress callback prints one line per trial event instead.
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # Validation metrics come only every train.eval_every steps: Tune's strict check would fail a
+    # trial on its first report without them. The metric was checked against what the trainer
+    # reports before any trial started (space.metric_mode), and ASHA skips results without it.
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
     import logging
 
     # ... and its warnings that speak Python to CLI users ("Resume experiment with:
@@ -356,7 +360,14 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
                                                        scheduler=scheduler, num_samples=s.num_samples,
                                                        max_concurrent_trials=conc, reuse_actors=False))
     t0 = time.time()
-    grid = tuner.fit()
+    from ray.tune.error import TuneError
+
+    try:
+        grid = tuner.fit()
+    except TuneError as e:  # Tune's controller itself failed (a trial's own error is a status, below)
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        raise PipelineError(f"Ray Tune stopped: {lines[-1] if lines else e}; the sweep's state is in "
+                            f"{out / EXPERIMENT} (pipeline tune ... --resume)") from None
     summary = write_results(cfg, events, metric, mode)
     summary["wall_seconds"] = round(time.time() - t0, 1)
     summary["concurrent_trials"] = conc
