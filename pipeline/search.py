@@ -122,11 +122,13 @@ class QueryEncoder:
         self.device = _device(device)
         self.model.to(self.device).eval()
         self.batch_size = batch_size
+        self.precision = meta.get("precision") or "fp32"  # the documents' precision
 
     def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise ConfigError("queries must be a list of strings")
-        return self.model.embed(list(texts), "query", batch_size=self.batch_size, device=self.device)
+        return self.model.embed(list(texts), "query", batch_size=self.batch_size, device=self.device,
+                                precision=self.precision)
 
     def encode(self, text: str, **_) -> np.ndarray:
         return self.encode_batch([text])[0]

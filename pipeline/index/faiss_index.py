@@ -195,7 +195,8 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             "factory": cfg.factory, "metric": cfg.metric, "ntotal": int(final.ntotal), "dim": dim,
             "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
             "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir.resolve()),
-            **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus")},
+            **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus",
+                                        "precision")},
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     if progress:

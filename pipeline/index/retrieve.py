@@ -72,8 +72,10 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     qids = list(queries)
     all_scores, all_ids = [], []
     bs = cfg.retrieve.batch_size
+    # queries in the documents' precision (encode.precision recorded in the index), unless told otherwise
+    precision = index.meta.get("precision") or "fp32"
     for s in range(0, len(qids), bs):
-        vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs)
+        vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
         _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
         scores, ids = index.search(vecs, k)
         all_scores.append(scores)
