@@ -81,7 +81,16 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
         **kwargs,
     )
     _started_local = True
+    _quiet_ray_data()
     start_watchdog()
+
+
+def _quiet_ray_data() -> None:
+    """Ray Data's per-dataset INFO lines and its "progress bars disabled" notice are noise in a user's
+    terminal (our steps print their own progress); they stay in the session's ray-data.log."""
+    import ray.data  # noqa: F401  (configures its loggers first, so the level below sticks)
+
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def shutdown_local_ray() -> None:
