@@ -371,6 +371,9 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     summary = write_results(cfg, events, metric, mode)
     summary["wall_seconds"] = round(time.time() - t0, 1)
     summary["concurrent_trials"] = conc
+    saved = json.loads((out / "summary.json").read_text())
+    write_json_atomic(out / "summary.json", {**saved, "wall_seconds": summary["wall_seconds"],
+                                             "concurrent_trials": conc})
     st = summary["statuses"]
     print_fn(f"[tune] {summary['trials']} trial(s): " + ", ".join(f"{n} {k}" for k, n in st.items() if n)
              + f" in {summary['wall_seconds']:.0f}s; table {out / 'results.md'}"
