@@ -30,8 +30,8 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="'tiny' (random BERT), 'minilm', or a model directory")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--refresh-every", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--refresh-every", type=int, default=50)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
 
