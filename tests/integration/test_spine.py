@@ -115,8 +115,9 @@ def test_resume_after_kill(ray_session, tiny_model_dir, corpus, tmp_path, monkey
 
     monkeypatch.setattr(encode_mod, "_report_shard", lambda name, rows: None)
     summary = encode_corpus(corpus, out, cfg)
-    assert summary["reused_shards"] == len(kept)
-    assert summary["encoded"] == 300 - 40 * len(kept)
+    # an actor may still finish the shard it held after the driver died: reused >= what we saw
+    assert len(kept) <= summary["reused_shards"] < 8
+    assert summary["encoded"] <= 300 - 40 * len(kept) and summary["encoded"] > 0
     pids = [p for ids, _ in iter_shards(out) for p in ids]
     assert len(pids) == len(set(pids)) == 300
     assert sum(len(v) for _, v in iter_shards(out)) == 300
