@@ -109,12 +109,3 @@ def refresh_command(run_dir: str | Path, job, once: bool = False, idle_exit_s: f
     s = replace(s, queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
     return run_refresher(run_dir, s, corpus, once=once, idle_exit_s=idle_exit_s)
 
-
-def versions_table(summary: dict) -> str:
-    """Markdown: the versions the trainer used, with staleness and the refresher's dev metric."""
-    rows = ["| version | used from step | checkpoint step | dev metric | load s |", "|---|---|---|---|---|"]
-    for v in summary.get("negatives_versions", []):
-        dev = v.get("dev_metric")
-        rows.append(f"| {v['version']} | {v['at_step']} | {v.get('checkpoint_step')} | "
-                    f"{'' if dev is None else f'{dev:.4f}'} | {v.get('load_seconds')} |")
-    return "\n".join(rows)

@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pyarrow as pa
@@ -124,10 +125,12 @@ class NegativesVersion:
     def get(self, qid: str) -> list[str] | None:
         return self.texts.get(qid)
 
+    @cached_property
+    def _pool(self) -> list[str]:
+        return sorted({t for ts in self.texts.values() for t in ts})
+
     def pool(self) -> list[str]:
         """Every negative text of this version (for queries the version has none for)."""
-        if not hasattr(self, "_pool"):
-            self._pool = sorted({t for ts in self.texts.values() for t in ts})
         return self._pool
 
 

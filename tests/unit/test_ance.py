@@ -186,3 +186,20 @@ def test_subset_keeps_every_positive_of_the_sampled_queries(faq, tmp_path):
     with pytest.raises(PipelineError, match="more than --passages"):
         make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub3", passages=10,
                     train_queries=40, progress=False)
+
+
+def test_ance_negatives_before_a_version_and_for_queries_a_version_lacks():
+    import random
+
+    from pipeline.data.negatives import NegativesVersion
+    from pipeline.train.config import load_train_config
+    from pipeline.train.methods import StepContext, get_method
+
+    method = get_method("ance")
+    job = load_train_config(None, ["loss.name=ance", "data.hard_negatives=2"])
+    ctx = StepContext(job=job, device=torch.device("cpu"), rank=0, world=1, step=0, rng=random.Random(0))
+    row = {"idx": 0, "qid": "q9", "negatives": []}
+    assert method.negatives_for(row, ctx) == []  # no version and no initial negatives: in-batch only
+    ctx.negatives = NegativesVersion(1, {}, {"q1": ["n1", "n2"]})
+    got = method.negatives_for(row, ctx)  # q9 is not in the version and has none of its own
+    assert len(got) == 2 and set(got) <= {"n1", "n2"} and ctx.stats == {"negatives_fallback": 1}

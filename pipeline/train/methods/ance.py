@@ -41,19 +41,12 @@ class _ANCEBase(PairMethod):
             data = replace(data, hard_negatives=0)  # in-batch only until the first version: keep every example
         return build_examples(data, out_dir, progress=progress)
 
-    def negatives_for(self, row: dict, ctx: StepContext) -> list[str]:
-        h = ctx.job.data.hard_negatives
-        if h == 0:
-            return []
-        if ctx.negatives is None:
-            if not ctx.job.data.negatives_run and ctx.job.data.source == "qrels":
-                return []  # before the first version, every rank trains in-batch only
-            return pick_negatives(row, h, ctx.rng)
-        fresh = ctx.negatives.get(str(row["qid"]))
-        if fresh:
-            ctx.stats["negatives_from_version"] = ctx.stats.get("negatives_from_version", 0) + 1
-            return pick_negatives({"idx": row["idx"], "negatives": fresh}, h, ctx.rng)
-        ctx.stats["negatives_fallback"] = ctx.stats.get("negatives_fallback", 0) + 1
+    def initial_negatives(self, row: dict, ctx: StepContext, h: int) -> list[str]:
+        if not ctx.job.data.negatives_run and ctx.job.data.source == "qrels":
+            return []  # before the first version, every rank trains in-batch only
+        return pick_negatives(row, h, ctx.rng)
+
+    def fallback_negatives(self, row: dict, ctx: StepContext, h: int) -> list[str]:
         if len(row.get("negatives") or []):
             return pick_negatives(row, h, ctx.rng)
         pool = ctx.negatives.pool()  # a query the version has nothing for: negatives of other queries

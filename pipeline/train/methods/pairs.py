@@ -38,15 +38,24 @@ class PairMethod(Method):
         return build_examples(job.data, out_dir, progress=progress)
 
     def negatives_for(self, row: dict, ctx: StepContext) -> list[str]:
+        """The example's hard negatives: from the provider's version for its query id when there
+        is one, else `initial_negatives` (no version yet) or `fallback_negatives` (not in it)."""
         h = ctx.job.data.hard_negatives
         if h == 0:
             return []
-        if ctx.negatives is not None:
-            fresh = ctx.negatives.get(str(row["qid"]))
-            if fresh:
-                ctx.stats["negatives_from_version"] = ctx.stats.get("negatives_from_version", 0) + 1
-                return pick_negatives({"idx": row["idx"], "negatives": fresh}, h, ctx.rng)
-            ctx.stats["negatives_fallback"] = ctx.stats.get("negatives_fallback", 0) + 1
+        if ctx.negatives is None:
+            return self.initial_negatives(row, ctx, h)
+        fresh = ctx.negatives.get(str(row["qid"]))
+        if fresh:
+            ctx.stats["negatives_from_version"] = ctx.stats.get("negatives_from_version", 0) + 1
+            return pick_negatives({"idx": row["idx"], "negatives": fresh}, h, ctx.rng)
+        ctx.stats["negatives_fallback"] = ctx.stats.get("negatives_fallback", 0) + 1
+        return self.fallback_negatives(row, ctx, h)
+
+    def initial_negatives(self, row: dict, ctx: StepContext, h: int) -> list[str]:
+        return pick_negatives(row, h, ctx.rng)
+
+    def fallback_negatives(self, row: dict, ctx: StepContext, h: int) -> list[str]:
         return pick_negatives(row, h, ctx.rng)
 
     def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
