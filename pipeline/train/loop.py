@@ -4,7 +4,8 @@ It knows a method only through the interface in `train/methods/base.py`: example
 from the method's sampler, the method's `forward` runs the towers, `assemble` gathers
 across workers, and the method's pure loss function scores the batch dict. The loop owns
 DDP, precision, clipping, the optimizer and schedule, checkpoints with exact resume, the
-validation hook, the negatives provider (polled every `train.negatives_poll_every` steps,
+validation hook (it may return `{"stop": True}`: every rank ends at that step, and the
+checkpoint written there, marked `stopped_early`, counts as complete), the negatives provider (polled every `train.negatives_poll_every` steps,
 the version in use recorded in every checkpoint) and reporting (terms reduced across
 workers; rank 0 sends one progress record per report to the driver).
 """
@@ -156,6 +157,8 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     if ckpt_path is not None:
         d = Path(ckpt_path)
         resume_state = json.loads((d / "state.json").read_text())
+        if resume_state.get("stopped_early"):
+            return  # the validation hook ended this run: a restart inside fit() trains no further
         model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
         train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
         history = json.loads((d / "history.json").read_text())
@@ -227,7 +230,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     n_window, t_window = 0, time.time()
     t_start, step_start = time.time(), step
 
-    def report(extra: dict | None = None, checkpoint: bool = False):
+    def report(extra: dict | None = None, checkpoint: bool = False, stopped_early: bool = False):
         nonlocal window, n_window, t_window
         gathered = _all_gather_object((window, n_window, sorted(stat_keys)), world)
         metrics = reduce_window([g[0] for g in gathered], [g[1] for g in gathered],
@@ -272,7 +275,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                       "method": method.name, "loss": loop_cfg["job"]["loss"],
                                       "negatives_version": negatives.version if negatives is not None else None,
                                       "negatives_log": negatives_log, "versions": library_versions(),
-                                      "metrics": metrics})
+                                      "stopped_early": stopped_early, "metrics": metrics})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=checkpoint_dir_name(step))
 
@@ -287,9 +290,15 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         _barrier(world)
         return out
 
+    def stop_requested(extra: dict) -> bool:
+        """The validation hook's `{"stop": True}` (rank 0), the same decision on every rank."""
+        flag = bool(extra.pop("stop", False))
+        return bool(_all_gather_object(flag, world)[0])
+
+    stopped = False
     model.train()
     poll_negatives()
-    while step < total:
+    while step < total and not stopped:
         epoch, skip = step // spe, step % spe
         for b_idx, batch in enumerate(method.batches(iter(rows), job, epoch, rank, spe)):
             if b_idx < skip:
@@ -338,17 +347,20 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             do_eval = last or (tc.eval_every and step % tc.eval_every == 0)
             if do_ckpt or do_eval or step % tc.report_every == 0:
                 extra = validate() if do_eval else {}
-                if last:
+                if do_eval and validate_fn is not None and stop_requested(extra):
+                    stopped, do_ckpt = True, True  # ends here on every rank; the checkpoint says so
+                    extra["stopped_early"] = 1.0
+                if last or stopped:
                     extra["train_seconds"] = time.time() - t_start
                     extra["train_steps_run"] = step - step_start
-                report(extra, checkpoint=bool(do_ckpt))
+                report(extra, checkpoint=bool(do_ckpt), stopped_early=stopped)
                 if do_ckpt and tc.fail_after_checkpoint == step and not fail_marker.exists():
                     _barrier(world)
                     if rank == 0:
                         fail_marker.touch()
                     raise RuntimeError(f"simulated failure right after the checkpoint of step {step} "
                                        "(train.fail_after_checkpoint)")
-            if last:
+            if last or stopped:
                 break
     if batch_log is not None:
         batch_log.close()

@@ -153,12 +153,16 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     resume = resolve_resume(job, run_dir)
     if resume is not None:
         _check_identity(resume, identity)
-    complete = resume is not None and read_state(resume)["step"] >= total
+    resume_state = read_state(resume) if resume is not None else None
+    # a run the validation hook stopped early is complete too (`{"stop": True}`, see loop.py)
+    complete = resume_state is not None and (resume_state["step"] >= total or bool(resume_state.get("stopped_early")))
     write_text_atomic(run_dir / "config.yaml", dump_job(job))
     t0 = time.time()
     if complete:
         if progress:
-            print(f"[train] {tc.name}: already complete at {resume.name}; nothing to train", flush=True)
+            print(f"[train] {tc.name}: already complete at {resume.name}"
+                  + (" (stopped early by its validation hook)" if resume_state.get("stopped_early") else "")
+                  + "; nothing to train", flush=True)
     else:
         _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
              progress, callbacks)
@@ -173,6 +177,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
                "optim": to_dict(job.optim), "seed": tc.seed, "steps": state["step"], "total_steps": total,
                "steps_per_epoch": spe, "world_size": world, "batch_per_worker": B, "global_batch": world * B,
                "examples": meta["examples"], "examples_sha256": digest, "wall_seconds": round(time.time() - t0, 1),
+               "stopped_early": bool(state.get("stopped_early")),
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
                "resumed_from": str(resume) if resume else None, "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}
@@ -180,7 +185,9 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     if progress:
         m = state["metrics"]
         val = {k: v for k, v in m.items() if k.startswith("val_") and k not in ("val_seconds", "val_metric")}
-        print(f"[train] done: {tc.name} ({method.name}) step {state['step']}/{total}, "
+        print(f"[train] done: {tc.name} ({method.name}) "
+              + (f"stopped early at step {state['step']}/{total}" if summary["stopped_early"]
+                 else f"step {state['step']}/{total}") + ", "
               f"loss {m.get('loss', float('nan')):.4f}"
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
               + f", {summary['wall_seconds']:.0f}s -> {run_dir / 'model'}", flush=True)
