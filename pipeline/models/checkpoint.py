@@ -9,6 +9,7 @@
 A checkpoint is complete when state.json parses and every file it lists exists
 with the listed size, so a reader never trusts a half-copied checkpoint (Ray's
 upload order is not ours), and tolerates checkpoints that vanish (rotation).
+Readers take a local path or a storage URI (`pipeline/storage.py`: s3://, gs://, …).
 """
 
 from __future__ import annotations
@@ -36,22 +37,36 @@ def finalize_checkpoint(folder: str | Path, state: dict) -> None:
     os.replace(tmp, folder / STATE_FILE)
 
 
-def read_state(folder: str | Path) -> dict | None:
+def _location(folder):
+    """A local Path, or a storage.RemotePath for URIs (their listings go through pyarrow.fs)."""
+    from ..storage import RemotePath, is_uri, resolve
+
+    if isinstance(folder, RemotePath):
+        return folder
+    return resolve(folder) if is_uri(str(folder)) else Path(folder)
+
+
+def read_state(folder) -> dict | None:
     """state.json of a complete checkpoint, or None if it is incomplete or gone."""
-    folder = Path(folder)
+    folder = _location(folder)
     try:
         state = json.loads((folder / STATE_FILE).read_text())
-        for rel, size in state["files"].items():
-            if (folder / rel).stat().st_size != size:
+        if isinstance(folder, Path):
+            for rel, size in state["files"].items():
+                if (folder / rel).stat().st_size != size:
+                    return None
+        else:  # one listing instead of a request per file
+            sizes = folder.file_sizes()
+            if any(sizes.get(rel) != size for rel, size in state["files"].items()):
                 return None
     except (OSError, ValueError, KeyError):
         return None
     return state
 
 
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under a run folder, oldest first."""
-    run_dir = Path(run_dir)
+def list_checkpoints(run_dir) -> list[tuple[int, Path]]:
+    """Complete checkpoints under a run folder (a path or a storage URI), oldest first."""
+    run_dir = _location(run_dir)
     if not run_dir.is_dir():
         return []
     found = []
@@ -62,7 +77,7 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
+def latest_checkpoint(run_dir) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
 

@@ -1,0 +1,96 @@
+"""pipeline.storage on a real S3 protocol (moto's server on 127.0.0.1) and on local paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from s3_emulator import make_bucket, uri
+
+from pipeline import storage
+from pipeline.errors import ConfigError
+from pipeline.models.checkpoint import finalize_checkpoint, latest_checkpoint, list_checkpoints, read_state
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    return make_bucket()
+
+
+def test_resolve_kinds(tmp_path):
+    assert storage.resolve(str(tmp_path / "x")) == tmp_path / "x"
+    assert storage.resolve(f"file://{tmp_path}/y") == tmp_path / "y"
+    r = storage.resolve(uri("bkt", "a/b"))
+    assert isinstance(r, storage.RemotePath) and r.path == "bkt/a/b" and r.name == "b"
+    child = r / "c" / "d.json"
+    assert child.path == "bkt/a/b/c/d.json" and str(child).startswith("s3://bkt/a/b/c/d.json?endpoint_override=")
+    assert child.parent.parent == r
+    with pytest.raises(ConfigError, match="nosuch://b"):
+        storage.resolve("nosuch://b/x")
+
+
+def test_remote_reads_writes_listing_and_pickling(bucket, tmp_path):
+    import pickle
+
+    root = storage.resolve(uri(bucket, "t1"))
+    assert not root.exists() and list(root.iterdir()) == []
+    storage.write_json_atomic(root / "a" / "x.json", {"k": 1})
+    (root / "b.txt").write_text("hi")
+    assert storage.read_json(root / "a" / "x.json") == {"k": 1}
+    assert sorted(c.name for c in root.iterdir()) == ["a", "b.txt"]
+    assert (root / "a").is_dir() and (root / "b.txt").is_file() and (root / "b.txt").stat().st_size == 2
+    with pytest.raises(FileNotFoundError):
+        (root / "missing").read_text()
+    again = pickle.loads(pickle.dumps(root / "b.txt"))  # a worker re-makes the filesystem from the URI
+    assert again.read_text() == "hi"
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"\0" * 1000)
+    (src / "DONE").write_text("ok\n")
+    storage.upload_dir(src, root / "up", marker="DONE")
+    assert (root / "up").file_sizes() == {"sub/w.bin": 1000, "DONE": 3}
+    back = storage.download_dir(root / "up", tmp_path / "back")
+    assert (back / "sub" / "w.bin").read_bytes() == b"\0" * 1000
+    storage.copy_dir(root / "up", root / "up2")
+    assert (root / "up2").file_sizes() == (root / "up").file_sizes()
+    storage.rmtree(root / "up2")
+    assert not (root / "up2").exists()
+
+
+def test_checkpoint_listing_on_s3_trusts_only_complete_ones(bucket, tmp_path):
+    run = storage.resolve(uri(bucket, "run"))
+    for step in (2, 4):
+        d = tmp_path / f"step-{step:08d}"
+        (d / "model").mkdir(parents=True)
+        (d / "model" / "w.bin").write_bytes(b"x" * step)
+        finalize_checkpoint(d, {"step": step})
+        storage.upload_dir(d, run / d.name, marker="state.json")
+    # step 6: state.json uploaded but one listed file missing (an upload cut short)
+    d = tmp_path / "step-00000006"
+    (d / "model").mkdir(parents=True)
+    (d / "model" / "w.bin").write_bytes(b"y")
+    finalize_checkpoint(d, {"step": 6})
+    (run / d.name / "state.json").write_bytes((d / "state.json").read_bytes())
+    assert [s for s, _ in list_checkpoints(run)] == [2, 4]
+    assert latest_checkpoint(run).name == "step-00000004" and read_state(run / "step-00000004")["step"] == 4
+    assert read_state(run / "step-00000006") is None
+
+
+def test_check_writable_ok_and_clear_failures(bucket, tmp_path):
+    storage.check_writable(uri(bucket, "probe/here"))
+    assert list(storage.resolve(uri(bucket, "probe/here")).iterdir()) == []  # the probe is gone
+    with pytest.raises(ConfigError, match=r"storage s3://no-such-bucket/x.*bucket does not exist"):
+        storage.check_writable(uri("no-such-bucket", "x"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if __import__("os").getuid() != 0:  # root writes anywhere
+            with pytest.raises(ConfigError, match=str(ro)):
+                storage.check_writable(str(ro))
+    finally:
+        ro.chmod(0o700)
+    storage.check_writable(str(tmp_path / "new" / "dir"))  # local: made if missing
+    assert json.loads(json.dumps({"ok": True}))
