@@ -39,10 +39,6 @@ EARLY_STOP_FILE = "early_stop.json"
 SELECT_STATE = "select_state.json"
 
 
-class EarlyStopped(Exception):
-    """Raised by the validation hook to end an entropy run (the trainer has no stop hook)."""
-
-
 # --------------------------------------------------------------------------- dev data
 
 
@@ -86,8 +82,10 @@ class EarlyStop:
     """Validation hook of an entropy run: the run's own loss (eq. 2) on fixed dev batches.
 
     Keeps the lowest-loss model in `<run>/best`; after `patience` evaluations without a lower
-    loss it writes `early_stop.json` and raises `EarlyStopped`, which ends the Ray Train run.
-    Its counters live in `<run>/select_state.json`, so a resumed run keeps them."""
+    loss it writes `early_stop.json` and returns `{"stop": True}`: the trainer ends the run on
+    every rank at that step with a checkpoint marked `stopped_early`, which counts as complete
+    (a re-run does not train on). Its counters live in `<run>/select_state.json`, so a resumed
+    run keeps them."""
 
     def __init__(self, run_dir: Path, pairs: list[tuple[str, str]], loss_cfg, batch_size: int, patience: int):
         self.run_dir, self.pairs, self.loss_cfg = Path(run_dir), pairs, loss_cfg
@@ -132,7 +130,7 @@ class EarlyStop:
                    val_seconds=time.time() - t0)
         if state["bad"] >= self.patience:
             write_json_atomic(self.run_dir / EARLY_STOP_FILE, {**state, "patience": self.patience})
-            raise EarlyStopped(f"dev loss has not improved for {self.patience} evaluations")
+            out["stop"] = True  # the trainer's early-stop hook (train/loop.py)
         return out
 
 
@@ -196,21 +194,19 @@ def _config_key(job) -> dict:
 
 
 def _run(train_fn, job, validate_fn, progress: bool) -> dict:
-    """One Ray Train run; an `EarlyStopped` from its hook (the run's marker file) is a normal end."""
+    """One Ray Train run to its end: its last step, or the step where its hook asked to stop
+    (the trainer's early-stop hook; a stopped run counts as complete and is not trained again)."""
     run_dir = Path(job.train.storage_path).expanduser().resolve() / job.train.name
-    if (run_dir / EARLY_STOP_FILE).exists():
-        return {"early_stopped": True, **json.loads((run_dir / EARLY_STOP_FILE).read_text())}
-    try:
-        summary = train_fn(job, validate_fn=validate_fn, progress=progress)
-    except Exception:
-        if (run_dir / EARLY_STOP_FILE).exists():
-            st = json.loads((run_dir / EARLY_STOP_FILE).read_text())
-            if progress:
-                print(f"[rcl] {job.train.name}: early stop after {st['evals']} evaluations "
-                      f"(best dev loss {st['best']:.4f} at evaluation {st['best_eval']})", flush=True)
-            return {"early_stopped": True, **st}
-        raise
-    return {"early_stopped": False, "steps": summary["steps"], "wall_seconds": summary["wall_seconds"]}
+    summary = train_fn(job, validate_fn=validate_fn, progress=progress)
+    rec = {"early_stopped": bool(summary.get("stopped_early")), "steps": summary["steps"],
+           "wall_seconds": summary["wall_seconds"]}
+    if rec["early_stopped"] and (run_dir / EARLY_STOP_FILE).exists():
+        st = json.loads((run_dir / EARLY_STOP_FILE).read_text())
+        rec.update(st)
+        if progress:
+            print(f"[rcl] {job.train.name}: early stop at step {summary['steps']} after {st['evals']} evaluations "
+                  f"(best dev loss {st['best']:.4f} at evaluation {st['best_eval']})", flush=True)
+    return rec
 
 
 def _chosen_model(run_dir: Path) -> Path:

@@ -15,7 +15,7 @@ import torch
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.losses.base import resolve_similarity
 from pipeline.models import BiEncoder
-from pipeline.rcl import EarlyStop, EarlyStopped, run_rcl, write_regulator_table
+from pipeline.rcl import EarlyStop, run_rcl, write_regulator_table
 from pipeline.train.config import load_train_config
 from pipeline.train.methods import StepContext, check_frozen, get_method
 from pipeline.train.methods.rcl import RegulatorTable, text_key
@@ -106,9 +106,11 @@ def test_early_stop_keeps_the_best_and_stops_after_patience(tiny_model_dir, tmp_
     model = BiEncoder.load(job.model)
     first = stop(model)
     assert (tmp_path / "best").is_dir() and first["val_bad_evals"] == 0
-    assert stop(model)["val_bad_evals"] == 1  # same model: no improvement
-    with pytest.raises(EarlyStopped):
-        stop(model)
+    assert "stop" not in first
+    second = stop(model)
+    assert second["val_bad_evals"] == 1 and "stop" not in second  # same model: no improvement
+    third = stop(model)  # patience reached: the trainer's early-stop hook ends the run
+    assert third["stop"] is True and third["val_bad_evals"] == 2
     assert json.loads((tmp_path / "early_stop.json").read_text())["best_eval"] == 1
 
 
