@@ -79,19 +79,13 @@ def run_trial(config: dict, ctx: dict) -> None:
     from ray import tune
 
     from ..runtime_env import setup_offline_env
-    from ..train.trainer import train
+    from .drivers import run_job
 
     os.chdir(ctx["cwd"])  # relative paths of the training config mean what they mean for the CLI
     setup_offline_env()
     trial_id = tune.get_context().get_trial_id()
     job = trial_job(ctx["base"], config, ctx["storage"], trial_id)
-    validate_fn = None
-    if job.validation.corpus:
-        from ..index.validate import Validator
-
-        v = job.validation
-        validate_fn = Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval)
-    train(job, validate_fn=validate_fn, progress=False, callbacks=[StepReport()])
+    run_job(job, [StepReport()])  # as `pipeline train` dispatches it (ANCE, RCL, ARR: drivers.py)
 
 
 # --------------------------------------------------------------------------- progress
@@ -198,19 +192,24 @@ def replay_asha(scheduler, events: list[dict], metric: str, mode: str) -> int:
 
 # --------------------------------------------------------------------------- resources
 
-def trial_demand(cfg: SweepConfig, base) -> tuple[float, float, int, float, float]:
-    """(CPUs, GPUs, workers, CPU per worker, GPU per worker) of the hungriest trial."""
+def trial_demand(cfg: SweepConfig, base, cluster_cpus: float | None = None):
+    """The hungriest trial's resources (drivers.Demand): its placement group's bundles (driver,
+    plus ANCE's refresher or RCL's regulator tasks) and its Train workers at their peak."""
+    from .drivers import trial_demand as demand_of
+
+    if cluster_cpus is None:
+        from ..ray_runtime import cluster_resources
+
+        cluster_cpus = cluster_resources()["CPU"]
     jobs = [base]
     for p in cfg.space:
         for v in p.candidates():
             jobs.append(load_job(set_key(cfg.base_data(), p.key, v), f"space.{p.key}"))
-    best = (0.0, 0.0, 1, 0.0, 0.0)
+    best = None
     for j in jobs:
-        tc = j.train
-        gpw = tc.gpus_per_worker if tc.use_gpu else 0.0
-        cpu = cfg.search.trial_cpus + tc.num_workers * tc.cpus_per_worker
-        if (cpu, tc.num_workers * gpw) > best[:2]:
-            best = (cpu, tc.num_workers * gpw, tc.num_workers, tc.cpus_per_worker, gpw)
+        d = demand_of(j, cfg.search.trial_cpus, cluster_cpus)
+        if best is None or (d.cpus, d.gpus) > (best.cpus, best.gpus):
+            best = d
     return best
 
 
@@ -221,7 +220,9 @@ def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: di
     from ..ray_runtime import check_resources, cluster_resources, node_resources
 
     res = resources or cluster_resources()
-    cpu, gpu, world, cpw, gpw = trial_demand(cfg, base)
+    d = trial_demand(cfg, base, res["CPU"])
+    cpu, gpu = d.cpus, d.gpus
+    world, cpw, gpw = d.workers, d.cpus_per_worker, d.gpus_per_worker
     keep = 1.0 if base.data.materialize == "never" else 0.0  # streamed examples: Ray Data's read tasks
     n = cfg.search.max_concurrent_trials
     if not n:
@@ -229,12 +230,27 @@ def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: di
         if gpu:
             n = min(n, math.floor(res["GPU"] / gpu + 1e-9))
         n = max(1, min(n, n_trials or n))
-    what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver + {world} worker(s) x "
+    side = "".join(f" + {_fmt_bundle(b)} {_side_name(base)}" for b in d.side())
+    what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver{side} + {world} worker(s) x "
             f"{cpw:g} CPU{f' + {gpw:g} GPU' if gpw else ''})")
+    nodes_ = nodes if nodes is not None else ([res] if resources else None)
     check_resources(what, n * cpu, n * gpu, keep, nodes=[res] if nodes is None and resources else nodes)
     check_resources(what, n * world * cpw, n * world * gpw, count=n * world,
-                    nodes=nodes if nodes is not None else ([res] if resources else node_resources()))
+                    nodes=nodes_ if nodes_ is not None else node_resources())
+    for b in d.side():  # each trial's side bundle must fit on a node too
+        check_resources(what, n * b.get("CPU", 0.0), n * b.get("GPU", 0.0), count=n,
+                        nodes=nodes_ if nodes_ is not None else node_resources())
     return n
+
+
+def _fmt_bundle(b: dict) -> str:
+    return f"{b.get('CPU', 0.0):g} CPU" + (f" + {b['GPU']:g} GPU" if b.get("GPU") else "")
+
+
+def _side_name(job) -> str:
+    from .drivers import kind_of
+
+    return {"ance": "index refresher", "rcl": "regulator task"}.get(kind_of(job), "side actor")
 
 
 def count_trials(cfg: SweepConfig) -> int:
@@ -324,7 +340,9 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
                                                "config": cfg.config_path, "base_source": cfg.base_source})
     param_space, search_alg, scheduler = build_search(cfg, metric, mode, max_t)
     ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": str(out / "trials")}
-    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), {"cpu": s.trial_cpus})
+    from .drivers import placement
+
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), placement(trial_demand(cfg, base)))
     events = out / "events.jsonl"
     progress = Progress(events, metric, [p.key for p in cfg.space], n_trials, print_fn)
     print_fn(f"[tune] {'resuming ' if resume else ''}{n_trials} trial(s) of {base.loss.name} "

@@ -250,6 +250,9 @@ def validate_sweep(cfg: SweepConfig):
         if grids:
             raise ConfigError(f"search.searcher=optuna does not take grid ({', '.join(grids)}): use choice")
     metric_mode(cfg, base)
+    from .drivers import check_space
+
+    check_space(cfg, base)
     if s.scheduler == "asha":
         max_t = s.max_t or base.train.max_steps
         if not max_t:
@@ -267,27 +270,19 @@ def validate_sweep(cfg: SweepConfig):
 
 
 def reported_metrics(job) -> list[str]:
-    """The names the trainer reports that a sweep can rank trials by."""
-    from ..train.methods import get_method
+    """The names the trainer reports that a sweep can rank trials by (per method: drivers.py)."""
+    from .drivers import reported_metrics as by_method
 
-    method = get_method(job.loss.name)
-    names = ["loss"] + [t for t in method.terms if t != "loss"]
-    if job.validation.corpus:
-        from ..eval.metrics import measure_name, measures_for
-
-        names.append("val_metric")
-        names += [f"val_{m}" for m in measures_for(job.eval)]
-        key = f"val_{measure_name(job.validation.metric, job.eval.rel_level)}"
-        if key not in names:
-            names.append(key)
-    return names
+    return by_method(job)[0]
 
 
 def metric_mode(cfg: SweepConfig, job) -> tuple[str, str]:
     """(metric name as the trainer reports it, max|min); an unknown metric is a ConfigError."""
+    from .drivers import reported_metrics as by_method
+
     metric = cfg.search.metric
-    names = reported_metrics(job)
-    if metric not in names and metric.startswith("val_") and job.validation.corpus:
+    names, hint = by_method(job)
+    if metric not in names and metric.startswith("val_") and "val_metric" in names:
         from ..eval.metrics import measure_name
 
         try:  # an alias: val_MRR@10 -> val_RR@10
@@ -297,7 +292,6 @@ def metric_mode(cfg: SweepConfig, job) -> tuple[str, str]:
         if alias in names:
             metric = alias
     if metric not in names:
-        hint = "" if job.validation.corpus else " (validation metrics need validation.corpus in the base config)"
         raise ConfigError(f"search.metric={cfg.search.metric!r} is not reported by the {job.loss.name} trainer; "
                           f"it reports {', '.join(names)}{hint}")
     mode = cfg.search.mode

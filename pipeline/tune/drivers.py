@@ -1,0 +1,248 @@
+"""What one trial runs, per method: the run `pipeline train` would start, the metrics it reports
+to Tune, and the resources the trial holds while it runs.
+
+    kind       methods             the trial runs                                   reports (Tune)
+    train      dpr, dar, ...       trainer.train (+ the spine's Validator)          every report of the run
+    authorship arr_cl/arr_mll/arr  trainer.train + AuthorshipValidator (R@8)         every report of the run
+    ance       ance, ance_dar      the index refresher actor beside trainer.train    every report of the run
+    rcl        rcl                 pipeline/rcl.run_rcl: stages 0-3 in the trial     the final model's reports
+
+Resources (Ray 2.60): a trial is a placement group, and every task or actor its driver starts
+without its own placement group is captured in it (`placement_group_capture_child_tasks`). Ray
+Train's workers get their own placement group, so a trial's group holds the driver bundle
+(`search.trial_cpus`) plus what the driver starts itself: ANCE's refresher actor (`ance.cpus`,
+`ance.gpus`) and RCL's stage-2 regulator tasks (what `rcl.build_regulators` asks per task). A
+trial's Train workers are counted at their peak: RCL's stage 1 runs several entropy models at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import ConfigError
+
+KINDS = ("train", "authorship", "ance", "rcl")
+
+
+def kind_of(job) -> str:
+    from ..authorship import AUTHORSHIP_METHODS
+
+    name = job.loss.name
+    if name in ("ance", "ance_dar"):
+        return "ance"
+    if name == "rcl":
+        return "rcl"
+    if name in AUTHORSHIP_METHODS:
+        return "authorship"
+    return "train"
+
+
+# --------------------------------------------------------------------------- metrics
+
+def _spine_metrics(job) -> list[str]:
+    """What the spine's Validator reports (index/validate.py): val_metric and every eval measure."""
+    from ..eval.metrics import measure_name, measures_for
+
+    names = ["val_metric"] + [f"val_{m}" for m in measures_for(job.eval)]
+    key = f"val_{measure_name(job.validation.metric, job.eval.rel_level)}"
+    return names if key in names else names + [key]
+
+
+def reported_metrics(job) -> tuple[list[str], str]:
+    """(the names a trial of this job reports that a sweep can rank by, a hint when validation is off)."""
+    from ..train.methods import get_method
+
+    method = get_method(job.loss.name)
+    names = ["loss"] + [t for t in method.terms if t != "loss"]
+    kind = kind_of(job)
+    if kind == "authorship":
+        # cli.make_validator: R@8 / MRR on the split's val file, unless a validation corpus is given
+        if job.section("authorship").split and not job.validation.corpus:
+            return names + ["val_metric", "val_R@8", "val_MRR"], ""
+        return names, " (ARR's validation, R@8 on the split's val file, needs authorship.split and no validation.corpus)"
+    if kind == "rcl":
+        # the final model's validation: the validation split, or the dev split rcl.dev_split carves
+        s = job.section("rcl")
+        if job.validation.corpus or (s.dev_split and job.data.corpus):
+            return names + _spine_metrics(job), ""
+        return names, " (RCL's final model is validated on validation.corpus or on the rcl.dev_split dev queries)"
+    if job.validation.corpus:
+        return names + _spine_metrics(job), ""
+    return names, " (validation metrics need validation.corpus in the base config)"
+
+
+# --------------------------------------------------------------------------- resources
+
+@dataclass(frozen=True)
+class Demand:
+    """One trial's resources: its placement group's bundles and its Train workers at their peak."""
+
+    bundles: tuple[dict, ...]      # [driver bundle, side bundles...] ({"CPU": .., "GPU": ..})
+    workers: int                   # Train workers at the peak (RCL stage 1: every concurrent run's)
+    cpus_per_worker: float
+    gpus_per_worker: float
+
+    @property
+    def cpus(self) -> float:
+        return sum(b.get("CPU", 0.0) for b in self.bundles) + self.workers * self.cpus_per_worker
+
+    @property
+    def gpus(self) -> float:
+        return sum(b.get("GPU", 0.0) for b in self.bundles) + self.workers * self.gpus_per_worker
+
+    def side(self) -> tuple[dict, ...]:
+        return self.bundles[1:]
+
+
+def _bundle(cpus: float, gpus: float = 0.0) -> dict:
+    return {"CPU": float(cpus), **({"GPU": float(gpus)} if gpus else {})}
+
+
+def regulator_task_cpus(n_models: int, cluster_cpus: float) -> float:
+    """CPUs of one stage-2 task, as `rcl.build_regulators` asks them (its rule, on the cluster's CPUs)."""
+    return max(0.25, min(1.0, cluster_cpus / max(1, n_models)))
+
+
+def rcl_entropy_shape(job, cluster_cpus: float | None = None) -> tuple[int, float]:
+    """(entropy runs at once, CPUs per worker) of RCL's stage 1, by `rcl._entropy_jobs`'s rule."""
+    s = job.section("rcl")
+    tc = job.train
+    n = len(s.entropy_lambdas)
+    per_run = tc.num_workers * tc.cpus_per_worker
+    cpus = per_run * n if cluster_cpus is None else cluster_cpus
+    conc = max(1, min(n, s.max_concurrent or n)) if s.concurrent else 1
+    cpw = s.entropy_cpus_per_worker or (tc.cpus_per_worker if conc * per_run <= cpus
+                                        else math.floor(100 * cpus / (conc * tc.num_workers)) / 100)
+    return conc, cpw
+
+
+def trial_demand(job, trial_cpus: float, cluster_cpus: float) -> Demand:
+    tc = job.train
+    gpw = tc.gpus_per_worker if tc.use_gpu else 0.0
+    bundles = [_bundle(trial_cpus)]
+    workers, cpw = tc.num_workers, tc.cpus_per_worker
+    kind = kind_of(job)
+    if kind == "ance":
+        s = job.section("ance")
+        if s.start_refresher and (s.cpus or s.gpus):
+            bundles.append(_bundle(s.cpus, s.gpus))
+    elif kind == "rcl":
+        s = job.section("rcl")
+        if s.regulators:
+            # the trial runs run_rcl with its own train_fn, so stage 1 keeps its configured shape
+            # (rcl_entropy_shape without the cluster): what is planned here is what runs
+            conc, ecpw = rcl_entropy_shape(job)
+            if conc * tc.num_workers * ecpw > workers * cpw:
+                workers, cpw = conc * tc.num_workers, ecpw
+            bundles.append(_bundle(regulator_task_cpus(len(s.entropy_lambdas), cluster_cpus)))
+    return Demand(tuple(bundles), workers, cpw, gpw)
+
+
+def placement(demand: Demand):
+    """The trial's Tune resources: one bundle for the driver, one per side actor / task."""
+    from ray import tune
+
+    bundles = [b for i, b in enumerate(demand.bundles) if i == 0 or any(b.values())]
+    return tune.PlacementGroupFactory(bundles)
+
+
+# --------------------------------------------------------------------------- pre-flight checks
+
+def check_space(cfg, base) -> None:
+    """Method-specific refusals of a sweep, before any trial starts."""
+    kind = kind_of(base)
+    keys = {p.key for p in cfg.space}
+    if kind == "ance" and "ance.refresh_every" in keys and base.train.checkpoint_every:
+        raise ConfigError(f"space.ance.refresh_every: the base sets train.checkpoint_every="
+                          f"{base.train.checkpoint_every}, which is the refresh interval when set (pipeline/ance.py); "
+                          "drop train.checkpoint_every from the base (and its overrides) so each trial checkpoints, "
+                          "and refreshes, every ance.refresh_every steps")
+    if kind == "ance" and "ance.start_refresher" in keys:
+        raise ConfigError("space.ance.start_refresher cannot be searched: each trial runs its own refresher")
+    if kind == "rcl":
+        for k in keys:
+            if k in ("rcl.regulator_tables",):
+                raise ConfigError(f"space.{k}: set by RCL's stages themselves; it cannot be searched")
+    if cfg.search.searcher == "optuna":
+        for p in cfg.space:
+            if p.kind == "choice" and not all(v is None or isinstance(v, (bool, int, float, str)) for v in p.values):
+                raise ConfigError(f"space.{p.key}: Optuna's choices must be numbers, strings or booleans, got "
+                                  f"{list(p.values)!r}; use searcher grid or random for lists")
+
+
+# --------------------------------------------------------------------------- running one trial
+
+def run_job(job, callbacks: list) -> dict:
+    """Train `job` as `pipeline train` would (cli.cmd_train's dispatch), reporting to Tune through
+    `callbacks` (Ray Train callbacks: the runner's StepReport)."""
+    from ..cli import make_validator
+    from ..train.trainer import train
+
+    kind = kind_of(job)
+    if kind == "ance":
+        return run_ance_trial(job, make_validator(job), callbacks)
+    if kind == "rcl":
+        from ..rcl import run_rcl
+
+        def train_fn(j, validate_fn=None, progress=False):
+            # only the final model (stage 3) reports: ASHA's step is the final model's step; the
+            # initial and entropy runs of the stages before it report nothing to Tune
+            final = j.train.name == "final"
+            return train(j, validate_fn=validate_fn, progress=progress, callbacks=list(callbacks) if final else None)
+
+        return run_rcl(job, progress=False, train_fn=train_fn)
+    return train(job, validate_fn=make_validator(job), progress=False, callbacks=list(callbacks))
+
+
+def run_ance_trial(job, validate_fn, callbacks: list) -> dict:
+    """pipeline/ance.run_ance with Tune's report callback on the trainer: the refresher actor is
+    started from the trial's driver, so it lands in the trial's placement group (its own bundle)."""
+    import threading
+    from dataclasses import asdict
+
+    import ray
+
+    from ..ance import _watch
+    from ..data.negatives import VersionedNegatives
+    from ..index.refresher import start_refresher
+    from ..io_utils import write_json_atomic
+    from ..train.trainer import train
+
+    s = job.section("ance")
+    tc = job.train
+    if tc.checkpoint_every == 0:
+        job = replace(job, train=replace(tc, checkpoint_every=s.refresh_every))
+        tc = job.train
+    corpus = s.corpus or job.data.corpus
+    if not corpus:
+        raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
+    run_dir = Path(tc.storage_path).expanduser().resolve() / tc.name
+    versions = Path(s.versions_dir) if s.versions_dir else run_dir / "negatives"
+    s = replace(s, versions_dir=str(versions), corpus=str(Path(corpus).resolve()),
+                queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
+    provider = VersionedNegatives(versions, corpus)
+    actor, watch, thread = None, {}, None
+    if s.start_refresher:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
+        actor = start_refresher(run_dir, s, s.corpus)
+        ray.get(actor.status.remote())
+        thread = threading.Thread(target=_watch, args=(actor.run.remote(), watch), daemon=True)
+        thread.start()
+    try:
+        summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=False,
+                        callbacks=list(callbacks))
+    finally:
+        if actor is not None:
+            try:
+                ray.get(actor.stop.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - the actor may be gone already
+                pass
+            thread.join(timeout=600)
+            ray.kill(actor)
+    if actor is not None:
+        summary["refresher"] = {"settings": asdict(s), **watch}
+        write_json_atomic(run_dir / "summary.json", summary)
+    return summary
