@@ -32,7 +32,10 @@ def cmd_ingest(args) -> None:
     qrels = {}
     for spec in args.qrels or []:
         split, _, path = spec.rpartition("=")
-        split = split or Path(path).stem
+        if not split:
+            from .data.irds import is_identifier, split_name
+
+            split = split_name(path) if is_identifier(path) else Path(path).stem
         if split in qrels:
             raise PipelineError(f"--qrels split {split!r} is given twice ({qrels[split]} and {path})")
         qrels[split] = path
@@ -44,6 +47,16 @@ def cmd_ingest(args) -> None:
     if args.format == "hf":
         hf_fields = {"id_field": "id", "title_field": "title", "text_field": "text", **given}
         hf_fields["title_field"] = hf_fields["title_field"] or None
+    if args.format is None:  # only an ir_datasets identifier needs no --format
+        from .data.irds import is_identifier, resolve
+
+        if len(args.inputs) == 1 and is_identifier(args.inputs[0]):
+            args.format = "irds"
+        else:
+            if len(args.inputs) == 1:
+                resolve(args.inputs[0])  # a missing 'a/b' that is no identifier: names close identifiers
+            raise PipelineError("ingest needs --format for files (dpr-wiki, msmarco, msmarco-titled, beir, hf); "
+                                "only an ir_datasets identifier (e.g. beir/scifact/test) needs none")
     ingest(args.inputs, args.format, args.out, variant=args.variant, title_join=args.title_join,
            part_rows=args.part_rows, on_empty=args.on_empty, queries=args.queries, qrels=qrels,
            on_unknown_qrels=args.on_unknown_qrels, overwrite=args.overwrite, hf_fields=hf_fields)
@@ -78,8 +91,17 @@ def cmd_retrieve(args) -> None:
         from dataclasses import replace
 
         model_cfg = replace(cfg.model, name_or_path=args.model)
-    retrieve(args.index, args.queries, args.out, cfg, queries_format=args.queries_format, model_cfg=model_cfg,
-             overwrite=args.overwrite)
+    from .data.irds import queries_file, resolve
+
+    queries = resolve(args.queries)  # an existing path wins over an ir_datasets identifier
+    irds_id = getattr(queries, "id", None)
+    meta = retrieve(args.index, queries_file(irds_id) if irds_id else args.queries, args.out, cfg,
+                    queries_format="tsv" if irds_id else args.queries_format, model_cfg=model_cfg,
+                    overwrite=args.overwrite)
+    if irds_id:  # the run's meta names the identifier, not the temporary file it was read through
+        from .io_utils import write_json_atomic
+
+        write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries": irds_id, "queries_ir_datasets": irds_id})
 
 
 def cmd_evaluate(args) -> None:
@@ -104,7 +126,13 @@ def cmd_evaluate(args) -> None:
     else:
         if not args.corpus:
             raise PipelineError("--qa needs --corpus (the ingested corpus the run retrieved from)")
-        result = qa_accuracy(read_run(args.run), args.qa, args.corpus, cfg.qa_ks, cfg.qa_match)
+        from .data.irds import queries_file, resolve
+
+        qa = resolve(args.qa)  # dpr-w100/natural-questions/dev: questions + answers, qids 0..N-1 as DPR's files
+        qa_path = queries_file(qa.id, "dpr-qa") if getattr(qa, "id", None) else args.qa
+        result = qa_accuracy(read_run(args.run), qa_path, args.corpus, cfg.qa_ks, cfg.qa_match)
+        if getattr(qa, "id", None):
+            result["qa"] = qa.id
     meta_path = Path(str(args.run) + ".meta.json")
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -250,15 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ingest", help="raw corpus files -> Parquet parts + manifest")
-    p.add_argument("inputs", nargs="+", help="corpus file(s); for --format beir, the BEIR folder")
-    p.add_argument("--format", required=True, choices=CORPUS_FORMATS)
+    p.add_argument("inputs", nargs="+", help="corpus file(s); for --format beir, the BEIR folder; or an ir_datasets "
+                                             "identifier (beir/scifact/test, msmarco-passage/dev/small: its docs, "
+                                             "queries and qrels, from files already in IR_DATASETS_HOME)")
+    p.add_argument("--format", choices=CORPUS_FORMATS, help="required for files; irds (an ir_datasets identifier) "
+                                                            "is implied for an identifier")
     p.add_argument("--out", required=True)
     p.add_argument("--variant", help="wiki-dpr | msmarco-official | msmarco-titled | beir-<name> | custom")
     p.add_argument("--title-join", help="'none' | '{title} [SEP] {text}' | '{title} {text}'")
     p.add_argument("--part-rows", type=int, default=100_000, help="passages per Parquet part (= encode shard)")
     p.add_argument("--on-empty", choices=("skip", "error"), default="skip")
-    p.add_argument("--queries", help="queries TSV (qid\\ttext) or jsonl to copy beside the corpus")
-    p.add_argument("--qrels", action="append", metavar="[SPLIT=]PATH", help="qrels to check against the corpus")
+    p.add_argument("--queries", help="queries TSV (qid\\ttext) or jsonl, or an ir_datasets identifier, to copy beside the corpus")
+    p.add_argument("--qrels", action="append", metavar="[SPLIT=]PATH", help="qrels (file or ir_datasets identifier) "
+                                                                          "to check against the corpus")
     p.add_argument("--on-unknown-qrels", choices=("skip", "error"), default="error")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--id-field", help="hf format only: id column (default id)")
@@ -285,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("retrieve", help="queries -> TREC run")
     p.add_argument("--index", required=True)
-    p.add_argument("--queries", required=True)
+    p.add_argument("--queries", required=True, help="queries file, or an ir_datasets identifier "
+                                                    "(e.g. msmarco-passage/dev/small; local files only)")
     p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"))
     p.add_argument("--out", required=True, help="TREC run file to write")
     p.add_argument("--top-k", type=int)
@@ -296,8 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics")
     p.add_argument("--run", required=True)
-    p.add_argument("--qrels")
-    p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy")
+    p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test)")
+    p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy, or an ir_datasets identifier "
+                                "with answers (dpr-w100/natural-questions/dev)")
     p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
     p.add_argument("--per-query", action="store_true")
     p.add_argument("--json", help="write the metrics as JSON here")
@@ -323,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
     p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
-    p.add_argument("--qrels", required=True)
+    p.add_argument("--qrels", required=True, help="qrels file or ir_datasets identifier")
     p.add_argument("--measures", help="ir-measures measures (= eval.measures; default as evaluate)")
     p.add_argument("--test", choices=("ttest", "randomization", "both"), default="ttest",
                    help="paired t-test (scipy ttest_rel), paired randomization test (scipy permutation_test), or both")

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from .. import __version__
 from ..errors import InputError, PipelineError
 from ..io_utils import sha256_file, write_json_atomic
-from . import readers
+from . import irds, readers
 from .manifest import (DEFAULT_TITLE_JOIN, DEFAULT_VARIANT, MANIFEST_NAME, check_title_join,
                        check_variant, describe, fingerprint, load_manifest)
 
@@ -137,10 +137,30 @@ def ingest(
     if hf_fields and fmt != "hf":
         raise PipelineError(f"{', '.join('--' + k.replace('_', '-') for k in sorted(hf_fields))} only apply to "
                             f"--format hf (the {fmt} format has fixed columns)")
-    inputs = [Path(p) for p in inputs]
     if not inputs:
         raise PipelineError("no input files given")
-    qrels = dict(qrels or {})
+    queries = irds.resolve(queries) if queries is not None else None
+    qrels = {split: irds.resolve(p) for split, p in (qrels or {}).items()}
+    irds_id = None
+    if fmt == "irds":
+        # an ir_datasets identifier: its docs (and its queries and qrels unless given), from local files only
+        if len(inputs) != 1:
+            raise PipelineError("format 'irds' takes one ir_datasets identifier (e.g. beir/scifact/test)")
+        ref = irds.resolve(str(inputs[0]))
+        if not isinstance(ref, irds.IrdsRef):
+            raise PipelineError(f"{inputs[0]} is a path, not an ir_datasets identifier (a path that exists always "
+                                "wins); give its --format instead of irds")
+        irds_id = ref.id
+        if not irds.has(irds_id, "docs"):
+            raise PipelineError(f"ir_datasets dataset {irds_id!r} has no documents to ingest")
+        if queries is None and irds.has(irds_id, "queries"):
+            queries = ref
+        if not qrels and irds.has(irds_id, "qrels"):
+            qrels = {irds.split_name(irds_id): ref}
+        variant = variant or irds.variant_for(irds_id)
+        inputs = [irds_id]
+    else:
+        inputs = [Path(p) for p in inputs]
     if fmt == "beir":
         if len(inputs) != 1 or not inputs[0].is_dir():
             raise PipelineError("format 'beir' takes one BEIR folder (with corpus.jsonl, queries.jsonl, qrels/)")
@@ -161,6 +181,8 @@ def ingest(
     _check_inputs(inputs, fmt, queries, qrels)
     integer_pids = variant in ("msmarco-official", "msmarco-titled")
 
+    content = hashlib.sha256() if irds_id else None  # the identity of an ir_datasets corpus: what was read
+
     def records():
         for p in inputs:
             for r in readers.corpus_reader(fmt, p, **(hf_fields or {})):
@@ -180,6 +202,8 @@ def ingest(
         (new / "corpus").mkdir(parents=True)
         writer = _PartWriter(new / "corpus", part_rows)
         for r in records():
+            if content is not None:
+                content.update(f"{r['pid']}\0{r['title']}\0{r['text']}\n".encode())
             if integer_pids and not (r["pid"].isascii() and r["pid"].isdigit()):
                 raise InputError(r["path"], r["line"], f"passage id {r['pid']!r} is not a non-negative integer, as "
                                  f"every MS MARCO pid is (variant {variant}); use --variant custom for other corpora")
@@ -215,17 +239,17 @@ def ingest(
 
         extra: dict = {}
         if queries is not None:
-            extra["queries"] = _write_queries(Path(queries), queries_format, new / "queries.tsv")
+            extra["queries"] = _write_queries(queries, queries_format, new / "queries.tsv")
         if qrels:
             pids = _load_pids(new)
             extra["qrels"] = {
-                split: _write_qrels(Path(path), new / "qrels" / f"{split}.trec", pids, on_unknown_qrels)
+                split: _write_qrels(path, new / "qrels" / f"{split}.trec", pids, on_unknown_qrels)
                 for split, path in sorted(qrels.items())
             }
         manifest = {
             "variant": variant,
             "format": fmt,
-            "sources": [_source(p) for p in inputs],
+            "sources": [_irds_source(irds_id, content) if irds_id else _source(p) for p in inputs],
             "rows": total,
             "title_join": title_join,
             "parts": writer.parts,
@@ -236,6 +260,8 @@ def ingest(
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             **extra,
         }
+        if irds_id:
+            manifest["ir_datasets"] = irds_id
         manifest["fingerprint"] = fingerprint(manifest)
         write_json_atomic(new / MANIFEST_NAME, manifest)
         stage.commit(manifest)
@@ -244,6 +270,15 @@ def ingest(
         print(f"[ingest] done: {total:,} passages in {len(writer.parts)} parts{skip_note}, "
               f"variant {variant}, title join {title_join!r}, {time.time() - t0:.1f}s -> {out}", flush=True)
     return manifest
+
+
+def _irds_source(identifier: str, content) -> dict:
+    """An ir_datasets corpus: its identifier and a sha256 of the records read (pid, title, text), which
+    does not depend on the form of its local files (archive or ir_datasets' extracted copy)."""
+    import ir_datasets
+
+    return {"ir_datasets": identifier, "ir_datasets_version": ir_datasets.__version__, "home": str(irds.home()),
+            "sha256": content.hexdigest(), "sha256_of": "records as read: pid NUL title NUL text LF"}
 
 
 def _source(p: Path) -> dict:
@@ -264,14 +299,14 @@ _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Which formats can carry which labelled variant (custom: any). The label decides which
 # numbers are comparable, so a label the data cannot have is refused.
 _VARIANT_FORMATS = {
-    "wiki-dpr": ("dpr-wiki", "hf"),
-    "msmarco-official": ("msmarco", "beir", "hf"),
+    "wiki-dpr": ("dpr-wiki", "hf", "irds"),
+    "msmarco-official": ("msmarco", "beir", "hf", "irds"),
     "msmarco-titled": ("msmarco-titled", "hf"),
 }
 
 
 def _check_variant_fits(variant: str, fmt: str, hf_fields: dict | None) -> None:
-    allowed = _VARIANT_FORMATS.get(variant) or (("beir", "hf") if variant.startswith("beir-") else None)
+    allowed = _VARIANT_FORMATS.get(variant) or (("beir", "hf", "irds") if variant.startswith("beir-") else None)
     if allowed is not None and fmt not in allowed:
         why = {"msmarco-titled": " (the titled variant has three columns pid, title, text: use --format msmarco-titled)",
                "msmarco-official": " (pid \\t text: use --format msmarco)"}.get(variant, "")
@@ -279,6 +314,11 @@ def _check_variant_fits(variant: str, fmt: str, hf_fields: dict | None) -> None:
                             f"{variant} comes as {' or '.join(allowed)}")
     if variant == "msmarco-titled" and fmt == "hf" and not (hf_fields or {}).get("title_field", "title"):
         raise PipelineError("--variant msmarco-titled needs a title column (--title-field)")
+
+
+def _irds_hint(p) -> str:
+    return (" (it is an ir_datasets identifier: omit --format, or use --format irds)"
+            if irds.is_identifier(str(p)) else "")
 
 
 def _file_key(p: Path):
@@ -291,9 +331,9 @@ def _file_key(p: Path):
 
 def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
     seen: dict = {}
-    for p in inputs:
+    for p in inputs if fmt != "irds" else []:
         if not p.exists():
-            raise InputError(p, None, "file not found")
+            raise InputError(p, None, "file not found" + _irds_hint(p))
         if p.is_dir() and fmt != "hf":
             raise InputError(p, None, f"is a folder; --format {fmt} reads a file")
         key = _file_key(p)
@@ -301,8 +341,13 @@ def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
             same = "given twice" if str(seen[key]) == str(p) else f"the same file as {seen[key]}"
             raise PipelineError(f"input {p} is {same}; give each corpus file once")
         seen[key] = p
-    for p in [queries, *qrels.values()]:
+    if fmt == "irds":
+        irds.check_local(str(inputs[0]), ("docs",))  # every file named now, before anything is written
+    for kind, p in [("queries", queries), *[("qrels", q) for q in qrels.values()]]:
         if p is None:
+            continue
+        if isinstance(p, irds.IrdsRef):
+            irds.check_local(p.id, (kind,))
             continue
         p = Path(p)
         if not p.exists():
@@ -565,7 +610,14 @@ def _load_pids(folder: Path) -> set[str]:
     return pids
 
 
-def _write_queries(src: Path, fmt: str, dest: Path) -> dict:
+def _origin(src, dest: Path) -> dict:
+    """Where queries/qrels came from: a file (path + sha256) or an ir_datasets identifier."""
+    if isinstance(src, irds.IrdsRef):
+        return {"source": src.id, "ir_datasets": src.id, "sha256": sha256_file(dest)}
+    return {"source": str(Path(src).resolve()), "sha256": sha256_file(src)}
+
+
+def _write_queries(src, fmt: str, dest: Path) -> dict:
     n = 0
     seen: set[str] = set()
     with open(dest, "w", encoding="utf-8") as f:
@@ -576,7 +628,7 @@ def _write_queries(src: Path, fmt: str, dest: Path) -> dict:
             text = " ".join(q["text"].split())
             f.write(f"{q['qid']}\t{text}\n")
             n += 1
-    return {"source": str(src.resolve()), "sha256": sha256_file(src), "count": n}
+    return {**_origin(src, dest), "count": n}
 
 
 def _write_qrels(src: Path, dest: Path, pids: set[str], on_unknown: str) -> dict:
@@ -596,4 +648,4 @@ def _write_qrels(src: Path, dest: Path, pids: set[str], on_unknown: str) -> dict
             seen.add(key)
             f.write(f"{r['qid']} 0 {r['docid']} {r['rel']}\n")
             n += 1
-    return {"source": str(src.resolve()), "sha256": sha256_file(src), "judgements": n, "dropped_unknown": dropped}
+    return {**_origin(src, dest), "judgements": n, "dropped_unknown": dropped}

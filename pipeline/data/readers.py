@@ -22,7 +22,7 @@ from ..errors import InputError
 
 csv.field_size_limit(sys.maxsize)
 
-CORPUS_FORMATS = ("dpr-wiki", "msmarco", "msmarco-titled", "beir", "hf")
+CORPUS_FORMATS = ("dpr-wiki", "msmarco", "msmarco-titled", "beir", "hf", "irds")  # irds: an ir_datasets identifier
 
 
 def _open_binary(path: Path):
@@ -296,6 +296,7 @@ def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:
         "msmarco-titled": read_msmarco_titled,
         "beir": read_beir_corpus,
         "hf": read_hf,
+        "irds": _read_irds_docs,
     }
     if fmt not in readers:
         raise InputError(path, None, f"unknown corpus format {fmt!r}; choose from {', '.join(CORPUS_FORMATS)}")
@@ -304,6 +305,12 @@ def corpus_reader(fmt: str, path: str | Path, **kwargs) -> Iterator[dict]:
     if fmt == "beir" and Path(path).is_dir():
         path = Path(path) / "corpus.jsonl"
     return readers[fmt](path, **kwargs)
+
+
+def _read_irds_docs(identifier) -> Iterator[dict]:
+    from . import irds
+
+    return irds.read_docs(str(identifier))
 
 
 # --------------------------------------------------------------------------- queries
@@ -360,7 +367,12 @@ def read_dpr_qa(path: str | Path) -> Iterator[dict]:
 
 
 def read_queries(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
-    """Queries from TSV (`qid\\ttext`), BEIR jsonl, or a DPR QA file (`fmt='dpr-qa'`)."""
+    """Queries from TSV (`qid\\ttext`), BEIR jsonl, a DPR QA file (`fmt='dpr-qa'`), or an
+    ir_datasets identifier (an existing path always wins; see data/irds.py)."""
+    if _is_irds(path):
+        from . import irds
+
+        return irds.read_queries(str(path))
     path = Path(path)
     if fmt == "auto":
         fmt = "beir" if path.name.endswith((".jsonl", ".jsonl.gz")) else "tsv"
@@ -418,12 +430,26 @@ def read_beir_qrels(path: str | Path) -> Iterator[dict]:
 
 
 def read_qrels(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
-    """Qrels in TREC or BEIR format (auto: BEIR when the first line is its header)."""
+    """Qrels in TREC or BEIR format (auto: BEIR when the first line is its header), or an
+    ir_datasets identifier (an existing path always wins)."""
+    if _is_irds(path):
+        from . import irds
+
+        return irds.read_qrels(str(path))
     path = Path(path)
     if fmt == "auto":
         first = next(iter_lines(path), (1, ""))[1]
         fmt = "beir" if _strip_bom(first).startswith("query-id") else "trec"
     return {"trec": read_trec_qrels, "beir": read_beir_qrels}[fmt](path)
+
+
+def _is_irds(spec) -> bool:
+    """An ir_datasets identifier given as a str or IrdsRef (a Path is always a file; a path that exists wins)."""
+    if isinstance(spec, Path):
+        return False
+    from . import irds
+
+    return irds.is_identifier(spec)
 
 
 def load_qrels(path: str | Path, fmt: str = "auto") -> dict[str, dict[str, int]]:
