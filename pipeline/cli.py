@@ -263,6 +263,35 @@ def cmd_tune(args) -> None:
     run_sweep(load_sweep_config(args.config, list(args.overrides)), resume=args.resume)
 
 
+def cmd_config_show(args) -> None:
+    """The resolved config as YAML: a pipeline config, a training job config or a Tune sweep file."""
+    import yaml
+
+    from .config import dump_config, load_config, merge_overrides, read_yaml, to_dict
+    from .confdoc import config_kind
+
+    data = merge_overrides(read_yaml(args.config), list(args.overrides))
+    kind = args.kind or config_kind(data)
+    if kind == "train":
+        from .train.config import dump_job, load_train_config
+
+        text = dump_job(load_train_config(args.config, list(args.overrides)))
+    elif kind == "sweep":
+        from .train.config import job_to_dict
+        from .tune.space import load_job, load_sweep_config
+
+        sweep = load_sweep_config(args.config, list(args.overrides))
+        text = yaml.safe_dump({"base": job_to_dict(load_job(sweep.base_data(), "base")),
+                               "base_source": sweep.base_source, "overrides": list(sweep.overrides),
+                               "space": sweep.raw.get("space"), "search": to_dict(sweep.search),
+                               "output": sweep.output}, sort_keys=False)
+    else:
+        text = dump_config(load_config(args.config, list(args.overrides)))
+    print(f"# {kind} config" + (f" from {args.config}" if args.config else " (defaults)")
+          + (f" with {' '.join(args.overrides)}" if args.overrides else ""))
+    print(text, end="")
+
+
 def cmd_demo(args) -> None:
     from .demo import run_demo
 
@@ -402,6 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_authorship_parser(sub)  # pipeline authorship split|evaluate|table (ARR)
 
+    p = sub.add_parser("config", help="config tools: `pipeline config show --config X.yaml [key=value ...]`")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    p = csub.add_parser("show", help="print the resolved config (file + overrides + defaults) as YAML; a training "
+                                     "job config (train/data/optim/loss sections) or a sweep file is detected")
+    p.add_argument("--kind", choices=("pipeline", "train", "sweep"), help="force the config kind (default: detected)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_config_show)
+
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--fresh", action="store_true", help="recompute every step")
@@ -415,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime_env import setup_offline_env
 
     setup_offline_env()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        _attach_config_help(parser)  # generated from the config dataclasses, only when help is asked for
+    args = parser.parse_args(argv)
     from .ray_runtime import shutdown_local_ray
 
     _exit_on_hangup()
@@ -430,6 +471,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown_local_ray()  # a local Ray this command started stops with it, however it ends
     return 0
+
+
+def _attach_config_help(parser: argparse.ArgumentParser) -> None:
+    """Each verb's --help ends with the config keys it reads and their defaults (pipeline/confdoc.py)."""
+    from .confdoc import example_override, verb_epilog
+
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for verb, sub in getattr(action, "choices", {}).items():
+            text = verb_epilog(verb)
+            if text:
+                sub.epilog = text
+                sub.formatter_class = argparse.RawDescriptionHelpFormatter
+            for a in sub._actions:  # the override example names one of this verb's own keys
+                if a.dest == "overrides" and example_override(verb):
+                    a.help = f"config overrides, e.g. {example_override(verb)} (keys below)"
 
 
 def _exit_on_hangup() -> None:
