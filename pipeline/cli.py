@@ -292,6 +292,15 @@ def cmd_config_show(args) -> None:
     print(text, end="")
 
 
+def cmd_info(args) -> None:
+    from .info import describe, info
+
+    if args.json:
+        print(json.dumps(describe(args.path), indent=2))
+        return
+    print(info(args.path))
+
+
 def cmd_demo(args) -> None:
     from .demo import run_demo
 
@@ -438,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("pipeline", "train", "sweep"), help="force the config kind (default: detected)")
     _add_config_args(p)
     p.set_defaults(func=cmd_config_show)
+
+    p = sub.add_parser("info", help="summarise a project folder or file: corpus, embeddings, index, run, qrels, "
+                                    "training run, checkpoint, sweep, model, metrics JSON")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo")
