@@ -26,6 +26,73 @@ def _cfg(args, extra: list[str] | None = None):
     return load_config(args.config, list(extra or []) + list(args.overrides))
 
 
+# --------------------------------------------------------------------------- common flags
+# --batch-size, --fp16 and --device are shorthands for config keys (trailing key=value overrides still win):
+#   encode   --batch-size -> encode.batch_size   --fp16 -> encode.precision=fp16   --device -> encode.gpus_per_actor
+#   retrieve --batch-size -> retrieve.batch_size                                    --device -> the query model's device
+#   train    --batch-size -> train.batch_size    --fp16 -> train.amp=fp16          --device -> train.use_gpu
+#   index                                                                           --device -> index.use_gpu
+#   sts      --batch-size                                                           --device -> the model's device
+# --fp16 means fp16 *compute* (autocast) and needs a GPU; it is refused on CPU. Stored float16 vectors are
+# encode.fp16=true, a separate choice.
+
+_DEVICE_HELP = "cpu, cuda or auto (a GPU when one is visible here); cuda without a GPU is an error"
+
+
+def _add_common_flags(p: argparse.ArgumentParser, batch: str | None = None, fp16: str | None = None,
+                      device: str | None = None) -> None:
+    if batch:
+        p.add_argument("--batch-size", type=int, help=batch)
+    if fp16:
+        p.add_argument("--fp16", action="store_true", help=fp16)
+    if device:
+        p.add_argument("--device", choices=("cpu", "cuda", "auto"), help=f"{device}: {_DEVICE_HELP}")
+
+
+def _remote_cluster(args) -> bool:
+    """True when the work runs on a Ray cluster we connect to (its GPUs are checked by Ray's resources)."""
+    import os
+
+    if os.environ.get("RAY_ADDRESS", "local") != "local":
+        return True
+    return any(o.startswith("ray.address=") and o.split("=", 1)[1] not in ("", "null", "local")
+               for o in args.overrides)
+
+
+def _gpu_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _resolve_device(args, what: str, cluster_ok: bool = False) -> str | None:
+    """'cpu' | 'cuda' | None (not given). cuda without a visible GPU is a PipelineError (unless the work runs
+    on a cluster we connect to, whose GPUs Ray's resource check verifies)."""
+    device = getattr(args, "device", None)
+    if device is None:
+        return None
+    remote = cluster_ok and _remote_cluster(args)
+    if device == "auto":
+        return "cuda" if _gpu_here() else ("auto" if remote else "cpu")
+    if device == "cuda" and not remote and not _gpu_here():
+        raise PipelineError(f"--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is false), so "
+                            f"{what} cannot run on one; use --device cpu (or auto)")
+    return device
+
+
+def _batch_override(args, key: str) -> list[str]:
+    b = getattr(args, "batch_size", None)
+    if b is None:
+        return []
+    if b < 1:
+        raise PipelineError(f"--batch-size must be a positive integer, got {b}")
+    return [f"{key}={b}"]
+
+
+def _fp16_refused(what: str, alt: str) -> PipelineError:
+    return PipelineError(f"--fp16 is fp16 compute, which needs a GPU; {what} runs on CPU here ({alt})")
+
+
 def cmd_ingest(args) -> None:
     from .data.ingest import ingest
 
@@ -66,13 +133,27 @@ def cmd_encode(args) -> None:
     from .index.encode import encode_corpus
 
     extra = [f"model.name_or_path={args.model}"] if args.model else []
-    encode_corpus(args.corpus, args.out, _cfg(args, extra))
+    extra += _batch_override(args, "encode.batch_size")
+    device = _resolve_device(args, "encoding", cluster_ok=True)
+    if device == "cpu":
+        extra.append("encode.gpus_per_actor=0")
+    cfg = _cfg(args, extra)
+    if device == "cuda" and cfg.encode.gpus_per_actor == 0:
+        cfg = _cfg(args, extra + ["encode.gpus_per_actor=1"])
+    if args.fp16:
+        if cfg.encode.gpus_per_actor == 0:
+            raise _fp16_refused("the encoder actors have no GPU", "--device cuda or encode.gpus_per_actor=1 gives them "
+                                "one; on CPU, encode.precision=bf16 or auto; float16 storage is encode.fp16=true")
+        cfg = _cfg(args, extra + [f"encode.gpus_per_actor={cfg.encode.gpus_per_actor}", "encode.precision=fp16"])
+    encode_corpus(args.corpus, args.out, cfg)
 
 
 def cmd_index(args) -> None:
     from .index.faiss_index import build_index
 
     extra = [f"index.factory={args.factory}"] if args.factory else []
+    if args.device:  # FAISS's own GPU check (index.use_gpu=yes without a FAISS GPU is an error naming the fix)
+        extra.append("index.use_gpu=" + {"cpu": "no", "cuda": "yes", "auto": "auto"}[args.device])
     build_index(args.embeddings, args.out, _cfg(args, extra).index, overwrite=args.overwrite)
     if args.pyserini:
         from .search import export_pyserini
@@ -85,6 +166,8 @@ def cmd_retrieve(args) -> None:
     from .index.retrieve import retrieve
 
     extra = [f"retrieve.top_k={args.top_k}"] if args.top_k is not None else []
+    extra += _batch_override(args, "retrieve.batch_size")
+    device = _resolve_device(args, "query encoding")
     cfg = _cfg(args, extra)
     model_cfg = None
     if args.model:
@@ -95,13 +178,39 @@ def cmd_retrieve(args) -> None:
 
     queries = resolve(args.queries)  # an existing path wins over an ir_datasets identifier
     irds_id = getattr(queries, "id", None)
+    model = _query_model_on(device, args.index, model_cfg) if device == "cuda" else None
     meta = retrieve(args.index, queries_file(irds_id) if irds_id else args.queries, args.out, cfg,
                     queries_format="tsv" if irds_id else args.queries_format, model_cfg=model_cfg,
-                    overwrite=args.overwrite)
+                    overwrite=args.overwrite, model=model)
     if irds_id:  # the run's meta names the identifier, not the temporary file it was read through
         from .io_utils import write_json_atomic
 
         write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries": irds_id, "queries_ir_datasets": irds_id})
+
+
+class _OnDevice:
+    """A BiEncoder whose `embed` runs on `device` (retrieve calls embed without one, i.e. on CPU)."""
+
+    def __init__(self, model, device: str):
+        self._model, self._device = model.to(device).eval(), device
+
+    def embed(self, texts, side, **kw):
+        return self._model.embed(texts, side, **{**kw, "device": self._device})
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def _query_model_on(device: str, index_dir, model_cfg):
+    """The query model retrieve would load (the index's, unless --model), placed on `device`."""
+    from .index.retrieve import query_model_config
+    from .models import BiEncoder
+
+    try:
+        meta = json.loads((Path(index_dir) / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # retrieve reports the unreadable index itself
+    return _OnDevice(BiEncoder.load(query_model_config(meta, model_cfg)), device)
 
 
 def cmd_evaluate(args) -> None:
@@ -201,7 +310,10 @@ def cmd_sts(args) -> None:
         check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
     cfg = _cfg(args)
     model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
-    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size)
+    device = _resolve_device(args, "STS encoding") or "cpu"
+    if device != "cpu":
+        model = model.to(device).eval()
+    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device)
     print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
           f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
     if args.json:
@@ -212,7 +324,16 @@ def cmd_train(args) -> None:
     from .train.config import load_train_config
     from .train.trainer import train
 
-    job = load_train_config(args.config, list(args.overrides))
+    extra = _batch_override(args, "train.batch_size")
+    device = _resolve_device(args, "training", cluster_ok=True)
+    if device in ("cpu", "cuda"):
+        extra.append(f"train.use_gpu={'true' if device == 'cuda' else 'false'}")
+    job = load_train_config(args.config, extra + list(args.overrides))
+    if args.fp16:
+        if not job.train.use_gpu:
+            raise _fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=bf16 "
+                                "or auto")
+        job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
     if job.loss.name in ("ance", "ance_dar"):
         from .ance import run_ance
 
@@ -340,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model", help="model dir or 'minilm' (= model.name_or_path)")
+    _add_common_flags(p, batch="texts per forward pass (= encode.batch_size)",
+                      fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
+                           "GPU actors, refused on CPU; vectors stay float32 (encode.fp16=true stores float16)",
+                      device="where the encoder actors run (= encode.gpus_per_actor: cpu 0, cuda 1)")
     _add_config_args(p)
     p.set_defaults(func=cmd_encode)
 
@@ -350,6 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")
     p.add_argument("--pyserini", action="store_true",
                    help="also write pyserini's FaissSearcher layout (index + docid) into --out")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"),
+                   help="build the FAISS index on CPU or GPU (= index.use_gpu no|yes|auto; yes needs faiss-gpu)")
     _add_config_args(p)
     p.set_defaults(func=cmd_index)
 
@@ -362,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int)
     p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
     p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
+    _add_common_flags(p, batch="queries per batch (= retrieve.batch_size)",
+                      device="where the query model runs (queries are encoded in the documents' precision, as "
+                             "recorded in the index)")
     _add_config_args(p)
     p.set_defaults(func=cmd_retrieve)
 
@@ -388,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--side", choices=("doc", "query"), default="doc", help="encode sentences as documents (default, "
                                                                            "no query prompt) or as queries")
     p.add_argument("--batch-size", type=int, default=64)
+    _add_common_flags(p, device="where the model runs")
     p.add_argument("--json", help="write spearman, pearson, pairs as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an STS JSON this tool wrote at --json")
     _add_config_args(p)
@@ -411,6 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("train", help="train with Ray Train: any registered method (loss.name: dpr, dar, ance, ance_dar, ...)")
+    _add_common_flags(p, batch="examples per worker per step (= train.batch_size)",
+                      fp16="fp16 mixed precision with a gradient scaler (= train.amp=fp16); needs GPU workers, "
+                           "refused on CPU (bf16 is train.amp=bf16)",
+                      device="train on CPUs or GPUs (= train.use_gpu)")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
