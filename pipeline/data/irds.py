@@ -77,8 +77,7 @@ def load(identifier: str):
     """The ir_datasets Dataset, or a PipelineError naming close identifiers."""
     ir_datasets = _irds()
     try:
-        with _quiet():
-            return ir_datasets.registry[identifier]
+        return ir_datasets.registry[identifier]
     except KeyError:
         pass
     known = list(ir_datasets.registry)
@@ -305,19 +304,6 @@ def _missing_message(identifier: str, entities, missing: list[Missing]) -> str:
 
 
 @contextlib.contextmanager
-def _quiet():
-    import logging
-
-    lg = logging.getLogger("ir_datasets")
-    level = lg.level
-    lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        lg.setLevel(level)
-
-
-@contextlib.contextmanager
 def no_network(identifier: str):
     """Every way ir_datasets could reach the network raises `_NoNetwork` (a PipelineError) instead."""
     ir = _irds()
@@ -362,7 +348,7 @@ def _iterate(identifier: str, entity: str) -> Iterator:
     ds = load(identifier)
     if not getattr(ds, f"has_{entity}")():
         raise PipelineError(f"ir_datasets dataset {identifier!r} has no {entity}")
-    with no_network(identifier), _quiet():
+    with no_network(identifier):  # ir_datasets' own progress lines (docstore builds, extraction) stay visible
         try:
             it = getattr(ds, f"{entity}_iter")()
             for rec in it:

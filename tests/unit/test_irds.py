@@ -8,6 +8,7 @@ Every subprocess has a timeout: a download attempt offline would hang, and must 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -24,6 +25,16 @@ QUERIES = [{"_id": "q1", "text": "what alpha"}, {"_id": "q2", "text": "gamma?"}]
 COLLECTION = "0\tThe presence of communication.\n1\tThe Manhattan Project and its atomic bomb.\n2\tCaf\u00e9 culture.\n"
 MS_QUERIES = "1048585\twhat is paula deen brother\n2\tAndrogen receptor define\n"
 MS_QRELS = "1048585\t0\t1\t1\n2\t0\t0\t1\n"
+PSGS = ("id\ttext\ttitle\n1\tThe Who are an English rock band formed in London.\tThe Who\n"
+        "2\tAaron is a prophet, high priest, and the brother of Moses.\tAaron\n"
+        "3\tParis is the capital of France.\tParis\n")
+NQ_DEV = [
+    {"question": "who is the brother of moses", "answers": ["Aaron"],
+     "positive_ctxs": [{"passage_id": "2", "score": 1000, "title": "Aaron", "text": "..."}],
+     "hard_negative_ctxs": [{"passage_id": "1", "score": 10}], "negative_ctxs": [{"passage_id": "3", "score": 0}]},
+    {"question": "capital of france", "answers": ["Paris"],
+     "positive_ctxs": [{"passage_id": "3", "score": 12.5}], "hard_negative_ctxs": [], "negative_ctxs": []},
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +58,14 @@ def irds(tmp_path_factory):
     (ms / "irds_version.txt").write_text("v2")
     (ms / "dev" / "small" / "queries.tsv").write_text(MS_QUERIES)
     (ms / "dev" / "small" / "qrels").write_text(MS_QRELS)
+    dpr = home / "dpr-w100"  # DPR's psgs_w100.tsv and biencoder-nq-dev.json, gzipped, at ir_datasets' cache paths
+    dpr.mkdir(parents=True)
+    with gzip.open(dpr / "docs.tsv.gz", "wt", encoding="utf-8") as f:
+        f.write(PSGS)
+    with gzip.open(dpr / "nq-dev.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(NQ_DEV, f)
+    (files / "psgs_w100.tsv").write_text(PSGS, encoding="utf-8")
+    (files / "nq-dev.csv").write_text("".join(f"{r['question']}\t{json.dumps(r['answers'])}\n" for r in NQ_DEV))
     for name, text in (("collection.tsv", COLLECTION), ("queries.tsv", MS_QUERIES), ("qrels.tsv", MS_QRELS)):
         (files / name).write_text(text, encoding="utf-8")
     return {"root": root, "home": home, "files": files}
@@ -213,3 +232,26 @@ def test_retrieve_queries_identifier_equals_the_file(irds, tmp_path, tiny_model_
     assert len((tmp_path / "a.trec").read_text().splitlines()) == 3
     meta = json.loads((tmp_path / "a.trec.meta.json").read_text())
     assert meta["queries"] == "beir/scifact/test" and meta["n_queries"] == 1
+
+
+def test_dpr_w100_ingest_and_qa_equal_the_dpr_files(irds, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run = tmp_path / "run.trec"
+    run.write_text("0 Q0 1 1 2.0 t\n0 Q0 2 2 1.0 t\n1 Q0 3 1 3.0 t\n")
+    res = cli(irds, ["ingest", "dpr-w100/natural-questions/dev", "--out", a],
+              ["ingest", irds["files"] / "psgs_w100.tsv", "--format", "dpr-wiki", "--out", b],
+              ["evaluate", "--run", run, "--qa", "dpr-w100/natural-questions/dev", "--corpus", a,
+               "--json", tmp_path / "qa1.json"],
+              ["evaluate", "--run", run, "--qa", irds["files"] / "nq-dev.csv", "--corpus", b,
+               "--json", tmp_path / "qa2.json"])
+    assert all(rc == 0 for rc, _, _ in res), [r[2] for r in res]
+    assert _rows(a) == _rows(b) and _rows(a)[0] == {"pid": "1", "title": "The Who",
+                                                    "text": "The Who are an English rock band formed in London."}
+    m = json.loads((a / "manifest.json").read_text())
+    assert m["variant"] == "wiki-dpr" and m["title_join"] == "{title} [SEP] {text}"
+    assert (a / "queries.tsv").read_text() == "0\twho is the brother of moses\n1\tcapital of france\n"
+    # DPR's relevance levels as ir_datasets maps them: 2 gold (score 1000), 1 other positives, 0 hard, -1 negatives
+    assert (a / "qrels" / "natural-questions-dev.trec").read_text() == "0 0 2 2\n0 0 1 0\n0 0 3 -1\n1 0 3 1\n"
+    qa1, qa2 = (json.loads((tmp_path / n).read_text()) for n in ("qa1.json", "qa2.json"))
+    assert qa1["metrics"] == qa2["metrics"] and qa1["qa"] == "dpr-w100/natural-questions/dev"
+    assert qa1["metrics"]["Top-1"] == 0.5 and qa1["metrics"]["Top-5"] == 1.0
