@@ -8,7 +8,9 @@ a `VersionedNegatives` provider over the refresher's versions folder, and trains
 connected only through the checkpoint format (trainer -> refresher) and the version format
 (refresher -> trainer). If the refresher dies for good, training goes on with the last version
 and one warning; when training ends the refresher is stopped and its per-version record is
-added to the run's summary.json.
+added to the run's summary.json. `train.storage_path` and `ance.versions_dir` may be storage
+URIs (s3://, gs://): the refresher reads checkpoints from and publishes versions to them, and
+the trainer's provider polls them (pipeline/storage.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 from .data.negatives import VersionedNegatives
 from .errors import ConfigError
 from .io_utils import write_json_atomic
+from .storage import RemotePath, is_uri, resolve
 
 
 def _watch(handle, out: dict) -> None:
@@ -51,8 +54,9 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) ->
     corpus = s.corpus or job.data.corpus
     if not corpus:
         raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
-    run_dir = Path(tc.storage_path).expanduser().resolve() / tc.name
-    versions = Path(s.versions_dir) if s.versions_dir else run_dir / "negatives"
+    run_dir = resolve(tc.storage_path) / tc.name
+    versions = (resolve(s.versions_dir) if is_uri(s.versions_dir) else Path(s.versions_dir)) if s.versions_dir \
+        else run_dir / "negatives"
     s = replace(s, versions_dir=str(versions), corpus=str(Path(corpus).resolve()),
                 queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
     provider = VersionedNegatives(versions, corpus)
@@ -86,7 +90,12 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) ->
             ray.kill(actor)
     if actor is not None:
         summary["refresher"] = {"settings": asdict(s), **watch}
-        write_json_atomic(run_dir / "summary.json", summary)
+        if isinstance(run_dir, RemotePath):
+            from .storage import write_json_atomic as write_remote
+
+            write_remote(run_dir / "summary.json", summary)
+        else:
+            write_json_atomic(run_dir / "summary.json", summary)
         if progress:
             st = watch.get("status") or {}
             vs = st.get("versions", [])

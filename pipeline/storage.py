@@ -400,7 +400,16 @@ def check_writable(location: str | Location, who: str | None = None) -> None:
                           ) from None
 
 
-def _probe_task(location: str) -> str | None:
+def _probe_task(location: str, shared: str) -> str | None:
+    loc = resolve(location)
+    try:
+        seen = (loc / shared).read_bytes()
+    except Exception:
+        seen = None
+    if seen != shared.encode():
+        return (f"storage {location}: this node does not see the probe the driver wrote there, so it is not "
+                "storage shared by the nodes (a local path on each machine?); use a shared filesystem mounted "
+                "at the same path on every node, or an object-store URI (s3://…, gs://…)")
     try:
         check_writable(location)
     except ConfigError as e:
@@ -409,17 +418,27 @@ def _probe_task(location: str) -> str | None:
 
 
 def check_writable_on_nodes(location: str | Location) -> int:
-    """The write check on every alive Ray node (a zero-CPU task pinned to each); returns the node count."""
+    """The write check on every alive Ray node (a zero-CPU task pinned to each), which must also
+    see a probe the driver wrote (shared storage, not one local folder per machine).
+    Returns the number of nodes checked."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    task = ray.remote(num_cpus=0, max_retries=0)(_probe_task)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-        str(location)) for n in nodes]
-    errors = [(n, e) for n, e in zip(nodes, ray.get(refs, timeout=120)) if e]
+    loc = resolve(location)
+    shared = f".shared-probe-{uuid.uuid4().hex[:12]}"
+    check_writable(loc, who="the driver")
+    write_bytes_atomic(loc / shared, shared.encode())
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        task = ray.remote(num_cpus=0, max_retries=0)(_probe_task)
+        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(location), shared) for n in nodes]
+        errors = [(n, e) for n, e in zip(nodes, ray.get(refs, timeout=120)) if e]
+    finally:
+        with contextlib.suppress(Exception):
+            (loc / shared).unlink()
     if errors:
         n, e = errors[0]
-        raise ConfigError(f"{len(errors)} of {len(nodes)} Ray node(s) cannot write to the storage; e.g. node "
+        raise ConfigError(f"{len(errors)} of {len(nodes)} Ray node(s) cannot use the storage; e.g. node "
                           f"{n.get('NodeManagerAddress')}: {e}")
     return len(nodes)

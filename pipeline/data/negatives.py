@@ -6,7 +6,9 @@ refresher, a mining job) and the trainer, which reads it through a provider.
     <dir>/v-000001/COMPLETE            written LAST: a version without it is never read
 
 A version is published data first, marker last, into a temporary folder renamed into
-place, so readers see a complete version or none. `VersionedNegatives` is the provider the
+place, so readers see a complete version or none. `<dir>` may be a storage URI (s3://, gs://;
+pipeline/storage.py): there the files are written in place (each object appears whole) and
+the marker, written last, is what makes the version exist; pruning deletes the marker first. `VersionedNegatives` is the provider the
 trainer polls (`latest_version`, `load`); it lives here, below both `train/` and `index/`,
 so neither imports the other.
 """
@@ -26,19 +28,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import PipelineError
+from ..storage import RemotePath, is_uri, resolve
 
 MARKER = "COMPLETE"
 VERSION_RE = re.compile(r"^v-(\d{6,})$")
 SCHEMA = pa.schema([("qid", pa.string()), ("negatives", pa.list_(pa.string()))])
 
 
-def version_dir(root: str | Path, version: int) -> Path:
-    return Path(root) / f"v-{version:06d}"
+def _location(root):
+    return root if isinstance(root, RemotePath) else resolve(root) if is_uri(str(root)) else Path(root)
 
 
-def list_versions(root: str | Path) -> list[int]:
-    """Complete versions under `root`, oldest first (folders without the marker are ignored)."""
-    root = Path(root)
+def version_dir(root, version: int):
+    return _location(root) / f"v-{version:06d}"
+
+
+def list_versions(root) -> list[int]:
+    """Complete versions under `root` (a path or URI), oldest first (folders without the marker are ignored)."""
+    root = _location(root)
     if not root.is_dir():
         return []
     out = []
@@ -52,7 +59,9 @@ def list_versions(root: str | Path) -> list[int]:
 def publish_version(root: str | Path, version: int, negatives: dict[str, list[str]], meta: dict,
                     keep: int = 0) -> Path:
     """Write version `version` (data, meta, then the marker) and keep only the newest `keep` (0 = all)."""
-    root = Path(root)
+    root = _location(root)
+    if isinstance(root, RemotePath):
+        return _publish_remote(root, version, negatives, meta, keep)
     root.mkdir(parents=True, exist_ok=True)
     final = version_dir(root, version)
     if final.exists():
@@ -74,6 +83,31 @@ def publish_version(root: str | Path, version: int, negatives: dict[str, list[st
     if keep > 0:
         for old in list_versions(root)[:-keep]:
             shutil.rmtree(version_dir(root, old), ignore_errors=True)
+    return final
+
+
+def _table(negatives: dict[str, list[str]]) -> pa.Table:
+    qids = sorted(negatives)
+    return pa.Table.from_pydict({"qid": qids, "negatives": [list(negatives[q]) for q in qids]}, schema=SCHEMA)
+
+
+def _publish_remote(root: RemotePath, version: int, negatives: dict[str, list[str]], meta: dict,
+                    keep: int) -> RemotePath:
+    final = version_dir(root, version)
+    if (final / MARKER).exists():
+        raise PipelineError(f"{final}: version {version} already exists (versions are never overwritten)")
+    final.rmtree()  # what a killed publisher left (no marker: never read)
+    table = _table(negatives)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    (final / "negatives.parquet").write_bytes(sink.getvalue().to_pybytes())
+    body = {**meta, "version": version, "queries": table.num_rows}
+    (final / "meta.json").write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    (final / MARKER).write_text("ok\n")
+    if keep > 0:
+        for old in list_versions(root)[:-keep]:
+            (version_dir(root, old) / MARKER).unlink(missing_ok=True)  # unreadable first, then gone
+            version_dir(root, old).rmtree()
     return final
 
 
@@ -142,7 +176,7 @@ class VersionedNegatives:
     """
 
     def __init__(self, root: str | Path, corpus_dir: str | Path):
-        self.root = str(Path(root).resolve())
+        self.root = str(root) if is_uri(str(root)) else str(Path(root).resolve())
         self.corpus_dir = str(Path(corpus_dir).resolve())
 
     def latest_version(self) -> int | None:
@@ -156,7 +190,10 @@ class VersionedNegatives:
         if not (folder / MARKER).exists():
             raise PipelineError(f"{folder}: negatives version {version} is missing or incomplete (no {MARKER} marker)")
         meta = json.loads((folder / "meta.json").read_text())
-        table = pq.read_table(folder / "negatives.parquet")
+        if isinstance(folder, RemotePath):
+            table = pq.read_table((folder / "negatives.parquet").path, filesystem=folder.fs)
+        else:
+            table = pq.read_table(folder / "negatives.parquet")
         rows = dict(zip(table["qid"].to_pylist(), table["negatives"].to_pylist()))
         need = {p for pids in rows.values() for p in pids}
         passages = fetch_passages(self.corpus_dir, need, join=None)

@@ -17,6 +17,10 @@ with hard links so checkpoint rotation cannot delete it mid-read, and for it:
 
 A restarted actor (`max_restarts`) resumes after its last published version. `run_refresher`
 is the same loop without Ray (`pipeline refresh`, a separate job on other GPUs).
+
+The run folder and the versions folder may be storage URIs (s3://, gs://; pipeline/storage.py):
+a remote checkpoint is "pinned" by downloading it to a local temporary folder (and checked
+complete there), and versions are published with their marker last.
 """
 
 from __future__ import annotations
@@ -39,13 +43,18 @@ from ..data.negatives import RefresherConfig, list_versions, publish_version, ve
 from ..data.readers import load_qrels, load_queries
 from ..errors import PipelineError
 from ..models.checkpoint import list_checkpoints, read_state
+from ..storage import RemotePath, download_dir, is_uri, resolve
 
 PIN_DIR = ".pins"
 
 
-def check_run_dir(run_dir: str | Path, corpus_dir: str | Path) -> dict:
+def _location(p):
+    return p if isinstance(p, RemotePath) else resolve(p) if is_uri(str(p)) else Path(p)
+
+
+def check_run_dir(run_dir, corpus_dir: str | Path) -> dict:
     """Refuse a folder that is not a training run, or a corpus other than the one it trains on."""
-    run_dir = Path(run_dir)
+    run_dir = _location(run_dir)
     if not run_dir.is_dir() or not ((run_dir / "config.yaml").exists() or list_checkpoints(run_dir)):
         raise PipelineError(f"{run_dir}: not a training run (no config.yaml and no complete step-* checkpoint); "
                             "point the refresher at <train.storage_path>/<train.name>")
@@ -59,9 +68,20 @@ def check_run_dir(run_dir: str | Path, corpus_dir: str | Path) -> dict:
     return manifest
 
 
-def pin_checkpoint(ckpt: Path, pin_root: Path) -> Path | None:
+def pin_checkpoint(ckpt, pin_root: Path) -> Path | None:
     """Hard-link a complete checkpoint's files into a private folder (rotation cannot delete
-    them under us); None when it vanished or changed while pinning."""
+    them under us; a remote one is downloaded); None when it vanished or changed while pinning."""
+    if isinstance(ckpt, RemotePath):
+        pin = Path(pin_root) / f"{ckpt.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            download_dir(ckpt, pin)
+        except OSError:
+            shutil.rmtree(pin, ignore_errors=True)
+            return None
+        if read_state(pin) is None:
+            shutil.rmtree(pin, ignore_errors=True)
+            return None
+        return pin
     state = read_state(ckpt)
     if state is None:
         return None
@@ -104,11 +124,11 @@ class Refresh:
     def __init__(self, run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path, device: str | None = None):
         import torch
 
-        self.run_dir = Path(run_dir)
+        self.run_dir = _location(run_dir)
         self.cfg = cfg
         self.corpus_dir = Path(corpus_dir)
-        self.manifest = check_run_dir(run_dir, corpus_dir)
-        self.root = Path(cfg.versions_dir) if cfg.versions_dir else self.run_dir / "negatives"
+        self.manifest = check_run_dir(self.run_dir, corpus_dir)
+        self.root = _location(cfg.versions_dir) if cfg.versions_dir else self.run_dir / "negatives"
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         qrels_path = cfg.qrels or self.corpus_dir / "qrels" / "train.trec"
         queries_path = cfg.queries or self.corpus_dir / "queries.tsv"
@@ -155,7 +175,12 @@ class Refresh:
             return None
         step, ckpt = newest
         self.skipped += sum(1 for s, _ in list_checkpoints(self.run_dir) if self.last_step < s < step)
-        pin_root = self.root / PIN_DIR
+        if isinstance(ckpt, RemotePath) or isinstance(self.root, RemotePath):
+            import tempfile
+
+            pin_root = Path(tempfile.gettempdir()) / "pipeline-refresher-pins"  # pins are local copies
+        else:
+            pin_root = self.root / PIN_DIR
         pin = pin_checkpoint(ckpt, pin_root)
         if pin is None:
             return None  # rotated away while pinning: the next poll takes the newer one

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import storage as st
 from ..models import BiEncoder
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
@@ -151,9 +152,20 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     identity = loop_cfg["identity"]  # what a checkpoint must match to be resumed (see trainer.run_identity)
 
     # ---- model, optimizer, schedule; restored from a checkpoint when resuming
+    run_loc = st.resolve(loop_cfg["run_dir"]) if st.is_uri(loop_cfg["run_dir"]) else Path(loop_cfg["run_dir"])
+    remote = isinstance(run_loc, st.RemotePath)
     ray_ckpt = ray.train.get_checkpoint()
-    ckpt_path = choose_checkpoint(ray_ckpt.path if ray_ckpt is not None else None, loop_cfg.get("resume_from"))
+    ray_path = ray_ckpt.path if ray_ckpt is not None else None
+    if remote and ray_ckpt is not None:  # Ray's checkpoint lives on the URI's filesystem
+        ray_path = st.from_filesystem(ray_ckpt.filesystem, ray_ckpt.path, like=run_loc)
+    ckpt_path = choose_checkpoint(ray_path, loop_cfg.get("resume_from"))
     resume_state, train_state, history = None, None, []
+    staged = None
+    if ckpt_path is not None and st.is_uri(str(ckpt_path)):  # read a local copy of a remote checkpoint
+        staged = tempfile.mkdtemp(prefix="ckpt-")
+        source, ckpt_path = str(ckpt_path), str(st.download_dir(st.resolve(str(ckpt_path)), staged))
+        if read_state(ckpt_path) is None:
+            raise RuntimeError(f"checkpoint {source} changed or vanished while it was downloaded")
     if ckpt_path is not None:
         d = Path(ckpt_path)
         resume_state = json.loads((d / "state.json").read_text())
@@ -169,6 +181,10 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                + "; ".join(f"{k} ({a!r} then, {b!r} now)" for k, (a, b) in sorted(mismatch.items())))
     else:
         model = BiEncoder.load(job.model)
+    if staged is not None:
+        import shutil
+
+        shutil.rmtree(staged, ignore_errors=True)
     heads = method.heads(job, model)
     if heads:
         model.heads = torch.nn.ModuleDict(heads)
@@ -194,12 +210,27 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     progress_queue = loop_cfg.get("progress_queue")
     rows = _Rows(loop_cfg, method, rank, world)
     B = tc.batch_size
-    batch_log = None
-    if tc.log_batches:
+    batch_log, log_remote, log_local = None, None, None
+    if tc.log_batches and remote:
+        # no appends on object stores: a local file, uploaded whole at every checkpoint and at the end;
+        # a resumed worker continues the uploaded log up to the step it resumes from
+        log_remote = run_loc / "batch_log" / f"rank{rank}.jsonl"
+        log_local = Path(tempfile.mkdtemp(prefix="batch-log-")) / log_remote.name
+        with contextlib.suppress(FileNotFoundError):
+            log_local.write_text("".join(line + "\n" for line in log_remote.read_text().splitlines()
+                                         if json.loads(line)["step"] <= step))
+        batch_log = open(log_local, "a")
+    elif tc.log_batches:
         log_dir = Path(loop_cfg["run_dir"]) / "batch_log"
         log_dir.mkdir(parents=True, exist_ok=True)
         batch_log = open(log_dir / f"rank{rank}.jsonl", "a")
-    fail_marker = Path(loop_cfg["run_dir"]) / ".simulated_failure_done"
+
+    def upload_batch_log() -> None:
+        if log_remote is not None:
+            batch_log.flush()
+            log_remote.write_bytes(log_local.read_bytes())
+
+    fail_marker = run_loc / ".simulated_failure_done"
 
     # ---- negatives provider: the version in use is part of the checkpointed state
     negatives = None
@@ -256,6 +287,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             ray.train.report(metrics)
             return
         rngs = _all_gather_object(_rng_state(), world)
+        upload_batch_log()
         if rank != 0:
             ray.train.report(metrics, checkpoint=None)
             return
@@ -363,4 +395,5 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             if last or stopped:
                 break
     if batch_log is not None:
+        upload_batch_log()
         batch_log.close()

@@ -5,6 +5,13 @@
         step-XXXXXXXX/       Ray Train checkpoints in our format (models/checkpoint.py)
         model/               the final model: HF directory (safetensors), loadable by `pipeline encode`
         config.yaml          resolved config;  summary.json  metrics, timings, batch sizes, versions
+
+`train.storage_path` may be a storage URI (`s3://bucket/prefix?…`, `gs://…`; pipeline/storage.py):
+Ray Train then persists checkpoints there through pyarrow.fs, and the driver reads, resumes and
+exports through the same filesystem. The driver works on a local staging copy
+(`storage.staging_dir`: examples, the exported model) and uploads it: examples parts first and
+examples.json last; the model before summary.json, so a summary means a complete model. Before
+anything runs, the driver and every Ray node write, read back and delete a probe there.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from ..errors import ConfigError, PipelineError
 from ..io_utils import atomic_path, sha256_files, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
+from ..storage import RemotePath
 from .config import TrainJobConfig, dump_job, job_to_dict
 from .loop import train_loop_per_worker
 from .methods import get_method
@@ -30,7 +38,7 @@ from .methods import get_method
 DATA_TASK_CPUS = 0.1
 
 
-def _datasets(examples_dir: Path, world: int, key: str) -> dict:
+def _datasets(examples_dir, world: int, key: str) -> dict:
     """One streamed dataset per worker: examples with key % world == rank, file order preserved."""
     import ray.data
 
@@ -38,7 +46,10 @@ def _datasets(examples_dir: Path, world: int, key: str) -> dict:
     ray.data.DataContext.get_current().enable_progress_bars = False
     # Light data tasks: the workers hold most CPUs, and Ray Data stalls when its tasks
     # cannot get a whole CPU beside them (STACK.md §5).
-    base = ray.data.read_parquet(str(examples_dir), num_cpus=DATA_TASK_CPUS)
+    if isinstance(examples_dir, RemotePath):  # workers on every node read the uploaded copy
+        base = ray.data.read_parquet(examples_dir.path, filesystem=examples_dir.fs, num_cpus=DATA_TASK_CPUS)
+    else:
+        base = ray.data.read_parquet(str(examples_dir), num_cpus=DATA_TASK_CPUS)
 
     def take(rank: int):
         def keep(table):  # Arrow in and out: list columns stay columnar
@@ -51,7 +62,7 @@ def _datasets(examples_dir: Path, world: int, key: str) -> dict:
     return {f"train_{r}": take(r) for r in range(world)}
 
 
-def resolve_resume(job: TrainJobConfig, run_dir: Path):
+def resolve_resume(job: TrainJobConfig, run_dir):
     """The checkpoint to resume from (a path), or None; `never` refuses a used run name."""
     mode = job.train.resume
     if mode == "auto":
@@ -62,7 +73,9 @@ def resolve_resume(job: TrainJobConfig, run_dir: Path):
             raise PipelineError(f"{run_dir} already has checkpoints (newest {latest.name}); "
                                 "use train.resume=auto to continue it, or another train.name")
         return None
-    path = Path(mode)
+    from ..storage import resolve
+
+    path = resolve(mode) if "://" in mode else Path(mode)
     if read_state(path) is None:
         raise PipelineError(f"train.resume={mode}: not a complete checkpoint (no valid state.json)")
     return path
@@ -109,7 +122,7 @@ def run_identity(job: TrainJobConfig, meta: dict, digest: str, world: int, spe: 
             "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed}
 
 
-def _check_identity(resume: Path, identity: dict) -> None:
+def _check_identity(resume, identity: dict) -> None:
     then = (read_state(resume) or {}).get("identity")
     if then is None:
         raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
@@ -133,17 +146,25 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     already reached the last step is not started again: its summary and model are rebuilt.
     """
     tc = job.train
-    if "://" in tc.storage_path:
-        raise ConfigError(f"train.storage_path={tc.storage_path}: URI storage is not supported yet (resume and the "
-                          "final model export read checkpoints from a filesystem path); use a local or shared "
-                          "filesystem path (e.g. NFS) that every node mounts")
+    from .. import storage as st
+
     method = get_method(job.loss.name)
-    storage = Path(tc.storage_path).expanduser().resolve()
+    storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    remote = isinstance(run_dir, RemotePath)
+    if remote:
+        st.check_writable(run_dir, who="the driver")
+        work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        work = run_dir
     job = resolve_job(job, progress)
-    meta = method.build_examples(job, run_dir / "examples", progress=progress)
-    digest = examples_digest(run_dir / "examples", meta)
+    if remote:
+        _fetch_examples(run_dir / "examples", work / "examples")
+    meta = method.build_examples(job, work / "examples", progress=progress)
+    if remote:
+        _publish_examples(work / "examples", run_dir / "examples", meta)
+    digest = examples_digest(work / "examples", meta)
     world, B = tc.num_workers, tc.batch_size
     spe = method.steps_per_epoch(meta, world, B)
     if spe == 0:
@@ -156,7 +177,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     resume_state = read_state(resume) if resume is not None else None
     # a run the validation hook stopped early is complete too (`{"stop": True}`, see loop.py)
     complete = resume_state is not None and (resume_state["step"] >= total or bool(resume_state.get("stopped_early")))
-    write_text_atomic(run_dir / "config.yaml", dump_job(job))
+    (st.write_text_atomic if remote else write_text_atomic)(run_dir / "config.yaml", dump_job(job))
     t0 = time.time()
     if complete:
         if progress:
@@ -165,13 +186,20 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
                   + "; nothing to train", flush=True)
     else:
         _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
-             progress, callbacks)
+             progress, callbacks, work=work)
     final = latest_checkpoint(run_dir)
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
     state = read_state(final)
-    with atomic_path(run_dir / "model") as tmp:
-        shutil.copytree(final / "model", tmp)
+    if remote:  # downloaded, then uploaded; summary.json (written last) vouches for the model
+        with atomic_path(work / "model") as tmp:
+            st.download_dir(final / "model", tmp)
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        st.rmtree(run_dir / "model")
+        st.upload_dir(work / "model", run_dir / "model")
+    else:
+        with atomic_path(run_dir / "model") as tmp:
+            shutil.copytree(final / "model", tmp)
     history = json.loads((final / "history.json").read_text())
     summary = {"name": tc.name, "method": method.name, "loss": job.loss.name, "loss_config": to_dict(job.loss),
                "optim": to_dict(job.optim), "seed": tc.seed, "steps": state["step"], "total_steps": total,
@@ -181,7 +209,9 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
                "resumed_from": str(resume) if resume else None, "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}
-    write_json_atomic(run_dir / "summary.json", summary)
+    if remote:
+        summary["model_local"] = str(work / "model")
+    (st.write_json_atomic if remote else write_json_atomic)(run_dir / "summary.json", summary)
     if progress:
         m = state["metrics"]
         val = {k: v for k, v in m.items() if k.startswith("val_") and k not in ("val_seconds", "val_metric")}
@@ -217,9 +247,34 @@ def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: Path, storage: Path, meta: dict,
-         spe: int, total: int, identity: dict, resume: Path | None, progress: bool,
-         callbacks: list | None = None) -> None:
+def _fetch_examples(remote_dir: RemotePath, local_dir: Path) -> None:
+    """A resumed run on another machine starts from the examples the run was made with."""
+    from .. import storage as st
+    from ..data.training import EXAMPLES_META
+
+    if (local_dir / EXAMPLES_META).exists() or not (remote_dir / EXAMPLES_META).exists():
+        return
+    with atomic_path(local_dir) as tmp:
+        st.download_dir(remote_dir, tmp)
+
+
+def _publish_examples(local_dir: Path, remote_dir: RemotePath, meta: dict) -> None:
+    """Upload the examples (parts first, examples.json last) unless the same ones are there."""
+    from .. import storage as st
+    from ..data.training import EXAMPLES_META
+
+    try:
+        if st.read_json(remote_dir / EXAMPLES_META).get("digest") == meta.get("digest"):
+            return
+    except (OSError, ValueError):
+        pass
+    st.rmtree(remote_dir)
+    st.upload_dir(local_dir, remote_dir, marker=EXAMPLES_META)
+
+
+def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, storage, meta: dict,
+         spe: int, total: int, identity: dict, resume, progress: bool,
+         callbacks: list | None = None, work: Path | None = None) -> None:
     """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -229,9 +284,11 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
     from ray.train.torch import TorchTrainer
     from ray.util.queue import Empty, Queue
 
+    from .. import storage as st
     from ..ray_runtime import check_resources, init_ray
 
     tc = job.train
+    work = work or run_dir
     world, B = tc.num_workers, tc.batch_size
     n_examples = meta["examples"]
     # Train V2's controller queries actor state through the dashboard's API: a local Ray for
@@ -244,6 +301,8 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
     # its budget rounds down to whole CPUs, and 2 x 0.75-CPU workers on 2 cores hang).
     # Materialised: no Ray Data at all, so the workers may take every CPU.
     check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=0.0 if materialize else 1.0)
+    if isinstance(run_dir, RemotePath) or len([n for n in ray.nodes() if n.get("Alive")]) > 1:
+        st.check_writable_on_nodes(run_dir)  # every node writes checkpoints (or the examples' reads) there
     if progress:
         print(f"[train] {tc.name}: {method.name}, {n_examples:,} examples"
               f" ({'held in memory' if materialize else 'streamed'}), {world} worker(s) x batch {B} "
@@ -254,11 +313,12 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
     datasets, data_config = {}, None
     if materialize:
-        parts = sorted((run_dir / "examples").glob("part-*.parquet"))
+        parts = sorted((work / "examples").glob("part-*.parquet"))
         loop_cfg["examples_ref"] = ray.put(pa.concat_tables([pq.read_table(p) for p in parts]))
     else:
         datasets = _datasets(run_dir / "examples", world, method.partition_key)
         data_config = DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))
+    ray_path, ray_fs = st.ray_storage(storage)
     queue = Queue(actor_options={"num_cpus": 0}) if progress else None
     loop_cfg["progress_queue"] = queue
     trainer = TorchTrainer(
@@ -266,7 +326,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir: 
         train_loop_config=loop_cfg,
         scaling_config=ScalingConfig(num_workers=world, use_gpu=tc.use_gpu,
                                      resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
-        run_config=RunConfig(name=tc.name, storage_path=str(storage),
+        run_config=RunConfig(name=tc.name, storage_path=ray_path, storage_filesystem=ray_fs,
                              failure_config=FailureConfig(max_failures=tc.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
                              callbacks=list(callbacks or [])),
