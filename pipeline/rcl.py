@@ -4,7 +4,9 @@
         examples/                 the training pairs (stage 2 encodes their texts)
         initial/                  stage 0 (entropy_init: initial): eq. 1 run, best/ = best dev MAP
         entropy-<λ>/              stage 1: one eq. 2 run per λ, best/ = lowest dev loss (early stop)
-        regulators/<digest>/      stage 2: one table per frozen entropy model (keys.txt, vectors.npy, meta.json)
+        regulators/sentences/{query,doc}/   stage 2: the training sentences as corpora (id = text_key)
+        regulators/<digest>/      stage 2: one table per frozen entropy model: query/ and doc/ are
+                                  the spine's embedding sets (Ray Data encoder actors), meta.json last
         final/                    stage 3: eq. 3 from the base with the 2K regulators
         stages/<stage>.json       a complete stage's record (reused on re-run)
         rcl.json                  the summary: stages, models, anisotropy
@@ -258,15 +260,116 @@ def write_regulator_table(model_cfg, queries: list[str], docs: list[str], out: P
     return meta
 
 
+def write_sentence_corpus(texts: list[str], side: str, out: Path, source: str) -> dict:
+    """The training sentences of one side as a corpus `pipeline encode` reads (a Parquet part and
+    a manifest, data/manifest.py): pid = `text_key(text, side)`, no title. Rewritten only when
+    its sentences changed (the fingerprint covers their keys)."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .data.ingest import CORPUS_SCHEMA
+    from .data.manifest import MANIFEST_NAME, fingerprint
+    from .train.methods.rcl import text_key
+
+    keys = [text_key(t, side) for t in texts]
+    manifest = {"variant": "custom", "format": "rcl-sentences", "side": side, "title_join": "none",
+                "sources": [{"path": source, "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}],
+                "rows": len(keys), "parts": [{"file": "corpus/part-00000.parquet", "rows": len(keys)}]}
+    manifest["fingerprint"] = fingerprint(manifest)
+    old = out / MANIFEST_NAME
+    if old.exists() and json.loads(old.read_text()).get("fingerprint") == manifest["fingerprint"]:
+        return manifest
+    with atomic_path(out) as tmp:
+        (tmp / "corpus").mkdir(parents=True)
+        pq.write_table(pa.table({"pid": keys, "title": [""] * len(keys), "text": list(texts)}, schema=CORPUS_SCHEMA),
+                       tmp / "corpus" / "part-00000.parquet", row_group_size=max(1, min(len(keys), 16_384)))
+        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def side_model_cfg(model_cfg, side: str):
+    """The model config under which the spine's encoder (it encodes the document side) gives the
+    `side` vectors of `model_cfg`: for queries, the query prefix and length put on the document
+    side. None when that cannot be said so (separate towers or heads, or a model whose document
+    prompt would replace an empty query prefix): such a model is encoded by `write_regulator_table`."""
+    from .models import BiEncoder
+
+    if side == "doc":
+        return model_cfg
+    probe = BiEncoder.load(model_cfg)
+    c = probe.cfg
+    if not probe.shared or probe.query_head is not probe.doc_head or (not c.query_prefix and c.doc_prefix):
+        return None
+    return replace(model_cfg, query_name_or_path=None, pooling=c.pooling, normalize=c.normalize,
+                   doc_prefix=c.query_prefix, doc_max_length=c.query_max_length)
+
+
+def _shard_files(emb_dir: Path, rel: str) -> list[dict]:
+    """The complete embedding set's shards (vectors file, ids file, rows), in corpus order."""
+    from .index.shards import iter_shards, load_meta
+
+    names = load_meta(emb_dir)["shard_names"]
+    out = []
+    for name, (pids, _vectors) in zip(names, iter_shards(emb_dir)):
+        out.append({"vectors": f"{rel}/{name}.npy", "keys": f"{rel}/{name}.pids.txt", "rows": len(pids)})
+    return out
+
+
+def encode_regulator_table(model_cfg, corpora: dict[str, Path], out: Path, encode_cfg, ray_cfg,
+                           digest: str | None = None, progress: bool = True) -> dict:
+    """One frozen entropy model's table with the spine's Ray Data encoder actors
+    (`index/encode.encode_corpus`: sorted batches, precision, resumable shards): `out/query/` and
+    `out/doc/` are its embedding sets of the sentence corpora; `meta.json`, written last, lists
+    their shards (train/methods/rcl.RegulatorTable reads it). A killed encoding resumes shard by
+    shard; a complete table is reused."""
+    import shutil
+
+    from .config import PipelineConfig
+    from .index.encode import encode_corpus
+    from .index.shards import META_NAME
+
+    if (out / "meta.json").exists():
+        return json.loads((out / "meta.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    files, rows, dim = [], {}, None
+    for side in ("query", "doc"):
+        mcfg = side_model_cfg(model_cfg, side)
+        if mcfg is None:
+            raise PipelineError(f"{model_cfg.name_or_path}: the {side} side cannot be encoded by the spine's encoder")
+        emb = out / side
+        corpus_fp = json.loads((corpora[side] / "manifest.json").read_text())["fingerprint"]
+        if (emb / META_NAME).exists() and json.loads((emb / META_NAME).read_text()).get("corpus_fingerprint") != corpus_fp:
+            shutil.rmtree(emb)  # vectors of other sentences (the examples changed): ours to redo
+        if progress:
+            print(f"[rcl] stage 2: {Path(str(model_cfg.name_or_path)).name} encodes the {side} sentences "
+                  f"-> {emb}", flush=True)
+        summary = encode_corpus(corpora[side], emb, PipelineConfig(model=mcfg, ray=ray_cfg, encode=encode_cfg))
+        files += _shard_files(emb, side)
+        rows[side], dim = summary["rows"], summary["dim"]
+    meta = {"layout": "shards", "model": str(model_cfg.name_or_path), "digest": digest, "rows": rows["query"] + rows["doc"],
+            "queries": rows["query"], "docs": rows["doc"], "dim": dim, "precision": encode_cfg.precision,
+            "files": files}
+    write_json_atomic(out / "meta.json", meta)  # last: marks the table complete
+    return meta
+
+
 def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: Path, progress: bool = True) -> list[str]:
-    """Stage 2: one Ray task per frozen entropy model (run side by side), each writing its table."""
+    """Stage 2: every frozen entropy model encodes every training query and document with the
+    spine's Ray Data encoder actors (one model after the other, each using the cluster); the
+    vectors are stored beside the training data under `regulators/<model digest>/`, keyed by
+    sentence id (`text_key`). A model whose query side the spine's encoder cannot express
+    (separate towers or heads) is encoded by a Ray task instead (`write_regulator_table`)."""
     import ray
 
+    s = job.section("rcl")
     queries, docs = regulator_texts(examples_dir)
-    jobs, tables = [], []
-    cpus = float(ray.cluster_resources().get("CPU", 1.0))
-    per_task = max(0.25, min(1.0, cpus / max(1, len(models))))
-    task = ray.remote(num_cpus=per_task)(write_regulator_table)
+    corpora = {side: out_dir / "sentences" / side for side in ("query", "doc")}
+    for side, texts in (("query", queries), ("doc", docs)):
+        write_sentence_corpus(texts, side, corpora[side], str(examples_dir))
+    encode_cfg = replace(s.encode, show_progress=s.encode.show_progress and progress)
+    tables, fallback = [], []
     for name, path in models.items():
         digest = model_digest(path)
         dest = out_dir / digest
@@ -274,10 +377,19 @@ def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: 
         if (dest / "meta.json").exists():
             continue
         mcfg = replace(job.model, name_or_path=str(path), query_name_or_path=None)
+        if side_model_cfg(mcfg, "query") is None:
+            fallback.append((name, mcfg, dest, digest))
+            continue
+        encode_regulator_table(mcfg, corpora, dest, encode_cfg, job.ray, digest=digest, progress=progress)
+    if fallback:
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        per_task = max(0.25, min(1.0, cpus / len(fallback)))
+        task = ray.remote(num_cpus=per_task)(write_regulator_table)
         if progress:
-            print(f"[rcl] stage 2: {name} encodes {len(queries)} queries + {len(docs)} documents -> {dest}", flush=True)
-        jobs.append(task.remote(mcfg, queries, docs, dest, 64, digest, max(1, int(per_task))))
-    ray.get(jobs)
+            print(f"[rcl] stage 2: {len(fallback)} model(s) with separate query/document towers or heads encode "
+                  "in Ray tasks (the spine's encoder runs the document side only)", flush=True)
+        ray.get([task.remote(mcfg, queries, docs, dest, encode_cfg.batch_size, digest, max(1, int(per_task)))
+                 for _name, mcfg, dest, digest in fallback])
     return tables
 
 
@@ -473,7 +585,8 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
         method = get_method(job.loss.name)
         examples = root / "examples"
         meta = method.build_examples(job, examples, progress=progress)
-        inputs = {"models": {k: model_digest(p) for k, p in entropy_models.items()}, "examples": meta.get("digest")}
+        inputs = {"models": {k: model_digest(p) for k, p in entropy_models.items()}, "examples": meta.get("digest"),
+                  "precision": s.encode.precision, "fp16": s.encode.fp16}
         rec = stages.get("regulators", inputs)
         if rec is None:
             from .ray_runtime import init_ray

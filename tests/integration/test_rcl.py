@@ -4,8 +4,10 @@ regulator tables, the final model; a re-run reuses every stage."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data.ingest import ingest
@@ -32,7 +34,7 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
         f"train.storage_path={tmp_path}", "train.name=rcl", "train.report_every=1", "optim.lr=1e-4",
         f"validation.corpus={faq}", f"validation.qrels={faq}/qrels/test.trec",
         "rcl.entropy_lambdas=[0.01,0.04]", "rcl.eval_every=1", "rcl.patience=1", "rcl.dev_batches=2",
-        "rcl.anisotropy_sentences=20"])
+        "rcl.anisotropy_sentences=20", "rcl.encode.precision=fp32", "rcl.encode.shard_rows=64"])
     rec = run_rcl(job, progress=False)
     root = tmp_path / "rcl"
     assert set(rec["entropy_models"]) == {"entropy-0.01", "entropy-0.04"}
@@ -42,7 +44,23 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
         assert st["selection"]["evals"] >= 1 and (root / name / "best").is_dir()
     tables = [RegulatorTable(p) for p in rec["stages"]["regulators"]["tables"]]
     assert len(tables) == 2 and tables[0].meta["digest"] != tables[1].meta["digest"]
-    assert tables[0].vectors.shape[0] == tables[0].meta["queries"] + tables[0].meta["docs"]
+    assert len(tables[0]) == tables[0].meta["queries"] + tables[0].meta["docs"]
+    # stage 2 ran on the spine's Ray Data encoder actors: two complete embedding sets per model,
+    # sharded (shard_rows 64), the sentences' ids the keys; each vector is what the frozen entropy
+    # model embeds on that side (queries with the query length, documents with the document length)
+    from pipeline.index.shards import load_meta
+    from pipeline.models import BiEncoder
+
+    t0 = tables[0]
+    for side in ("query", "doc"):
+        emb = load_meta(t0.folder / side)
+        assert emb["complete"] and emb["shards"] >= 1
+    assert t0.meta["layout"] == "shards" and len(t0.meta["files"]) >= 3
+    ex = pq.read_table(sorted((root / "examples").glob("part-*.parquet"))[0]).to_pylist()[:3]
+    frozen = BiEncoder.load(replace(job.model, name_or_path=t0.meta["model"]))
+    qs, ds = [r["query"] for r in ex], [r["positive"] for r in ex]
+    np.testing.assert_allclose(t0.lookup(qs, "query"), frozen.embed(qs, "query"), atol=1e-4)
+    np.testing.assert_allclose(t0.lookup(ds, "doc"), frozen.embed(ds, "doc"), atol=1e-4)
     final = json.loads((root / "final" / "summary.json").read_text())
     assert final["steps"] == 2
     # the final run's regulator term was active, reported beside the contrastive term
@@ -54,7 +72,7 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
     again = run_rcl(job, progress=False, train_fn=_refuse)
     assert again["final_model"] == rec["final_model"]
     assert {p.name: p.stat().st_mtime_ns for p in (root / "stages").iterdir()} == before
-    assert np.isfinite(np.asarray(tables[0].vectors)).all()
+    assert all(np.isfinite(np.asarray(a)).all() for a in tables[0].arrays)
     assert set(rec["anisotropy"]) == {"base", "entropy-0.01", "entropy-0.04", "final"}
     assert all(-1 <= v <= 1 for v in rec["anisotropy"].values())
 

@@ -91,7 +91,7 @@ def test_final_model_gets_gradients_entropy_models_none(tiny_model_dir, tmp_path
 def test_unknown_text_is_a_clear_error(tiny_model_dir, tmp_path):
     write_regulator_table(_job(tiny_model_dir).model, ["a question"], ["an answer"], tmp_path / "t")
     t = RegulatorTable(tmp_path / "t")
-    assert t.row[text_key("a question", "query")] == 0 and t.row[text_key("an answer", "doc")] == 1
+    assert t.row[text_key("a question", "query")] == (0, 0) and t.row[text_key("an answer", "doc")] == (0, 1)
     with pytest.raises(PipelineError, match="no regulator vector"):
         t.lookup(["an answer"], "query")  # the side is part of the key
     (tmp_path / "t2").mkdir()
@@ -153,3 +153,37 @@ def test_stages_are_reused_on_rerun(tmp_path):
         import importlib
 
         importlib.reload(rcl)
+
+
+def test_stage2_inputs_for_the_spines_encoder(tiny_model_dir, tmp_path):
+    """Stage 2's sentence corpus is one `pipeline encode` reads (ids = text keys), rewritten only
+    when its sentences change; the query side is the document side with the query's prefix and
+    length, and a model with separate towers is left to the fallback (None)."""
+    from pipeline.data.manifest import load_manifest
+    from pipeline.rcl import side_model_cfg, write_sentence_corpus
+
+    out = tmp_path / "sentences" / "query"
+    m = write_sentence_corpus(["b question", "a question"], "query", out, "examples")
+    assert load_manifest(out)["fingerprint"] == m["fingerprint"] and m["rows"] == 2
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(out / "corpus" / "part-00000.parquet").to_pylist()
+    assert [r["pid"] for r in t] == [text_key("b question", "query"), text_key("a question", "query")]
+    before = (out / "manifest.json").stat().st_mtime_ns
+    assert write_sentence_corpus(["b question", "a question"], "query", out, "examples") == m
+    assert (out / "manifest.json").stat().st_mtime_ns == before  # unchanged sentences: reused
+    assert write_sentence_corpus(["c"], "query", out, "examples")["fingerprint"] != m["fingerprint"]
+    assert load_manifest(out)["rows"] == 1
+
+    job = _job(tiny_model_dir, "model.query_prefix='query: '", "model.doc_prefix='passage: '",
+               "model.query_max_length=12", "model.doc_max_length=40")
+    q = side_model_cfg(job.model, "query")
+    assert (q.doc_prefix, q.doc_max_length) == ("query: ", 12)
+    assert side_model_cfg(job.model, "doc") == job.model
+    # what the spine's encoder computes under that config is the query side of the model
+    text = "a fairly long question " * 8
+    ref = BiEncoder.load(job.model).embed([text], "query")
+    np.testing.assert_allclose(BiEncoder.load(q).embed([text], "doc"), ref, atol=1e-5)
+    assert not np.allclose(BiEncoder.load(job.model).embed([text], "doc"), ref, atol=1e-3)
+    separate = replace(job.model, query_name_or_path=str(tiny_model_dir))
+    assert side_model_cfg(separate, "query") is None

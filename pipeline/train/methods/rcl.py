@@ -7,9 +7,9 @@ One method serves the three kinds of RCL run; `pipeline/rcl.py` orchestrates the
     final model                   rcl.regulator_tables = [K tables]       -> eq. 3
 
 Examples, tokenisation and the gathered document layout are those of DPR (`pairs.PairMethod`).
-The regulator vectors are side inputs: tables written by stage 2 (`RegulatorTable`), one per
-frozen entropy model, opened once per worker (memory-mapped) and looked up per example by the
-hash of the text and its side (query / document). They are numpy arrays turned into tensors
+The regulator vectors are side inputs: tables written by stage 2 (`RegulatorTable`, the spine's
+embedding shards), one per frozen entropy model, opened once per worker (memory-mapped) and looked
+up per example by the hash of the text and its side (query / document). They are numpy arrays turned into tensors
 without gradient: nothing of an entropy model is trained, and the loss detaches them again.
 """
 
@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ...config import EncodeConfig
 from ...errors import ConfigError, PipelineError
 from ...losses.dist import gather_with_grad
 from ...losses.rcl import RCLConfig, rcl_batch_loss
@@ -57,6 +58,9 @@ class RCLSettings:
     # anisotropy (mean pairwise cosine) of base, entropy and final models on this many random
     # training sentences, in rcl.json (0 = skip)
     anisotropy_sentences: int = 200
+    # stage 2: the spine's Ray Data encoding of the training sentences by each frozen entropy
+    # model (`encode:` keys: actors, CPUs, batch size, precision, shard_rows; auto = the cluster)
+    encode: EncodeConfig = field(default_factory=EncodeConfig)
     # set by the orchestrator for the final model: stage 2 regulator tables (folders)
     regulator_tables: tuple[str, ...] = field(default_factory=tuple)
 
@@ -85,10 +89,14 @@ def text_key(text: str, side: str) -> str:
 
 
 class RegulatorTable:
-    """One frozen entropy model's vectors for every training sentence.
+    """One frozen entropy model's vectors for every training sentence, keyed by `text_key`.
 
-    Folder: `keys.txt` (one `text_key` per row), `vectors.npy` (float32, rows aligned),
-    `meta.json` (the model, its digest, row count) written last: no meta = incomplete."""
+    Two layouts, told apart by `meta.json` (written last: no meta = incomplete):
+      shards  (stage 2 as built) `query/` and `doc/`: embedding sets written by the spine's
+              Ray Data encoder actors (`pipeline encode`'s shards, ids = `text_key`s); meta.json
+              lists each shard's vectors and ids file (so train/ needs no index/ import),
+              memory-mapped shard by shard
+      flat    `keys.txt` (one `text_key` per row) + `vectors.npy` (float32, rows aligned)"""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -96,21 +104,42 @@ class RegulatorTable:
         if not meta_path.exists():
             raise PipelineError(f"{self.folder}: not a complete regulator table (no meta.json)")
         self.meta = json.loads(meta_path.read_text())
-        keys = (self.folder / "keys.txt").read_text().split()
-        self.vectors = np.load(self.folder / "vectors.npy", mmap_mode="r")
-        if len(keys) != self.vectors.shape[0] or len(keys) != self.meta.get("rows"):
-            raise PipelineError(f"{self.folder}: {len(keys)} keys, {self.vectors.shape[0]} vectors, "
-                                f"meta says {self.meta.get('rows')}")
-        self.row = {k: i for i, k in enumerate(keys)}
+        self.arrays: list[np.ndarray] = []
+        self.row: dict[str, tuple[int, int]] = {}
+        if self.meta.get("layout") == "shards":
+            for f in self.meta["files"]:
+                keys = (self.folder / f["keys"]).read_text(encoding="utf-8").splitlines()
+                vectors = np.load(self.folder / f["vectors"], mmap_mode="r")
+                if len(keys) != vectors.shape[0] or len(keys) != f["rows"]:
+                    raise PipelineError(f"{self.folder / f['vectors']}: {vectors.shape[0]} vectors, "
+                                        f"{len(keys)} ids, meta.json says {f['rows']}")
+                a = len(self.arrays)
+                self.arrays.append(vectors)
+                self.row.update((k, (a, i)) for i, k in enumerate(keys))
+        else:
+            keys = (self.folder / "keys.txt").read_text().split()
+            vectors = np.load(self.folder / "vectors.npy", mmap_mode="r")
+            if len(keys) != vectors.shape[0]:
+                raise PipelineError(f"{self.folder}: {len(keys)} keys, {vectors.shape[0]} vectors")
+            self.arrays.append(vectors)
+            self.row = {k: (0, i) for i, k in enumerate(keys)}
+        if len(self.row) != self.meta.get("rows"):
+            raise PipelineError(f"{self.folder}: {len(self.row)} sentences found, meta says {self.meta.get('rows')}")
+
+    def __len__(self) -> int:
+        return len(self.row)
 
     def lookup(self, texts: list[str], side: str) -> np.ndarray:
         try:
-            rows = [self.row[text_key(t, side)] for t in texts]
+            where = [self.row[text_key(t, side)] for t in texts]
         except KeyError:
             missing = next(t for t in texts if text_key(t, side) not in self.row)
             raise PipelineError(f"{self.folder}: no regulator vector for the {side} {missing[:60]!r} "
                                 "(the table was built from other examples)") from None
-        return np.asarray(self.vectors[rows], dtype=np.float32)
+        if not where:
+            dim = self.arrays[0].shape[1] if self.arrays else 0
+            return np.zeros((0, dim), np.float32)
+        return np.stack([np.asarray(self.arrays[a][i], dtype=np.float32) for a, i in where])
 
 
 @register
