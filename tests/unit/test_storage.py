@@ -94,3 +94,11 @@ def test_check_writable_ok_and_clear_failures(bucket, tmp_path):
         ro.chmod(0o700)
     storage.check_writable(str(tmp_path / "new" / "dir"))  # local: made if missing
     assert json.loads(json.dumps({"ok": True}))
+
+
+def test_node_probe_reports_unshared_storage(tmp_path):
+    """What a node says when it cannot see the driver's probe (a per-machine local path)."""
+    msg = storage._probe_task(str(tmp_path), ".shared-probe-missing")
+    assert "does not see the probe the driver wrote" in msg and str(tmp_path) in msg
+    (tmp_path / ".shared-probe-x").write_bytes(b".shared-probe-x")
+    assert storage._probe_task(str(tmp_path), ".shared-probe-x") is None
