@@ -102,3 +102,25 @@ def test_node_probe_reports_unshared_storage(tmp_path):
     assert "does not see the probe the driver wrote" in msg and str(tmp_path) in msg
     (tmp_path / ".shared-probe-x").write_bytes(b".shared-probe-x")
     assert storage._probe_task(str(tmp_path), ".shared-probe-x") is None
+
+
+def test_trainer_resume_resolution_on_a_uri(bucket, tmp_path):
+    """train.resume=auto|never|<URI of a checkpoint> against checkpoints on S3."""
+    from pipeline.errors import PipelineError
+    from pipeline.train.config import load_train_config
+    from pipeline.train.trainer import resolve_resume
+
+    run = storage.resolve(uri(bucket, "resume/run"))
+    d = tmp_path / "step-00000003"
+    (d / "model").mkdir(parents=True)
+    (d / "model" / "w.bin").write_bytes(b"w")
+    finalize_checkpoint(d, {"step": 3})
+    storage.upload_dir(d, run / d.name, marker="state.json")
+    auto = resolve_resume(load_train_config(None, ["train.resume=auto"]), run)
+    assert isinstance(auto, storage.RemotePath) and auto.name == "step-00000003"
+    with pytest.raises(PipelineError, match="already has checkpoints"):
+        resolve_resume(load_train_config(None, ["train.resume=never"]), run)
+    explicit = resolve_resume(load_train_config(None, [f"train.resume={run / d.name}"]), run)
+    assert read_state(explicit)["step"] == 3
+    with pytest.raises(PipelineError, match="not a complete checkpoint"):
+        resolve_resume(load_train_config(None, [f"train.resume={run / 'step-00000009'}"]), run)
