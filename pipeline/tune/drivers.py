@@ -77,16 +77,19 @@ def reported_metrics(job) -> tuple[list[str], str]:
 
 @dataclass(frozen=True)
 class Demand:
-    """One trial's resources: its placement group's bundles and its Train workers at their peak."""
+    """One trial's resources: its placement group's bundles, and at its peak either its Train
+    workers or (RCL's stage 2) the encoder actors it starts outside the group."""
 
     bundles: tuple[dict, ...]      # [driver bundle, side bundles...] ({"CPU": .., "GPU": ..})
     workers: int                   # Train workers at the peak (RCL stage 1: every concurrent run's)
     cpus_per_worker: float
     gpus_per_worker: float
+    encoder_cpus: float = 0.0      # RCL stage 2: the spine's Ray Data encoder actors (not in the group)
 
     @property
     def cpus(self) -> float:
-        return sum(b.get("CPU", 0.0) for b in self.bundles) + self.workers * self.cpus_per_worker
+        return (sum(b.get("CPU", 0.0) for b in self.bundles)
+                + max(self.workers * self.cpus_per_worker, self.encoder_cpus))
 
     @property
     def gpus(self) -> float:
@@ -101,7 +104,7 @@ def _bundle(cpus: float, gpus: float = 0.0) -> dict:
 
 
 def regulator_task_cpus(n_models: int, cluster_cpus: float) -> float:
-    """CPUs of one stage-2 task, as `rcl.build_regulators` asks them (its rule, on the cluster's CPUs)."""
+    """CPUs of one stage-2 Ray task (`rcl.write_regulator_table`), as `rcl.build_regulators` asks them."""
     return max(0.25, min(1.0, cluster_cpus / max(1, n_models)))
 
 
@@ -118,11 +121,48 @@ def rcl_entropy_shape(job, cluster_cpus: float | None = None) -> tuple[int, floa
     return conc, cpw
 
 
+def rcl_encoder_cpus(job) -> float | None:
+    """CPUs of RCL's stage-2 encoder (the spine's Ray Data actors: `rcl.encode.num_actors` x
+    `cpus_per_actor`, plus the tokenising stage's share); None when stage 2 runs as Ray tasks."""
+    enc = getattr(job.section("rcl"), "encode", None)
+    if enc is None:
+        return None
+    if enc.num_actors is None or enc.cpus_per_actor is None:
+        return float("nan")  # automatic: the whole cluster (refused for sweeps in check_space)
+    from ..index.encode import resolve_tokenize
+
+    reserve = enc.tokenize_cpus if resolve_tokenize(enc) == "stage" else 0.0
+    return enc.num_actors * enc.cpus_per_actor + reserve
+
+
+_FALLBACK: dict[str, bool] = {}
+
+
+def _rcl_task_fallback(job) -> bool:
+    """Stage 2 encodes a model the spine's encoder cannot express (separate towers or heads) in a
+    Ray task started by the trial's driver, so inside the trial's group. (Probed once per model.)"""
+    key = repr(job.model)
+    if key not in _FALLBACK:
+        _FALLBACK[key] = _probe_fallback(job)
+    return _FALLBACK[key]
+
+
+def _probe_fallback(job) -> bool:
+    try:
+        from ..rcl import side_model_cfg
+    except ImportError:
+        return True
+    try:
+        return side_model_cfg(replace(job.model, query_name_or_path=None), "query") is None
+    except Exception:  # noqa: BLE001 - the model cannot be probed here: keep room for the task
+        return True
+
+
 def trial_demand(job, trial_cpus: float, cluster_cpus: float) -> Demand:
     tc = job.train
     gpw = tc.gpus_per_worker if tc.use_gpu else 0.0
     bundles = [_bundle(trial_cpus)]
-    workers, cpw = tc.num_workers, tc.cpus_per_worker
+    workers, cpw, encoder = tc.num_workers, tc.cpus_per_worker, 0.0
     kind = kind_of(job)
     if kind == "ance":
         s = job.section("ance")
@@ -136,8 +176,12 @@ def trial_demand(job, trial_cpus: float, cluster_cpus: float) -> Demand:
             conc, ecpw = rcl_entropy_shape(job)
             if conc * tc.num_workers * ecpw > workers * cpw:
                 workers, cpw = conc * tc.num_workers, ecpw
-            bundles.append(_bundle(regulator_task_cpus(len(s.entropy_lambdas), cluster_cpus)))
-    return Demand(tuple(bundles), workers, cpw, gpw)
+            enc = rcl_encoder_cpus(job)
+            if enc is not None and not math.isnan(enc):
+                encoder = enc
+            if enc is None or _rcl_task_fallback(job):
+                bundles.append(_bundle(regulator_task_cpus(len(s.entropy_lambdas), cluster_cpus)))
+    return Demand(tuple(bundles), workers, cpw, gpw, encoder)
 
 
 def placement(demand: Demand):
@@ -162,9 +206,13 @@ def check_space(cfg, base) -> None:
     if kind == "ance" and "ance.start_refresher" in keys:
         raise ConfigError("space.ance.start_refresher cannot be searched: each trial runs its own refresher")
     if kind == "rcl":
-        for k in keys:
-            if k in ("rcl.regulator_tables",):
-                raise ConfigError(f"space.{k}: set by RCL's stages themselves; it cannot be searched")
+        if "rcl.regulator_tables" in keys:
+            raise ConfigError("space.rcl.regulator_tables: set by RCL's stages themselves; it cannot be searched")
+        enc = rcl_encoder_cpus(base)
+        if base.section("rcl").regulators and enc is not None and math.isnan(enc):
+            raise ConfigError("an RCL sweep needs stage 2's encoder shape in the base: rcl.encode.num_actors and "
+                              "rcl.encode.cpus_per_actor (automatic, it asks for the whole cluster while the "
+                              "trial's driver holds part of it, and would wait forever)")
     if cfg.search.searcher == "optuna":
         for p in cfg.space:
             if p.kind == "choice" and not all(v is None or isinstance(v, (bool, int, float, str)) for v in p.values):
