@@ -170,6 +170,10 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         d = Path(ckpt_path)
         resume_state = json.loads((d / "state.json").read_text())
         if resume_state.get("stopped_early"):
+            if staged is not None:
+                import shutil
+
+                shutil.rmtree(staged, ignore_errors=True)
             return  # the validation hook ended this run: a restart inside fit() trains no further
         model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
         train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
