@@ -45,15 +45,24 @@ SELECT_STATE = "select_state.json"
 
 
 def dev_pairs(job, limit: int | None = None) -> list[tuple[str, str]]:
-    """(query, positive text) pairs of the validation split (`validation.corpus/queries/qrels`)."""
+    """(query, positive text) pairs of the dev split: the held-out share of `rcl.pairs`
+    (`rcl.dev_split`), else the validation split (`validation.corpus/queries/qrels`)."""
     import pyarrow.parquet as pq
 
     from .data.manifest import join_title, load_manifest
     from .data.readers import load_qrels, load_queries
 
+    s = job.section("rcl")
     v = job.validation
+    if s.pairs and s.dev_split:
+        from .data.sentence_pairs import split_pairs
+
+        _, dev = split_pairs(s.pairs, s.dev_split, job.train.seed)
+        pairs = [(a, p) for _, a, p, _ in dev]
+        return pairs[:limit] if limit else pairs
     if not v.corpus:
-        raise ConfigError("RCL needs validation.corpus (a dev split) for early stopping and model selection")
+        raise ConfigError("RCL needs a dev split for early stopping and model selection: rcl.dev_split > 0 "
+                          "(held out of the training queries or rcl.pairs) or validation.corpus")
     corpus = Path(v.corpus)
     manifest = load_manifest(corpus)
     qrels = load_qrels(Path(v.qrels or corpus / "qrels" / "test.trec"))
@@ -189,10 +198,26 @@ class Stages:
 def _config_key(job) -> dict:
     """The job settings a stage record must match (everything but names and paths of the run)."""
     from .config import to_dict
+    from .io_utils import sha256_file
 
-    return {"model": to_dict(job.model), "data": to_dict(job.data), "optim": to_dict(job.optim),
-            "loss": to_dict(job.loss), "batch": job.train.batch_size, "seed": job.train.seed,
-            "epochs": job.train.epochs, "max_steps": job.train.max_steps}
+    key = {"model": to_dict(job.model), "data": to_dict(job.data), "optim": to_dict(job.optim),
+           "loss": to_dict(job.loss), "batch": job.train.batch_size, "seed": job.train.seed,
+           "epochs": job.train.epochs, "max_steps": job.train.max_steps}
+    s = job.sections.get("rcl")
+    if s is not None and s.pairs:  # the STS setting's training pairs (file content, dev share)
+        key["pairs"] = {"sha256": sha256_file(s.pairs) if Path(s.pairs).is_file() else None, "dev_split": s.dev_split}
+    return key
+
+
+def stage_validator(validator_fn, job):
+    """The validation hook of the initial and final models: STS dev Spearman when `rcl.sts_dev`
+    is given (the STS setting), else `validator_fn(job)` (the spine's retrieval Validator)."""
+    s = job.section("rcl")
+    if s.sts_dev:
+        from .eval.sts import STSValidator
+
+        return STSValidator(s.sts_dev)
+    return validator_fn(job)
 
 
 def _run(train_fn, job, validate_fn, progress: bool) -> dict:
@@ -431,7 +456,7 @@ def split_dev(job, root: Path):
     from .data.readers import load_qrels
 
     s = job.section("rcl")
-    if not s.dev_split:
+    if not s.dev_split or s.pairs:  # rcl.pairs: the pairs' own dev share (data/sentence_pairs.py)
         return job
     if job.data.source != "qrels" or not job.data.corpus:
         raise ConfigError("rcl.dev_split needs data.source=qrels with data.corpus")
@@ -511,7 +536,7 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
                                        eval_every=s.eval_every or job.train.eval_every))
             if progress:
                 print(f"[rcl] stage 0: initial model (eq. 1, selected on dev {s.initial_metric})", flush=True)
-            val = validator_fn(j0)
+            val = stage_validator(validator_fn, j0)
             run = _run(train_fn, j0, SelectBest(root / "initial", val) if val is not None else None, progress)
             chosen = _chosen_model(root / "initial")
             sel = root / "initial" / SELECT_STATE
@@ -604,14 +629,20 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
                  sections={**job.sections, "rcl": replace(s, regulator_tables=tuple(tables))},
                  train=replace(job.train, name="final", storage_path=str(root)))
     inputs = {**_config_key(j3), "stage": "final", "tables": tables}
+    if s.final_select == "best":
+        inputs["select"] = {"sts_dev": s.sts_dev, "metric": job.validation.metric}
     rec = stages.get("final", inputs)
     if rec is None:
         if progress:
             print(f"[rcl] stage 3: final model from the base with {2 * len(tables)} regulators", flush=True)
-        summary = train_fn(j3, validate_fn=validator_fn(j3), progress=progress)
-        rec = stages.put("final", inputs, {"model": str(root / "final" / "model"), "steps": summary["steps"],
-                                           "wall_seconds": summary["wall_seconds"],
-                                           "final_metrics": summary.get("final_metrics")})
+        val = stage_validator(validator_fn, j3)
+        select = s.final_select == "best" and val is not None
+        summary = train_fn(j3, validate_fn=SelectBest(root / "final", val) if select else val, progress=progress)
+        sel = root / "final" / SELECT_STATE
+        rec = stages.put("final", inputs, {"model": str(_chosen_model(root / "final") if select else root / "final" / "model"),
+                                           "steps": summary["steps"], "wall_seconds": summary["wall_seconds"],
+                                           "final_metrics": summary.get("final_metrics"),
+                                           **({"selection": json.loads(sel.read_text())} if select and sel.exists() else {})})
     record["stages"]["final"] = rec
     record["final_model"] = rec["model"]
     record["entropy_models"] = {k: str(v) for k, v in entropy_models.items()}

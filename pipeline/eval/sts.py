@@ -199,3 +199,26 @@ def evaluate_sts(pairs_path: str | Path, model, fmt: str = "auto", side: str = "
     pred = cosine_scores(model, pairs, side, batch_size, device)
     return {**correlations(pred, [p[2] for p in pairs]), "pairs": len(pairs), "format": fmt,
             "file": str(pairs_path), "side": side}
+
+
+class STSValidator:
+    """The trainer's validation hook on an STS dev file (e.g. STS-benchmark's sts-dev.csv):
+    `val_metric` = Spearman of cosine vs gold (x1, greater is better), plus `val_spearman`,
+    `val_pearson`. The pairs are read once, on the driver, so the file need not exist where
+    rank 0 runs."""
+
+    def __init__(self, pairs_path: str | Path, fmt: str = "auto", side: str = "doc", batch_size: int = 64):
+        self.path = str(pairs_path)
+        self.fmt = detect_format(pairs_path) if fmt == "auto" else fmt
+        self.pairs = read_sts(pairs_path, self.fmt)
+        self.side, self.batch_size = side, batch_size
+
+    def __call__(self, model) -> dict:
+        import time
+
+        t0 = time.time()
+        device = str(next(model.parameters()).device)
+        pred = cosine_scores(model, self.pairs, self.side, self.batch_size, device)
+        c = correlations(pred, [p[2] for p in self.pairs])
+        return {"val_metric": c["spearman"], "val_spearman": c["spearman"], "val_pearson": c["pearson"],
+                "val_seconds": time.time() - t0}

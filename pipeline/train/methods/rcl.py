@@ -52,9 +52,18 @@ class RCLSettings:
     entropy_cpus_per_worker: float = 0.0     # 0 = train.cpus_per_worker / number of concurrent runs
     regulators: bool = True                  # False: stage 3 is plain eq. 1 (the ablation)
     dev_batches: int = 4                     # dev batches of train.batch_size for the early-stop loss
-    # > 0: hold this fraction of the training queries out as the dev split (seeded by train.seed)
-    # for early stopping and selection, in place of the `validation:` split
+    # > 0: hold this fraction of the training queries (or of `rcl.pairs`) out as the dev split
+    # (seeded by train.seed) for early stopping and selection, in place of the `validation:` split
     dev_split: float = 0.0
+    # STS setting: a sentence-pairs file (anchor, positive[, hard negative]: JSONL, CSV with a
+    # header such as SimCSE's nli_for_simcse.csv, or TSV; data/sentence_pairs.py) as the training
+    # data of every stage, in place of `data:` (the paper trains its STS models on NLI pairs)
+    pairs: str | None = None
+    # an STS dev file (STS-benchmark CSV/TSV, SICK, s1<TAB>s2<TAB>score; eval/sts.py): the final
+    # (and initial) model's validation hook reports its Spearman as `val_metric`
+    sts_dev: str | None = None
+    # the final model: `last` checkpoint, or `best` validation metric (dev Spearman / dev MAP)
+    final_select: Literal["last", "best"] = "last"
     # anisotropy (mean pairwise cosine) of base, entropy and final models on this many random
     # training sentences, in rcl.json (0 = skip)
     anisotropy_sentences: int = 200
@@ -67,6 +76,8 @@ class RCLSettings:
     def __post_init__(self):
         if not self.entropy_lambdas and self.regulators:
             raise ConfigError("rcl.entropy_lambdas is empty: give at least one λ, or rcl.regulators=false")
+        if self.final_select not in ("last", "best"):
+            raise ConfigError(f"rcl.final_select must be last or best, got {self.final_select!r}")
         if self.entropy_init not in ("base", "initial"):
             raise ConfigError(f"rcl.entropy_init must be base or initial, got {self.entropy_init!r}")
         for key in ("patience", "dev_batches"):
@@ -151,6 +162,15 @@ class RCL(PairMethod):
     terms = ("cl", "entropy", "regulator")
     sections = {"rcl": RCLSettings}
     uses_negatives_provider = False
+
+    def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:
+        """`rcl.pairs` (the STS setting's sentence pairs, less the dev share) or DPR's sources."""
+        s = job.section("rcl")
+        if not s.pairs:
+            return super().build_examples(job, out_dir, progress=progress)
+        from ...data.sentence_pairs import pair_examples
+
+        return pair_examples(s.pairs, out_dir, s.dev_split, job.train.seed, job.data.hard_negatives, progress)
 
     def side_inputs(self, job, device: torch.device) -> dict:
         s = job.section("rcl")
