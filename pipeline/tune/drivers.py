@@ -1,11 +1,11 @@
 """What one trial runs, per method: the run `pipeline train` would start, the metrics it reports
 to Tune, and the resources the trial holds while it runs.
 
-    kind       methods             the trial runs                                   reports (Tune)
-    train      dpr, dar, ...       trainer.train (+ the spine's Validator)          every report of the run
-    authorship arr_cl/arr_mll/arr  trainer.train + AuthorshipValidator (R@8)         every report of the run
-    ance       ance, ance_dar      the index refresher actor beside trainer.train    every report of the run
-    rcl        rcl                 pipeline/rcl.run_rcl: stages 0-3 in the trial     the final model's reports
+    kind       methods             the trial runs (as cli.cmd_train)                reports (Tune)
+    train      dpr, dar, ...       trainer.train + cli.make_validator (the spine's) every report of the run
+    authorship arr_cl/arr_mll/arr  trainer.train + cli.make_validator (R@8)         every report of the run
+    ance       ance, ance_dar      pipeline/ance.run_ance: refresher + trainer      every report of the run
+    rcl        rcl                 pipeline/rcl.run_rcl: stages 0-3 in the trial    the final model's reports
 
 Resources (Ray 2.60): a trial is a placement group, and every task or actor its driver starts
 without its own placement group is captured in it (`placement_group_capture_child_tasks`). Ray
@@ -18,8 +18,8 @@ trial's Train workers are counted at their peak: RCL's stage 1 runs several entr
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -245,52 +245,34 @@ def run_job(job, callbacks: list) -> dict:
 
 
 def run_ance_trial(job, validate_fn, callbacks: list) -> dict:
-    """pipeline/ance.run_ance with Tune's report callback on the trainer: the refresher actor is
-    started from the trial's driver, so it lands in the trial's placement group (its own bundle)."""
-    import threading
-    from dataclasses import asdict
+    """pipeline/ance.run_ance itself, with Tune's report callback on its trainer. The refresher
+    actor it starts is a child of the trial, so it lands in the trial's placement group (its own
+    bundle, planned by `trial_demand`)."""
+    import inspect
 
-    import ray
+    from ..ance import run_ance
 
-    from ..ance import _watch
-    from ..data.negatives import VersionedNegatives
-    from ..index.refresher import start_refresher
-    from ..io_utils import write_json_atomic
-    from ..train.trainer import train
+    if "callbacks" in inspect.signature(run_ance).parameters:
+        return run_ance(job, validate_fn=validate_fn, progress=False, callbacks=list(callbacks))
+    with _train_callbacks(callbacks):
+        return run_ance(job, validate_fn=validate_fn, progress=False)
 
-    s = job.section("ance")
-    tc = job.train
-    if tc.checkpoint_every == 0:
-        job = replace(job, train=replace(tc, checkpoint_every=s.refresh_every))
-        tc = job.train
-    corpus = s.corpus or job.data.corpus
-    if not corpus:
-        raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
-    run_dir = Path(tc.storage_path).expanduser().resolve() / tc.name
-    versions = Path(s.versions_dir) if s.versions_dir else run_dir / "negatives"
-    s = replace(s, versions_dir=str(versions), corpus=str(Path(corpus).resolve()),
-                queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
-    provider = VersionedNegatives(versions, corpus)
-    actor, watch, thread = None, {}, None
-    if s.start_refresher:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
-        actor = start_refresher(run_dir, s, s.corpus)
-        ray.get(actor.status.remote())
-        thread = threading.Thread(target=_watch, args=(actor.run.remote(), watch), daemon=True)
-        thread.start()
+
+@contextmanager
+def _train_callbacks(callbacks: list):
+    """Until `run_ance` takes `callbacks`: the `trainer.train` it calls (imported at call time)
+    gets Tune's callback added. A trial runs in its own process (the sweep never reuses trial
+    actors), so the swap is this trial's alone; it is undone when the run ends."""
+    from ..train import trainer
+
+    original = trainer.train
+
+    def train(job, *args, callbacks=None, **kwargs):
+        return original(job, *args, callbacks=list(callbacks or []) + list(extra), **kwargs)
+
+    extra = list(callbacks)
+    trainer.train = train
     try:
-        summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=False,
-                        callbacks=list(callbacks))
+        yield
     finally:
-        if actor is not None:
-            try:
-                ray.get(actor.stop.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - the actor may be gone already
-                pass
-            thread.join(timeout=600)
-            ray.kill(actor)
-    if actor is not None:
-        summary["refresher"] = {"settings": asdict(s), **watch}
-        write_json_atomic(run_dir / "summary.json", summary)
-    return summary
+        trainer.train = original
