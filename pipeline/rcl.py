@@ -17,10 +17,14 @@ sharing the cluster's CPUs), each early-stopped when its dev loss has not improv
 its newest checkpoint (the trainer resumes runs by name), and its early-stop state is kept in
 its run folder.
 
-What is a reconstruction (the paper lost its equations): the loss forms (losses/rcl.py), τ,
-the mean-vs-sum of the regulator terms, and the early-stop signal (the run's own loss on the
-validation pairs). Selection and early stopping use the `validation:` split: make it a dev
-split, not the test split, for honest numbers.
+What is a reconstruction (the paper lost its equations), each a config switch: the loss forms
+(losses/rcl.py: `loss.similarity`, `loss.temperature` τ, `loss.regulator_weight`,
+`loss.regulator_reduce` sum/mean), the early-stop signal (the run's own loss on held-out pairs:
+`rcl.patience`, `rcl.eval_every`, `rcl.dev_batches`), the dev split (`rcl.dev_split`), the
+initial model's selection measure (`rcl.initial_metric`) and the final checkpoint
+(`rcl.final_select`). Selection and early stopping use `rcl.dev_split` or the `validation:`
+split: make it a dev split, not the test split, for honest numbers. STS setting:
+`rcl.entropy_init: base`, `rcl.pairs` (NLI-style pairs), `rcl.sts_dev` (jobs/configs/rcl_sts.yaml).
 """
 
 from __future__ import annotations
@@ -343,7 +347,7 @@ def _shard_files(emb_dir: Path, rel: str) -> list[dict]:
 
 
 def encode_regulator_table(model_cfg, corpora: dict[str, Path], out: Path, encode_cfg, ray_cfg,
-                           digest: str | None = None, progress: bool = True) -> dict:
+                           digest: str | None = None, progress: bool = True, label: str | None = None) -> dict:
     """One frozen entropy model's table with the spine's Ray Data encoder actors
     (`index/encode.encode_corpus`: sorted batches, precision, resumable shards): `out/query/` and
     `out/doc/` are its embedding sets of the sentence corpora; `meta.json`, written last, lists
@@ -368,7 +372,7 @@ def encode_regulator_table(model_cfg, corpora: dict[str, Path], out: Path, encod
         if (emb / META_NAME).exists() and json.loads((emb / META_NAME).read_text()).get("corpus_fingerprint") != corpus_fp:
             shutil.rmtree(emb)  # vectors of other sentences (the examples changed): ours to redo
         if progress:
-            print(f"[rcl] stage 2: {Path(str(model_cfg.name_or_path)).name} encodes the {side} sentences "
+            print(f"[rcl] stage 2: {label or model_cfg.name_or_path} encodes the {side} sentences "
                   f"-> {emb}", flush=True)
         summary = encode_corpus(corpora[side], emb, PipelineConfig(model=mcfg, ray=ray_cfg, encode=encode_cfg))
         files += _shard_files(emb, side)
@@ -405,7 +409,7 @@ def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: 
         if side_model_cfg(mcfg, "query") is None:
             fallback.append((name, mcfg, dest, digest))
             continue
-        encode_regulator_table(mcfg, corpora, dest, encode_cfg, job.ray, digest=digest, progress=progress)
+        encode_regulator_table(mcfg, corpora, dest, encode_cfg, job.ray, digest=digest, progress=progress, label=name)
     if fallback:
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
         per_task = max(0.25, min(1.0, cpus / len(fallback)))
@@ -627,7 +631,9 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
     # ---- stage 3: the final model from the base, eq. 3
     j3 = replace(job, loss=replace(job.loss, entropy_lambda=0.0),
                  sections={**job.sections, "rcl": replace(s, regulator_tables=tuple(tables))},
-                 train=replace(job.train, name="final", storage_path=str(root)))
+                 train=replace(job.train, name="final", storage_path=str(root),
+                               # `final_select: best` needs evaluations along the way
+                               eval_every=job.train.eval_every or (s.eval_every if s.final_select == "best" else 0)))
     inputs = {**_config_key(j3), "stage": "final", "tables": tables}
     if s.final_select == "best":
         inputs["select"] = {"sts_dev": s.sts_dev, "metric": job.validation.metric}
