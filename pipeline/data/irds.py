@@ -303,44 +303,59 @@ def _missing_message(identifier: str, entities, missing: list[Missing]) -> str:
 # --------------------------------------------------------------------------- the network guard
 
 
+_GUARD: dict = {"active": [], "saved": None}  # identifiers being read; ir_datasets' originals while patched
+
+
+def _guarded_id() -> str:
+    return _GUARD["active"][-1] if _GUARD["active"] else "?"
+
+
 @contextlib.contextmanager
 def no_network(identifier: str):
-    """Every way ir_datasets could reach the network raises `_NoNetwork` (a PipelineError) instead."""
-    ir = _irds()
-    dl = ir.util.download
+    """Every way ir_datasets could reach the network raises `_NoNetwork` (a PipelineError) instead.
+
+    Reference-counted: the patches go in when the first reader starts and come out when the last
+    one ends, whatever order overlapping readers (generators) finish in."""
+    dl = _irds().util.download
 
     def refuse(what):
         def f(self, *a, **k):
             url = getattr(self, "url", None) or getattr(self, "uri", None) or what
-            raise _NoNetwork(f"ir_datasets dataset {identifier!r} needs {url}, which is not in its home "
-                             f"(IR_DATASETS_HOME={home()}); nothing is downloaded here: place that file in ir_datasets' home")
+            raise _NoNetwork(f"ir_datasets dataset {_guarded_id()!r} needs {url}, which is not in its home "
+                             f"(IR_DATASETS_HOME={home()}); nothing is downloaded here: place that file in "
+                             "ir_datasets' home")
         return f
 
-    orig_path = dl.Download.path
+    if _GUARD["saved"] is None:
+        orig_path = dl.Download.path
 
-    def guarded_path(self, force=True):
-        if force and self._path is None:
-            cache = self._cache_path
-            if not (cache and os.path.exists(cache)) and not any(
-                    type(m).__name__ == "LocalDownload" and Path(m._path).exists() for m in self.mirrors):
-                missing: list[Missing] = []
-                _download_ok(self, missing)
-                raise _NoNetwork(_missing_message(identifier, ("a file it reads",), missing))
-        return orig_path(self, force)
+        def guarded_path(self, force=True):
+            if force and self._path is None:
+                cache = self._cache_path
+                if not (cache and os.path.exists(cache)) and not any(
+                        type(m).__name__ == "LocalDownload" and Path(m._path).exists() for m in self.mirrors):
+                    missing: list[Missing] = []
+                    _download_ok(self, missing)
+                    raise _NoNetwork(_missing_message(_guarded_id(), ("a file it reads",), missing))
+            return orig_path(self, force)
 
-    patches = [(dl.Download, "path", guarded_path),
-               (dl.RequestsDownload, "__iter__", refuse("a download")),
-               (dl.RequestsDownload, "stream", refuse("a download")),
-               (dl.GoogleDriveDownload, "stream", refuse("a Google Drive download")),
-               (dl.GoogleCloudBucketStream, "stream", refuse("a bucket download"))]
-    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in patches]
-    for cls, name, fn in patches:
-        setattr(cls, name, fn)
+        patches = [(dl.Download, "path", guarded_path),
+                   (dl.RequestsDownload, "__iter__", refuse("a download")),
+                   (dl.RequestsDownload, "stream", refuse("a download")),
+                   (dl.GoogleDriveDownload, "stream", refuse("a Google Drive download")),
+                   (dl.GoogleCloudBucketStream, "stream", refuse("a bucket download"))]
+        _GUARD["saved"] = [(cls, name, cls.__dict__[name]) for cls, name, _ in patches]
+        for cls, name, fn in patches:
+            setattr(cls, name, fn)
+    _GUARD["active"].append(identifier)
     try:
         yield
     finally:
-        for cls, name, fn in saved:
-            setattr(cls, name, fn)
+        _GUARD["active"].remove(identifier)
+        if not _GUARD["active"] and _GUARD["saved"] is not None:
+            for cls, name, fn in _GUARD["saved"]:
+                setattr(cls, name, fn)
+            _GUARD["saved"] = None
 
 
 def _iterate(identifier: str, entity: str) -> Iterator:

@@ -255,3 +255,24 @@ def test_dpr_w100_ingest_and_qa_equal_the_dpr_files(irds, tmp_path):
     qa1, qa2 = (json.loads((tmp_path / n).read_text()) for n in ("qa1.json", "qa2.json"))
     assert qa1["metrics"] == qa2["metrics"] and qa1["qa"] == "dpr-w100/natural-questions/dev"
     assert qa1["metrics"]["Top-1"] == 0.5 and qa1["metrics"]["Top-5"] == 1.0
+
+
+def test_network_guard_nests_in_any_order(tmp_path, monkeypatch):
+    """Overlapping readers (generators) may finish in any order: the originals come back after the last."""
+    if "ir_datasets" not in sys.modules:  # its import makes folders in its home: not the user's
+        monkeypatch.setenv("IR_DATASETS_HOME", str(tmp_path / "irds-home"))
+    from ir_datasets.util import download as dl
+
+    from pipeline.data import irds as m
+
+    orig = dl.Download.__dict__["path"], dl.RequestsDownload.__dict__["__iter__"]
+    a, b = m.no_network("x/a"), m.no_network("x/b")
+    a.__enter__()
+    b.__enter__()
+    assert dl.Download.__dict__["path"] is not orig[0]
+    with pytest.raises(m.PipelineError, match="x/b"):
+        next(iter(dl.RequestsDownload("http://127.0.0.1:9/none")))
+    a.__exit__(None, None, None)  # the first one ends first
+    assert dl.Download.__dict__["path"] is not orig[0]  # still guarded while b reads
+    b.__exit__(None, None, None)
+    assert (dl.Download.__dict__["path"], dl.RequestsDownload.__dict__["__iter__"]) == orig
