@@ -1,4 +1,5 @@
-"""`pipeline` console script: verbs over the library (ingest, encode, index, retrieve, evaluate, train, demo).
+"""`pipeline` console script: verbs over the library (ingest, encode, index, retrieve, evaluate, compare, train,
+tune, info, config show, demo). `pipeline <verb> --help` lists the config keys the verb reads (pipeline/confdoc.py).
 
 Every verb takes `--config FILE` and trailing `section.key=value` overrides,
 e.g. `pipeline encode --corpus runs/c --out runs/e encode.num_actors=2 encode.cpus_per_actor=0.5`.
