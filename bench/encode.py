@@ -7,7 +7,9 @@ size and max length everywhere, passages/s of:
   2. a plain in-process loop of our `BiEncoder.embed` (length-sorted batches), fp32 and bf16;
   3. `pipeline encode` (Ray Data encoder actors writing their own shards), fp32 and
      `encode.precision=auto` (bf16 on CPUs with AMX/AVX512-BF16), end to end (actor start and
-     model load included) and steady state (the actors' own encode time);
+     model load included) and steady state (the actors' own encode time); with auto precision
+     both `encode.tokenize=actor` (in the actor) and `stage` (a CPU task stage ahead of the
+     actors, which leave it `encode.tokenize_cpus`), side by side;
 and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
 cosine of bf16 to fp32 vectors, and nDCG@10 (queries and documents encoded in the same
 precision, exact search) of fp32 and bf16 when qrels are there.
@@ -53,20 +55,22 @@ def make_corpus(folder: Path, n: int, part_rows: int) -> Path:
 
 
 def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int, actors: int | None,
-               cpus: float | None, threads: int, precision: str = "fp32") -> dict:
+               cpus: float | None, threads: int, precision: str = "fp32", tokenize: str = "auto") -> dict:
     from pipeline.config import load_config
     from pipeline.index.encode import encode_corpus
 
     shape = ([f"encode.num_actors={actors}"] if actors else []) + ([f"encode.cpus_per_actor={cpus}"] if cpus else [])
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"model.doc_max_length={max_len}",
                              f"encode.batch_size={batch}", f"encode.torch_threads={threads}",
-                             f"encode.precision={precision}", "encode.show_progress=false", *shape])
+                             f"encode.precision={precision}", f"encode.tokenize={tokenize}",
+                             "encode.show_progress=false", *shape])
     t0 = time.perf_counter()
     summary = encode_corpus(corpus, out, cfg)
     summary["wall"] = time.perf_counter() - t0
     markers = [json.loads(p.read_text()) for p in out.glob("shard-*.done")]
     summary["actor_seconds"] = sum(m.get("seconds", 0.0) for m in markers)
     summary["precisions"] = sorted({m.get("precision") for m in markers})
+    summary["tokenize_seconds"] = sum(m.get("tokenize_seconds", 0.0) for m in markers)
     return summary
 
 
@@ -224,7 +228,7 @@ def throughput(args, tmp: Path) -> None:
     model = BiEncoder.load(ModelConfig(name_or_path=args.model, doc_max_length=L))
     model.embed(texts[:8], "doc", batch_size=B)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    shape = None
+    shapes: dict[str, dict] = {}
     for rnd in range(args.rounds):
         keep_best("sentence-transformers fp32", n / timed(lambda: st.encode(texts, batch_size=B))[0])
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -233,12 +237,14 @@ def throughput(args, tmp: Path) -> None:
                   n / timed(lambda: model.embed(texts, "doc", batch_size=B, precision="fp32"))[0])
         keep_best(f"plain loop (BiEncoder.embed) auto={auto}",
                   n / timed(lambda: model.embed(texts, "doc", batch_size=B, precision="auto"))[0])
-        for prec in ("fp32", "auto"):
-            r = ray_encode(corpus, tmp / f"emb-{prec}-{rnd}", args.model, B, L, None, None, T, prec)
-            label = f"pipeline encode {prec}" + (f"={auto}" if prec == "auto" else "")
+        for prec, tok in (("fp32", "actor"), ("auto", "actor"), ("auto", "stage")):
+            # the stage runs beside the actors: their default shape leaves it encode.tokenize_cpus
+            r = ray_encode(corpus, tmp / f"emb-{prec}-{tok}-{rnd}", args.model, B, L, None, None, T, prec, tok)
+            label = f"pipeline encode {prec}" + (f"={auto}" if prec == "auto" else "") + f" tokenize={tok}"
             keep_best(label + " (end to end)", n / r["wall"])
-            keep_best(label + " (steady state)", n * r["actors"] / r["actor_seconds"])
-            shape = r if prec == "auto" else shape
+            if tok == "actor":  # the actors' own time covers read + tokenise + model + write
+                keep_best(label + " (steady state)", n * r["actors"] / r["actor_seconds"])
+            shapes[tok] = r
         print(f"[round {rnd + 1}/{args.rounds} done]", flush=True)
     ray.shutdown()
     del st
@@ -246,15 +252,22 @@ def throughput(args, tmp: Path) -> None:
     base = rates["sentence-transformers fp32"]
     for label, rate in rates.items():
         print(f"{label:52s} {rate:8.1f} psg/s   {rate / base:5.2f}x sentence-transformers fp32", flush=True)
-    print(f"(pipeline encode shape: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
-          f"{shape['torch_threads']} threads; precisions used {shape['precisions']})")
+    for tok, shape in shapes.items():
+        print(f"(pipeline encode tokenize={tok}: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
+              f"{shape['torch_threads']} threads; precisions used {shape['precisions']}"
+              + (f"; tokenising tasks spent {shape['tokenize_seconds']:.1f}s" if tok == "stage" else "") + ")")
     plain = rates[f"plain loop (BiEncoder.embed) auto={auto}"]
     for kind in ("end to end", "steady state"):
-        print(f"Ray Data / plain loop ({kind}, auto): {rates[f'pipeline encode auto={auto} ({kind})'] / plain:.2f}x")
+        print(f"Ray Data / plain loop ({kind}, auto, tokenize=actor): "
+              f"{rates[f'pipeline encode auto={auto} tokenize=actor ({kind})'] / plain:.2f}x")
+    stage, actor = (rates[f"pipeline encode auto={auto} tokenize={t} (end to end)"] for t in ("stage", "actor"))
+    print(f"tokenize=stage / tokenize=actor (end to end, auto): {stage / actor:.2f}x")
 
-    p32, v32 = load_vectors(tmp / "emb-fp32-0")
-    pa, va = load_vectors(tmp / "emb-auto-0")
-    assert p32 == pa == pids
+    p32, v32 = load_vectors(tmp / "emb-fp32-actor-0")
+    pa, va = load_vectors(tmp / "emb-auto-actor-0")
+    ps, vs = load_vectors(tmp / "emb-auto-stage-0")
+    assert p32 == pa == ps == pids
+    print(f"tokenize=stage vs tokenize=actor vectors: max abs diff {np.abs(vs - va).max():.2e}")
     cos = (v32 * va).sum(1) / np.linalg.norm(v32, axis=1) / np.linalg.norm(va, axis=1)
     print(f"cosine {auto} vs fp32 vectors: min {cos.min():.6f}, mean {cos.mean():.6f}")
     keep = [i for i, p in enumerate(pids) if "~" not in p]  # the original corpus, not the copies

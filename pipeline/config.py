@@ -96,6 +96,12 @@ class EncodeConfig:
     fp16: bool = False
     # torch intra-op threads per actor; 0 = the actor's CPUs, rounded (at least 1).
     torch_threads: int = 0
+    # Where tokenising happens: `stage` = a Ray Data CPU task stage ahead of the encoder
+    # actors (they then only run the model), `actor` = inside the encoder actor; auto =
+    # stage when the actors use GPUs, actor on CPU-only actors (measured faster on 2 cores).
+    tokenize: Literal["auto", "actor", "stage"] = "auto"
+    # CPUs per tokenising task (stage mode); the actors leave this much free on every node.
+    tokenize_cpus: float = 0.5
     # Rows per shard (a slice of a corpus part): the unit of work, of resume and of what a kill loses.
     shard_rows: int = 2048
     show_progress: bool = True
@@ -107,6 +113,7 @@ class EncodeConfig:
         _check_min("encode", self, 0, "cpus_per_actor", optional=True, strict=True)
         _check_min("encode", self, 1, "batch_size", "shard_rows", "object_store_budget_mb")
         _check_min("encode", self, 0, "gpus_per_actor", "torch_threads")
+        _check_min("encode", self, 0, "tokenize_cpus", strict=True)
 
 
 @dataclass(frozen=True)

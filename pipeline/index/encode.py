@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from dataclasses import asdict, replace
@@ -37,9 +38,9 @@ import numpy as np
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import join_title, load_manifest
 from ..errors import PipelineError, ResourceError
-from ..io_utils import write_json_atomic
-from .shards import (META_NAME, completed_shards, layout_matches, pids_digest, plan_part, remove_shard,
-                     stray_files, verify_shards, write_shard)
+from ..storage import RemotePath
+from .shards import (META_NAME, completed_shards, layout_matches, location, pids_digest, plan_part, remove_shard,
+                     stray_files, verify_shards, write_json, write_shard)
 
 SPEC_KEYS = ("name", "part_index", "part", "part_rows", "start", "end", "pids_sha256", "path")
 
@@ -71,8 +72,96 @@ def read_slice(path: str, start: int, end: int, columns=("pid", "title", "text")
     return table.slice(start - first, end - start)
 
 
+def _check_pids(spec: dict, pids: list[str]) -> None:
+    if pids_digest(pids) != spec["pids_sha256"]:  # checked before spending time on the model
+        raise PipelineError(f"{spec['name']}: the pids read from {spec['part']} rows {spec['start']}-"
+                            f"{spec['end']} are not the ones planned (the corpus changed during the run?); "
+                            "run `pipeline encode` again")
+
+
+def read_texts(spec: dict, title_join: str) -> tuple[list[str], list[str]]:
+    """(pids, texts) of one shard's slice, the pids checked against the plan."""
+    table = read_slice(spec["path"], spec["start"], spec["end"])
+    pids = [str(p) for p in table.column("pid").to_pylist()]
+    _check_pids(spec, pids)
+    texts = [join_title(t, x, title_join)
+             for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+    return pids, texts
+
+
+# A task worker may run any number of tokenising tasks (0 = no limit, Ray's default for CPU tasks).
+# Stated explicitly because remote args the actor stage lacks keep Ray Data from fusing this stage
+# into the encoder actors: it fuses a task stage into the next actor stage when their remote args
+# are equal, e.g. tokenize_cpus == cpus_per_actor (ray/data/_internal/logical/rules/operator_fusion.py).
+TOKENIZE_MAX_CALLS = 0
+
+_TOKENIZERS: dict[str, object] = {}  # per worker process: unpickled once, reused by later tasks
+
+
+class TokenizeSpec:
+    """What the tokenising stage needs, picklable: the tokenizer (pickled once on the driver), prefix, max length."""
+
+    def __init__(self, tokenizer, prefix: str, max_len: int, title_join: str):
+        import hashlib
+        import pickle
+
+        self.blob = pickle.dumps(tokenizer)
+        self.key = hashlib.sha256(self.blob).hexdigest()
+        self.prefix, self.max_len, self.title_join = prefix, max_len, title_join
+
+    def tokenizer(self):
+        import pickle
+
+        tok = _TOKENIZERS.get(self.key)
+        if tok is None:
+            tok = _TOKENIZERS[self.key] = pickle.loads(self.blob)
+        return tok
+
+
+def tokenize_shards(batch: dict[str, np.ndarray], spec: TokenizeSpec) -> dict[str, np.ndarray]:
+    """Ray Data task (CPU stage ahead of the encoder actors): read each shard's slice, check
+    its pids, tokenise and length-sort it. Out: the spec plus the pids (one string) and the
+    token arrays as bytes (`tokenize_sorted`'s ids int32, types int8, lengths int32, order int64)."""
+    from ..models.encoder import tokenize_sorted
+
+    out: dict[str, list] = {k: [] for k in (*SPEC_KEYS, "pids", "ids", "types", "lengths", "order",
+                                            "tokenize_seconds", "tokenize_pid")}
+    for i in range(len(batch["name"])):
+        t0 = time.perf_counter()
+        sp = _spec_at(batch, i)
+        pids, texts = read_texts(sp, spec.title_join)
+        toks = tokenize_sorted(spec.tokenizer(), texts, spec.prefix, spec.max_len)
+        for k in SPEC_KEYS:
+            out[k].append(sp[k])
+        out["pids"].append("\n".join(pids))
+        out["ids"].append(toks["ids"].tobytes())
+        out["types"].append(toks["types"].tobytes() if toks["types"] is not None else b"")
+        out["lengths"].append(toks["lengths"].tobytes())
+        out["order"].append(toks["order"].astype(np.int64).tobytes())
+        out["tokenize_seconds"].append(time.perf_counter() - t0)
+        out["tokenize_pid"].append(os.getpid())
+    kinds = {"tokenize_seconds": np.float64, "tokenize_pid": np.int64}
+    return {k: np.array(v, dtype=kinds.get(k, object)) for k, v in out.items()}
+
+
+def _spec_at(batch: dict[str, np.ndarray], i: int) -> dict:
+    return {k: batch[k][i].item() if hasattr(batch[k][i], "item") else batch[k][i] for k in SPEC_KEYS}
+
+
+def _tokens_at(batch: dict[str, np.ndarray], i: int) -> tuple[list[str], dict]:
+    """The pids and token arrays `tokenize_shards` made for row i."""
+    pids = str(batch["pids"][i]).split("\n") if len(str(batch["pids"][i])) else []
+    types = bytes(batch["types"][i])
+    toks = {"ids": np.frombuffer(bytes(batch["ids"][i]), dtype=np.int32),
+            "types": np.frombuffer(types, dtype=np.int8) if types else None,
+            "lengths": np.frombuffer(bytes(batch["lengths"][i]), dtype=np.int32),
+            "order": np.frombuffer(bytes(batch["order"][i]), dtype=np.int64)}
+    return pids, toks
+
+
 class ShardEncoder:
-    """Ray Data callable class: shard specs in, shards written to `out_dir`, a receipt per shard out."""
+    """Ray Data callable class: shard specs (or `tokenize_shards`' output) in, shards written to
+    `out_dir`, a receipt per shard out. Given token arrays, the actor only runs the model."""
 
     def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
                  dtype: str, out_dir: str):
@@ -85,7 +174,8 @@ class ShardEncoder:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = BiEncoder.load(ModelConfig(**model_cfg)).to(self.device).eval()
         self.precision = resolve_precision(precision, self.device)
-        self.title_join, self.batch_size, self.dtype, self.out_dir = title_join, batch_size, dtype, out_dir
+        self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
+        self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
         try:
             import ray
 
@@ -94,25 +184,30 @@ class ShardEncoder:
             self.node = None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ..models.encoder import tokenize_sorted
+
         names, rows, secs = [], [], []
+        staged = "ids" in batch
         for i in range(len(batch["name"])):
-            spec = {k: batch[k][i].item() if hasattr(batch[k][i], "item") else batch[k][i] for k in SPEC_KEYS}
+            spec = _spec_at(batch, i)
             t0 = time.perf_counter()
-            table = read_slice(spec["path"], spec["start"], spec["end"])
-            pids = [str(p) for p in table.column("pid").to_pylist()]
-            if pids_digest(pids) != spec["pids_sha256"]:  # checked before spending time on the model
-                raise PipelineError(f"{spec['name']}: the pids read from {spec['part']} rows {spec['start']}-"
-                                    f"{spec['end']} are not the ones planned (the corpus changed during the run?); "
-                                    "run `pipeline encode` again")
-            texts = [join_title(t, x, self.title_join)
-                     for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
-            vectors = self.model.embed(texts, "doc", batch_size=self.batch_size, device=self.device,
-                                       precision=self.precision)
+            info = {}
+            if staged:  # tokenised by the CPU stage: only the model runs here
+                pids, toks = _tokens_at(batch, i)
+                _check_pids(spec, pids)
+                info["tokenize_seconds"] = round(float(batch["tokenize_seconds"][i]), 3)
+                info["tokenize_pid"] = int(batch["tokenize_pid"][i])
+            else:
+                pids, texts = read_texts(spec, self.title_join)
+                tok, prefix, max_len = self.model.token_spec("doc")
+                toks = tokenize_sorted(tok, texts, prefix, max_len)
+            vectors = self.model.embed_tokens(toks, "doc", batch_size=self.batch_size, device=self.device,
+                                              precision=self.precision)
             secs.append(time.perf_counter() - t0)
             try:
                 write_shard(self.out_dir, spec, pids, vectors.astype(self.dtype, copy=False),
-                            precision=self.precision, device=str(self.device), node=self.node,
-                            seconds=round(secs[-1], 3))
+                            precision=self.precision, device=str(self.device), node=self.node, pid=os.getpid(),
+                            tokenize="stage" if staged else "actor", seconds=round(secs[-1], 3), **info)
             except ValueError as e:
                 raise PipelineError(str(e)) from None
             names.append(spec["name"])
@@ -133,12 +228,15 @@ def model_identity(model_cfg: ModelConfig) -> dict:
             "doc_prefix": model_cfg.doc_prefix, "doc_max_length": model_cfg.doc_max_length}
 
 
-def _resolved_model_cfg(model_cfg: ModelConfig) -> tuple[ModelConfig, int]:
-    """Fill pooling/normalize/lengths from the model directory so every actor agrees."""
+def _resolved_model_cfg(model_cfg: ModelConfig, title_join: str = " ") -> tuple[ModelConfig, int, TokenizeSpec]:
+    """Fill pooling/normalize/lengths from the model directory so every actor agrees; the
+    document tokenizer as the tokenising stage gets it."""
     from ..models import BiEncoder
 
     probe = BiEncoder.load(model_cfg)
-    return replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim
+    tok, prefix, max_len = probe.token_spec("doc")
+    return (replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim,
+            TokenizeSpec(tok, prefix, max_len, title_join))
 
 
 def plan_shards(corpus_dir: Path, manifest: dict, shard_rows: int) -> list[dict]:
@@ -167,39 +265,57 @@ def _node_cpus() -> list[float]:
     return [float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")]
 
 
+def resolve_tokenize(enc: EncodeConfig) -> str:
+    """`stage` or `actor`: auto = a tokenising stage when the actors run on GPUs, else in the actor
+    (on a CPU-only node the stage's task takes cores from the model; bench/encode.py measures both)."""
+    if enc.tokenize != "auto":
+        return enc.tokenize
+    return "stage" if enc.gpus_per_actor > 0 else "actor"
+
+
 def resolve_shape(enc: EncodeConfig, node_cpus: list[float], total_gpus: float) -> tuple[int, float, int]:
     """(actors, CPUs per actor, torch threads) for this cluster; ResourceError if it cannot run.
 
     Ray places each actor on one node and Ray Data waits for the whole pool, so the
     shape runs iff `num_actors` actors of `cpus_per_actor` pack onto the nodes (and
-    the GPUs suffice). Unset values take the largest shape that fits.
+    the GPUs suffice). With a tokenising stage, the actors must also leave
+    `encode.tokenize_cpus` free on every node (then, wherever Ray puts them, some node
+    has room for a tokenising task). Unset values take the largest shape that fits.
     """
     node_cpus = [c for c in node_cpus if c > 0]
     if not node_cpus:
         raise ResourceError("encode: the Ray cluster has no CPUs")
+    stage = resolve_tokenize(enc) == "stage"
+    reserve = enc.tokenize_cpus if stage else 0.0
+    room = [c - reserve for c in node_cpus]
     gpus = enc.gpus_per_actor
     cpus = enc.cpus_per_actor
     if cpus is None:
-        cpus = 1.0 if gpus > 0 else min(node_cpus)
-    fits = sum(math.floor(c / cpus + 1e-9) for c in node_cpus)
+        cpus = 1.0 if gpus > 0 else min(node_cpus) - reserve
+        if cpus <= 0:
+            raise ResourceError(f"encode: encode.tokenize_cpus={reserve:g} leaves no CPU for the encoder actors on "
+                                f"a {min(node_cpus):g}-CPU node; lower it or set encode.tokenize=actor")
+    fits = sum(max(0, math.floor(c / cpus + 1e-9)) for c in room)
     actors = enc.num_actors
     if actors is None:
         actors = max(1, fits if gpus == 0 else min(fits, math.floor(total_gpus / gpus + 1e-9)))
     problems = []
-    if cpus > max(node_cpus) + 1e-9:
-        problems.append(f"an actor of {cpus:g} CPUs fits on no node (the largest has {max(node_cpus):g})")
+    also = f" while leaving {reserve:g} CPU per node to the tokenising stage" if stage else ""
+    if cpus > max(room) + 1e-9:
+        problems.append(f"an actor of {cpus:g} CPUs fits on no node{also} (the largest has {max(node_cpus):g})")
     elif actors > fits:
         problems.append(f"{actors} actors x {cpus:g} CPUs do not fit on the nodes' CPUs "
-                        f"({' + '.join(f'{c:g}' for c in node_cpus)}): at most {fits} such actors fit")
+                        f"({' + '.join(f'{c:g}' for c in node_cpus)}){also}: at most {fits} such actors fit")
     if gpus * actors > total_gpus + 1e-9:
         problems.append(f"{actors} actors x {gpus:g} GPUs asked, the cluster has {total_gpus:g}")
     if problems:
-        best = max(node_cpus)
+        best = max(room)
         raise ResourceError(
             f"encode: {'; '.join(problems)}. Set encode.num_actors and encode.cpus_per_actor so that they "
             f"fit (e.g. encode.num_actors=1 encode.cpus_per_actor={best:g}, or "
-            f"encode.num_actors={math.floor(best / 0.5 + 1e-9) * len(node_cpus)} encode.cpus_per_actor=0.5), "
-            "or leave both unset to use the whole cluster; Ray would otherwise wait forever.")
+            f"encode.num_actors={max(1, math.floor(best / 0.5 + 1e-9)) * len(node_cpus)} encode.cpus_per_actor=0.5)"
+            + (", or encode.tokenize=actor" if stage else "")
+            + ", or leave both unset to use the whole cluster; Ray would otherwise wait forever.")
     threads = enc.torch_threads or max(1, int(cpus + 0.5))
     return actors, cpus, threads
 
@@ -207,12 +323,14 @@ def resolve_shape(enc: EncodeConfig, node_cpus: list[float], total_gpus: float) 
 def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConfig) -> dict:
     """Encode every passage of an ingested corpus into `out_dir`; resumes if interrupted.
 
-    Returns a summary dict (rows, new rows, shards reused, seconds, rows/s).
+    `out_dir` is a local path, a `file://` URI (shared filesystem) or an object-store URI
+    (`s3://bucket/prefix`, `gs://…`; see `pipeline.storage`): the workers write their shards
+    there themselves. Returns a summary dict (rows, new rows, shards reused, seconds, rows/s).
     """
-    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    corpus_dir, out_dir = Path(corpus_dir), location(out_dir)
     enc: EncodeConfig = cfg.encode
     manifest = load_manifest(corpus_dir)
-    model_cfg, dim = _resolved_model_cfg(cfg.model)
+    model_cfg, dim, tokenize_spec = _resolved_model_cfg(cfg.model, manifest["title_join"])
     dtype = "float16" if enc.fp16 else "float32"
     specs = plan_shards(corpus_dir, manifest, enc.shard_rows)
     meta = {
@@ -253,30 +371,32 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
 
         init_ray(cfg.ray)
         shape = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
+        _check_output_writable(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
-    write_json_atomic(meta_path, {**meta, "complete": False})
+    write_json(meta_path, {**meta, "complete": False})
     for name in set(done) - reused:
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
     t0 = time.time()
     if todo:
-        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows)
+        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
     problems = verify_shards(out_dir, specs, total_rows)
     if problems:
         raise PipelineError(f"encode finished, but {len(problems)} shard problem(s) remain: "
                             f"{'; '.join(problems[:5])}; run `pipeline encode` again")
-    write_json_atomic(meta_path, {**meta, "complete": True})
+    write_json(meta_path, {**meta, "complete": True})
     secs = time.time() - t0
     summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
                "parts": len(manifest["parts"]), "seconds": round(secs, 2),
                "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
                "dim": dim, "dtype": dtype, "out": str(out_dir)}
     if shape:
-        summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2])
+        summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
+                       tokenize=resolve_tokenize(enc))
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
           f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}; "
@@ -284,8 +404,22 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     return summary
 
 
-def _run(todo: list[dict], out_dir: Path, model_cfg: ModelConfig, title_join: str, dtype: str,
-         enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int) -> None:
+def _check_output_writable(out_dir) -> None:
+    """The workers write the shards: on a URI or a cluster of several nodes every node must be
+    able to write there (and see the same storage); on one machine the driver's check suffices."""
+    import ray
+
+    from ..storage import check_writable, check_writable_on_nodes
+
+    if isinstance(out_dir, RemotePath) or sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
+        check_writable_on_nodes(out_dir)
+    else:
+        check_writable(out_dir)
+
+
+def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
+         enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int,
+         tokenize_spec: "TokenizeSpec | None" = None) -> None:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -300,11 +434,14 @@ def _run(todo: list[dict], out_dir: Path, model_cfg: ModelConfig, title_join: st
         object_store_memory=enc.object_store_budget_mb * 2**20)
     items = [{k: s[k] for k in SPEC_KEYS} for s in todo]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
+    if resolve_tokenize(enc) == "stage":  # CPU tasks tokenise ahead; the actors only run the model
+        ds = ds.map_batches(tokenize_shards, fn_kwargs={"spec": tokenize_spec}, batch_size=1, batch_format="numpy",
+                            num_cpus=enc.tokenize_cpus, max_calls=TOKENIZE_MAX_CALLS)
     ds = ds.map_batches(
         ShardEncoder,
         fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
                                "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
-                               "out_dir": str(out_dir.resolve())},
+                               "out_dir": str(out_dir)},
         batch_size=1,
         batch_format="numpy",
         num_cpus=cpus,

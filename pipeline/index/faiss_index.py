@@ -20,7 +20,7 @@ import numpy as np
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, ResourceError
 from ..io_utils import atomic_path, check_output, recover_stale
-from .shards import META_NAME, iter_shards, load_meta
+from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
 
@@ -48,7 +48,7 @@ def _want_gpu(cfg: IndexConfig) -> bool:
     return cfg.use_gpu != "no" and n > 0
 
 
-def _sample(emb_dir: Path, n_total: int, k: int, seed: int = 0) -> np.ndarray:
+def _sample(emb_dir, n_total: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     take = min(k, n_total)
     chosen = np.sort(rng.choice(n_total, size=take, replace=False))
@@ -70,7 +70,7 @@ def estimate_bytes(index, probe: np.ndarray) -> tuple[float, int]:
     return (faiss.serialize_index(clone).nbytes - empty) / max(len(probe), 1), empty
 
 
-def _load_embeddings_meta(emb_dir: Path) -> dict:
+def _load_embeddings_meta(emb_dir) -> dict:
     """embeddings.json, checked complete and consistent with the shards on disk (headers only)."""
     if not emb_dir.is_dir():
         raise InputError(emb_dir, None, "not a folder of embeddings (run `pipeline encode` first)")
@@ -88,12 +88,14 @@ def _load_embeddings_meta(emb_dir: Path) -> dict:
                          "encoding is not complete: run `pipeline encode` again to finish it")
     rows, dim = int(meta["rows"]), int(meta["dim"])
     total = 0
-    try:  # headers and ids only (vectors are memory-mapped, not read)
-        for pids, vecs in iter_shards(emb_dir):
-            if vecs.ndim != 2 or vecs.shape[1] != dim:
-                raise InputError(emb_dir, None, f"a shard holds vectors of shape {vecs.shape}, embeddings.json "
+    try:  # headers and ids only (no vectors read, also on object stores)
+        for name, n_ids, shape in shard_shapes(emb_dir):
+            if len(shape) != 2 or shape[1] != dim:
+                raise InputError(emb_dir, None, f"a shard holds vectors of shape {shape}, embeddings.json "
                                  f"says dim {dim}; run `pipeline encode` again")
-            total += len(vecs)
+            if n_ids != shape[0]:
+                raise InputError(emb_dir / f"{name}.pids.txt", None, f"{n_ids} ids for {shape[0]} vectors")
+            total += shape[0]
     except FileNotFoundError as e:
         raise InputError(e.filename or emb_dir, None, "missing although its shard is marked done; "
                          "run `pipeline encode` again") from None
@@ -128,7 +130,7 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     from tqdm import tqdm
 
     faiss = _faiss()
-    emb_dir, out_dir = Path(emb_dir), Path(out_dir)
+    emb_dir, out_dir = location(emb_dir), Path(out_dir)  # embeddings: a local path or a storage URI
     check_output(out_dir, "index", overwrite)
     meta = _load_embeddings_meta(emb_dir)
     n_total, dim = int(meta["rows"]), int(meta["dim"])
@@ -194,7 +196,7 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
         info = {
             "factory": cfg.factory, "metric": cfg.metric, "ntotal": int(final.ntotal), "dim": dim,
             "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
-            "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir.resolve()),
+            "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir),
             **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus",
                                         "precision")},
         }

@@ -12,11 +12,17 @@ layout (a re-ingest with different `--part-rows`) is never taken for this one. A
 shard without its `.done` marker is ignored (and rewritten on resume). Files are
 written under unique temporary names and renamed into place, so two writers of
 the same shard (a retried task) can never leave a mixture.
+
+`emb_dir` is a local path, a `file://` URI (a shared filesystem) or any object-store
+URI `pipeline.storage` resolves (`s3://…`, `gs://…`): there each file is one object,
+which appears only when its upload has finished, and the `.done` marker still comes
+last, so the same rules hold (a shard is complete with its marker, or it is ignored).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -27,7 +33,9 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InputError
-from ..io_utils import write_json_atomic
+from ..io_utils import write_json_atomic as _write_json_local
+from ..storage import Location, RemotePath, resolve
+from ..storage import write_json_atomic as _write_json_remote
 
 META_NAME = "embeddings.json"
 SHARD_RE = re.compile(r"^shard-(\d+)(?:-(\d+))?\.done$")
@@ -63,7 +71,22 @@ def layout_matches(done: dict, spec: dict) -> bool:
     return all(done.get(k) == spec[k] for k in LAYOUT_KEYS)
 
 
-def _write_file(path: Path, write) -> None:
+def location(emb_dir: str | os.PathLike | Location) -> Location:
+    """A local `Path` or a `RemotePath` for a folder of embeddings (path or URI)."""
+    return emb_dir if isinstance(emb_dir, (Path, RemotePath)) else resolve(emb_dir)
+
+
+def write_json(path: Location, obj) -> None:
+    """Complete or absent, on either kind of location."""
+    (_write_json_remote if isinstance(path, RemotePath) else _write_json_local)(path, obj)
+
+
+def _write_file(path: Location, write) -> None:
+    if isinstance(path, RemotePath):  # one object: complete or absent (or temp + move on other filesystems)
+        buf = io.BytesIO()
+        write(buf)
+        path.write_bytes(buf.getvalue())
+        return
     tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "wb") as f:
@@ -81,7 +104,7 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
 
     Refuses pids that are not the ones the spec was planned from. Returns the marker.
     """
-    emb_dir = Path(emb_dir)
+    emb_dir = location(emb_dir)
     name = spec["name"]
     if len(pids) != len(vectors) or len(pids) != spec["end"] - spec["start"]:
         raise ValueError(f"{name}: {len(pids)} ids, {len(vectors)} vectors, {spec['end'] - spec['start']} planned")
@@ -92,14 +115,14 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
     _write_file(emb_dir / f"{name}.pids.txt", lambda f: f.write("".join(f"{p}\n" for p in pids).encode("utf-8")))
     marker = {**{k: spec[k] for k in LAYOUT_KEYS}, "rows": len(pids), "dim": int(vectors.shape[1]),
               "dtype": str(vectors.dtype), **info}
-    write_json_atomic(emb_dir / f"{name}.done", marker)
+    write_json(emb_dir / f"{name}.done", marker)
     return marker
 
 
 def completed_shards(emb_dir: str | Path) -> dict[str, dict]:
     """name -> `.done` marker of every shard that has one (any layout)."""
     out = {}
-    for marker in Path(emb_dir).glob("shard-*.done"):
+    for marker in location(emb_dir).glob("shard-*.done"):
         if SHARD_RE.match(marker.name):
             try:
                 out[marker.name[:-len(".done")]] = json.loads(marker.read_text())
@@ -110,14 +133,15 @@ def completed_shards(emb_dir: str | Path) -> dict[str, dict]:
 
 def remove_shard(emb_dir: str | Path, name: str) -> None:
     """Marker first, so a kill half-way leaves an ignored shard, never a wrong complete one."""
+    emb_dir = location(emb_dir)
     for suffix in (".done", ".npy", ".pids.txt"):
-        (Path(emb_dir) / f"{name}{suffix}").unlink(missing_ok=True)
+        (emb_dir / f"{name}{suffix}").unlink(missing_ok=True)
 
 
-def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Path]:
+def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Location]:
     """Shard files not belonging to a shard in `keep`, and temporaries of killed writers."""
     out = []
-    for p in Path(emb_dir).iterdir():
+    for p in location(emb_dir).iterdir():
         if p.name.startswith(".tmp-shard-"):
             out.append(p)
         elif p.name.startswith("shard-"):
@@ -131,7 +155,7 @@ def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> li
     """Problems that keep `specs` from being exactly the corpus: [] when every shard is
     present, made from this layout, its ids file holds exactly the planned pids, its
     vectors have one row per pid, and the rows add up to the manifest's count."""
-    emb_dir = Path(emb_dir)
+    emb_dir = location(emb_dir)
     done = completed_shards(emb_dir)
     problems = []
     rows = 0
@@ -146,25 +170,63 @@ def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> li
             continue
         try:
             raw = (emb_dir / f"{name}.pids.txt").read_bytes()
-            vectors = np.load(emb_dir / f"{name}.npy", mmap_mode="r")
+            shape = npy_shape(emb_dir / f"{name}.npy")
         except (OSError, ValueError) as e:
             problems.append(f"{name} unreadable: {e}")
             continue
         if hashlib.sha256(raw).hexdigest() != spec["pids_sha256"]:
             problems.append(f"{name}.pids.txt does not hold the planned pids")
-        if vectors.shape[0] != spec["end"] - spec["start"]:
-            problems.append(f"{name}.npy has {vectors.shape[0]} rows, expected {spec['end'] - spec['start']}")
+        if shape[0] != spec["end"] - spec["start"]:
+            problems.append(f"{name}.npy has {shape[0]} rows, expected {spec['end'] - spec['start']}")
         rows += spec["end"] - spec["start"]
     if not problems and rows != total_rows:
         problems.append(f"shards hold {rows} rows, the manifest {total_rows}")
     return problems
 
 
+def npy_shape(path: Location) -> tuple[int, ...]:
+    """The array shape from a `.npy` header (reads a few hundred bytes, on either kind of location)."""
+    if isinstance(path, RemotePath):
+        with path.fs.open_input_file(path.path) as f:
+            return _npy_header_shape(f)
+    with open(path, "rb") as f:
+        return _npy_header_shape(f)
+
+
+def _npy_header_shape(f) -> tuple[int, ...]:
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return tuple(read(f)[0])
+
+
+def load_vectors(path: Location) -> np.ndarray:
+    """A shard's vectors: memory-mapped when local, read whole (one shard) from an object store."""
+    if isinstance(path, RemotePath):
+        return np.load(io.BytesIO(path.read_bytes()))
+    return np.load(path, mmap_mode="r")
+
+
 def load_meta(emb_dir: str | Path) -> dict:
-    path = Path(emb_dir) / META_NAME
-    if not path.exists():
-        raise InputError(path, None, "no embeddings here: run `pipeline encode` first")
-    return json.loads(path.read_text())
+    path = location(emb_dir) / META_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, None, "no embeddings here: run `pipeline encode` first") from None
+    return json.loads(text)
+
+
+def shard_shapes(emb_dir: str | Path) -> Iterator[tuple[str, int, tuple[int, ...]]]:
+    """(name, ids, vector array shape) of every shard `iter_shards` would yield, from the ids
+    files and the `.npy` headers only (no vectors read, also on object stores)."""
+    emb_dir = location(emb_dir)
+    meta = load_meta(emb_dir)
+    done = completed_shards(emb_dir)
+    names = meta.get("shard_names") or sorted(done, key=lambda n: [int(x) for x in n.split("-")[1:]])
+    for name in names:
+        if name not in done:
+            raise InputError(emb_dir / f"{name}.done", None, "shard listed as complete is missing: run `pipeline encode` again")
+        pids = (emb_dir / f"{name}.pids.txt").read_text(encoding="utf-8").splitlines()
+        yield name, len(pids), npy_shape(emb_dir / f"{name}.npy")
 
 
 def iter_shards(emb_dir: str | Path, require_complete: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
@@ -173,7 +235,7 @@ def iter_shards(emb_dir: str | Path, require_complete: bool = True) -> Iterator[
     Only the shards the encoding listed in its metadata are read, so files of
     another layout or of a killed writer are never mixed in.
     """
-    emb_dir = Path(emb_dir)
+    emb_dir = location(emb_dir)
     meta = load_meta(emb_dir)
     if require_complete and not meta.get("complete"):
         raise InputError(emb_dir / META_NAME, None, "encoding is not complete: run `pipeline encode` again to finish it")
@@ -185,7 +247,7 @@ def iter_shards(emb_dir: str | Path, require_complete: bool = True) -> Iterator[
     for name in names:
         if name not in done:
             raise InputError(emb_dir / f"{name}.done", None, "shard listed as complete is missing: run `pipeline encode` again")
-        vectors = np.load(emb_dir / f"{name}.npy", mmap_mode="r")
+        vectors = load_vectors(emb_dir / f"{name}.npy")
         pids = (emb_dir / f"{name}.pids.txt").read_text(encoding="utf-8").splitlines()
         if len(pids) != len(vectors):
             raise InputError(emb_dir / f"{name}.pids.txt", None, f"{len(pids)} ids for {len(vectors)} vectors")

@@ -681,43 +681,48 @@ class BiEncoder(nn.Module):
     def _embed_window(self, texts, side: str, batch_size: int, device: torch.device, precision: str,
                       sort_by_length: bool):
         """One window of `embed`: tokenise once, length-sorted padded batches, order restored."""
+        tok, prefix, max_len = self.token_spec(side)
+        tokens = tokenize_sorted(tok, texts, prefix, max_len, sort_by_length)
+        return self.embed_tokens(tokens, side, batch_size, device, precision)
+
+    def token_spec(self, side: str):
+        """(tokenizer, prefix, max length) of one side: all a tokenising stage needs."""
+        if side == "query":
+            return self.query_tokenizer, self.cfg.query_prefix, self.cfg.query_max_length
+        return self.doc_tokenizer, self.cfg.doc_prefix, self.cfg.doc_max_length
+
+    @torch.inference_mode()
+    def embed_tokens(self, tokens: dict, side: str, batch_size: int = 64, device: str | torch.device = "cpu",
+                     precision: str = "fp32"):
+        """`tokenize_sorted`'s arrays -> float32 numpy (N, D) in the texts' input order.
+
+        Only the model's part of encoding (padding a batch is one vectorised copy), so a
+        CPU stage can tokenise ahead of this. On CUDA each batch goes through pinned
+        memory with a non-blocking copy."""
         import numpy as np
 
-        if side == "query":
-            tok, prefix, max_len, encode = (self.query_tokenizer, self.cfg.query_prefix, self.cfg.query_max_length,
-                                            self.encode_queries)
-        else:
-            tok, prefix, max_len, encode = (self.doc_tokenizer, self.cfg.doc_prefix, self.cfg.doc_max_length,
-                                            self.encode_docs)
-        texts = [prefix + t for t in texts] if prefix else list(texts)
-        enc = tok(texts, padding=False, truncation=True, max_length=max_len)
-        ids, types = enc["input_ids"], enc.get("token_type_ids")
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        order = length_order(lengths) if sort_by_length else np.arange(len(ids))
+        self.eval()
+        device = torch.device(device)
+        precision = resolve_precision(precision, device)
+        encode = self.encode_queries if side == "query" else self.encode_docs
+        tok = self.token_spec(side)[0]
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         left = getattr(tok, "padding_side", "right") == "left"
-        cuda = device.type == "cuda"
+        cuda = device.type == "cuda" and torch.cuda.is_available()
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
-        for s in range(0, len(ids), max(1, batch_size)):
-            rows = order[s:s + max(1, batch_size)]
-            width = int(lengths[rows].max())
-            input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            tt = np.zeros((len(rows), width), dtype=np.int64) if types is not None else None
-            for j, r in enumerate(rows):
-                n = int(lengths[r])
-                cols = slice(width - n, width) if left else slice(0, n)
-                input_ids[j, cols] = ids[r]
-                mask[j, cols] = 1
-                if tt is not None:
-                    tt[j, cols] = types[r]
-            batch = {"input_ids": input_ids, "attention_mask": mask, **({"token_type_ids": tt} if tt is not None else {})}
-            batch = {k: (torch.from_numpy(v).pin_memory().to(device, non_blocking=True) if cuda
-                         else torch.from_numpy(v).to(device)) for k, v in batch.items()}
+        lengths, order = tokens["lengths"], tokens["order"]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        out = np.empty((len(lengths), self.dim), dtype=np.float32)
+        for s in range(0, len(lengths), max(1, batch_size)):
+            e = min(len(lengths), s + max(1, batch_size))
+            batch = padded_batch(tokens, offsets, s, e, pad_id, left)
+            if cuda:
+                batch = {k: torch.from_numpy(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+            else:
+                batch = {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
             with torch.autocast(device_type=device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 vecs = encode(batch)
-            out[rows] = vecs.float().cpu().numpy()
+            out[order[s:e]] = vecs.float().cpu().numpy()
         return out
 
 
@@ -731,6 +736,44 @@ def length_order(lengths) -> "np.ndarray":
     import numpy as np
 
     return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
+
+def tokenize_sorted(tok, texts, prefix: str = "", max_len: int = 256, sort_by_length: bool = True) -> dict:
+    """Texts -> flat token arrays in batch order (longest first when sorting): `ids` (int32,
+    every text's ids back to back), `types` (int8 token type ids, or None), `lengths` (int32)
+    and `order` (int64: the input position of each row). Plain numpy, so a CPU stage can make
+    them and hand them to the encoder through Ray's object store."""
+    import numpy as np
+
+    texts = [prefix + t for t in texts] if prefix else list(texts)
+    enc = tok(texts, padding=False, truncation=True, max_length=max_len)
+    ids, types = enc["input_ids"], enc.get("token_type_ids")
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    order = length_order(lengths) if sort_by_length else np.arange(len(ids), dtype=np.int64)
+    flat = np.fromiter((t for r in order for t in ids[r]), dtype=np.int32, count=int(lengths.sum()))
+    flat_types = (np.fromiter((t for r in order for t in types[r]), dtype=np.int8, count=int(lengths.sum()))
+                  if types is not None else None)
+    return {"ids": flat, "types": flat_types, "lengths": lengths[order].astype(np.int32), "order": order}
+
+
+def padded_batch(tokens: dict, offsets, s: int, e: int, pad_id: int, left: bool = False) -> dict:
+    """Rows [s, e) of `tokenize_sorted`'s arrays as int64 (B, W) input_ids / attention_mask
+    (/ token_type_ids), W the batch's own longest row."""
+    import numpy as np
+
+    lengths = tokens["lengths"][s:e].astype(np.int64)
+    width = int(lengths.max()) if len(lengths) else 0
+    cols = np.arange(width)
+    mask = cols[None, :] >= (width - lengths)[:, None] if left else cols[None, :] < lengths[:, None]
+    seg = slice(int(offsets[s]), int(offsets[e]))
+    input_ids = np.full((len(lengths), width), pad_id, dtype=np.int64)
+    input_ids[mask] = tokens["ids"][seg]  # row-major: each row's ids land in its unmasked cells
+    batch = {"input_ids": input_ids, "attention_mask": mask.astype(np.int64)}
+    if tokens.get("types") is not None:
+        tt = np.zeros((len(lengths), width), dtype=np.int64)
+        tt[mask] = tokens["types"][seg]
+        batch["token_type_ids"] = tt
+    return batch
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:

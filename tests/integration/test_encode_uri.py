@@ -1,0 +1,99 @@
+"""Encoding to an object store (moto's S3 server on 127.0.0.1, through pyarrow's S3FileSystem) with
+the tokenising CPU stage ahead of the encoder actors: a killed run resumes redoing only the missing
+shards, every pid lands exactly once, `pipeline index` reads the shards from the URI; an output the
+workers cannot write to is refused before any work."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from s3_emulator import make_bucket, uri
+
+from pipeline.config import load_config
+from pipeline.data.ingest import ingest
+from pipeline.errors import ConfigError
+from pipeline.index import encode as encode_mod
+from pipeline.index.encode import encode_corpus
+from pipeline.index.shards import completed_shards, iter_shards, load_meta, location
+
+pytestmark = pytest.mark.integration
+
+N = 240
+
+
+class _Kill(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("enc_uri")
+    rng = random.Random(2)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    src = root / "collection.tsv"
+    src.write_text("".join(f"{i}\t{' '.join(rng.choice(words) for _ in range(rng.randint(3, 100)))}\n"
+                           for i in range(N)), encoding="utf-8")
+    ingest([src], "msmarco", root / "corpus", part_rows=120, progress=False)
+    return root / "corpus"
+
+
+def _cfg(model_dir, *extra):
+    return load_config(None, [f"model.name_or_path={model_dir}", "model.pooling=mean", "model.normalize=true",
+                              "encode.batch_size=16", "encode.show_progress=false", "encode.shard_rows=40",
+                              "encode.tokenize=stage", *extra])
+
+
+def test_stage_encode_to_s3_resumes_after_a_kill_and_indexes_from_the_uri(ray_session, tiny_model_dir, corpus,
+                                                                          tmp_path, monkeypatch):
+    out = uri(make_bucket(), "scifact/emb")
+    cfg = _cfg(tiny_model_dir)
+    seen: list[str] = []
+
+    def report(name, rows):
+        seen.append(name)
+        if len(seen) == 2:
+            raise _Kill("simulated kill after 2 shards")
+
+    monkeypatch.setattr(encode_mod, "_report_shard", report)
+    with pytest.raises(_Kill):
+        encode_corpus(corpus, out, cfg)
+    kept = completed_shards(out)
+    assert len(kept) >= 2 and load_meta(out)["complete"] is False
+    if len(kept) > 4:  # the actors outran the kill: make two shards half-written (vectors, no marker)
+        for name in sorted(kept)[-2:]:
+            (location(out) / f"{name}.done").unlink()
+            del kept[name]
+
+    monkeypatch.setattr(encode_mod, "_report_shard", lambda name, rows: None)
+    summary = encode_corpus(corpus, out, cfg)
+    assert summary["tokenize"] == "stage" and summary["shards"] == 6
+    assert summary["reused_shards"] == len(kept) and summary["encoded"] == N - 40 * len(kept)
+    assert load_meta(out)["complete"] is True
+    assert [p for ids, _ in iter_shards(out) for p in ids] == [str(i) for i in range(N)]  # each once, in order
+    markers = completed_shards(out)
+    for name, marker in kept.items():  # the kept shards were not rewritten
+        assert markers[name] == marker
+    for marker in markers.values():  # tokenised by a task process, not by the actor that ran the model
+        assert marker["tokenize"] == "stage" and marker["tokenize_pid"] != marker["pid"]
+    assert not [p for p in location(out).iterdir() if p.name.startswith((".tmp-", ".write-probe", ".shared-probe"))]
+
+    # a complete run is reused whole; `pipeline index --embeddings URI` reads the shards from the store
+    again = encode_corpus(corpus, out, cfg)
+    assert again["encoded"] == 0 and again["reused_shards"] == 6
+    from pipeline.index.faiss_index import build_index
+
+    info = build_index(out, tmp_path / "index", load_config(None, []).index, progress=False)
+    assert info["ntotal"] == N and info["embeddings"].startswith("s3://")
+    assert (tmp_path / "index" / "pids.txt").read_text().split() == [str(i) for i in range(N)]
+    assert json.loads((tmp_path / "index" / "index.json").read_text())["corpus_fingerprint"] == \
+        load_meta(out)["corpus_fingerprint"]
+
+
+def test_an_output_the_workers_cannot_write_is_refused_before_any_work(ray_session, tiny_model_dir, corpus):
+    missing = uri("no-such-bucket-for-encode", "emb")
+    with pytest.raises(ConfigError, match="bucket does not exist") as err:
+        encode_corpus(corpus, missing, _cfg(tiny_model_dir))
+    assert "no-such-bucket-for-encode" in str(err.value)
