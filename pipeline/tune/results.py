@@ -212,7 +212,8 @@ def write_plots(out: Path, recs: list[TrialRecord], params: list, metric: str) -
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} vs {p.key} (last reported)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no trial reported yet (an interrupted sweep): no legend
+            ax.legend(fontsize=8)
         fig.tight_layout()
         path = plots / f"metric_vs_{p.key.replace('/', '_')}.png"
         fig.savefig(path, dpi=110)
