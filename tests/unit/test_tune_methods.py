@@ -268,3 +268,23 @@ def test_ance_trial_is_run_ance_with_tunes_callback_on_its_trainer(tmp_path, mon
     monkeypatch.setattr(ance_mod, "run_ance", run_ance_cb)
     run_ance_trial(trial_job(ANCE, {}, str(tmp_path), "ance_t"), "v", [cb])
     assert got["direct"] == [cb] and trainer_mod.train is fake_train
+
+
+def test_cli_refuses_bad_method_sweeps_with_exit_2(tmp_path, capsys):
+    from pipeline.cli import main
+
+    def run(doc):
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        code = main(["tune", "--config", str(path)])
+        return code, capsys.readouterr().err
+
+    ance = {"base": {**ANCE, "train": {**ANCE["train"], "checkpoint_every": 4}}, "output": str(tmp_path / "o1"),
+            "space": {"ance.refresh_every": {"grid": [4, 8]}}, "search": {"grace_period": 4}}
+    code, err = run(ance)
+    assert code == 2 and err.startswith("error: space.ance.refresh_every") and "Traceback" not in err
+    arr = {"base": ARR, "output": str(tmp_path / "o2"), "space": {"optim.lr": {"grid": [1e-3, 1e-4]}},
+           "search": {"grace_period": 6, "metric": "val_RR@10"}}
+    code, err = run(arr)
+    assert code == 2 and "val_R@8" in err and "Traceback" not in err  # the message lists what ARR reports
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
