@@ -63,11 +63,16 @@ def reported_metrics(job) -> tuple[list[str], str]:
             return names + ["val_metric", "val_R@8", "val_MRR"], ""
         return names, " (ARR's validation, R@8 on the split's val file, needs authorship.split and no validation.corpus)"
     if kind == "rcl":
-        # the final model's validation: the validation split, or the dev split rcl.dev_split carves
+        # the final model's validation (rcl.stage_validator): STS dev Spearman with rcl.sts_dev (STS
+        # setting), else the spine's on the validation split or the dev split rcl.dev_split carves
         s = job.section("rcl")
+        best = ["val_best"] if getattr(s, "final_select", "last") == "best" else []
+        if getattr(s, "sts_dev", None):
+            return names + ["val_metric", "val_spearman", "val_pearson"] + best, ""
         if job.validation.corpus or (s.dev_split and job.data.corpus):
-            return names + _spine_metrics(job), ""
-        return names, " (RCL's final model is validated on validation.corpus or on the rcl.dev_split dev queries)"
+            return names + _spine_metrics(job) + best, ""
+        return names, (" (RCL's final model is validated on rcl.sts_dev, validation.corpus or the rcl.dev_split "
+                       "dev queries)")
     if job.validation.corpus:
         return names + _spine_metrics(job), ""
     return names, " (validation metrics need validation.corpus in the base config)"

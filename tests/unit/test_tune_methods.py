@@ -111,6 +111,11 @@ def test_rcl_reports_the_final_models_validation(tmp_path, tiny_model_dir):
     no_val["rcl"]["dev_split"] = 0.0
     with pytest.raises(ConfigError, match=r"val_metric.*not reported by the rcl trainer.*rcl.dev_split"):
         sweep(tmp_path, no_val, space, {"grace_period": 3})
+    # the STS setting: the final model is validated on the STS dev file (Spearman)
+    sts = _rcl(tiny_model_dir, sts_dev="sts-dev.csv", final_select="best")
+    cfg = sweep(tmp_path, sts, space, {"grace_period": 3, "metric": "val_spearman"})
+    assert metric_mode(cfg, validate_sweep(cfg)) == ("val_spearman", "max")
+    assert {"val_metric", "val_pearson", "val_best"} <= set(reported_metrics(validate_sweep(cfg))[0])
     # lists are values: grid and random take them, Optuna cannot
     with pytest.raises(ConfigError, match=r"space.rcl.entropy_lambdas: Optuna's choices.*grid or random"):
         sweep(tmp_path, _rcl(tiny_model_dir), {"rcl.entropy_lambdas": {"choice": [[0.01], [0.01, 0.02]]}},
