@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..config import EvalConfig
+from ..data.irds import is_identifier
 from ..data.manifest import join_title, load_manifest
 from ..data.readers import load_qrels, load_queries
 from ..eval.metrics import evaluate_run, measure_name, measures_for, read_run
@@ -27,8 +28,9 @@ class Validator:
     def __init__(self, corpus: str, queries: str | None = None, qrels: str | None = None,
                  metric: str = "MRR@10", top_k: int = 100, batch_size: int = 64, eval_cfg: EvalConfig | None = None):
         self.corpus = Path(corpus).resolve()
-        self.queries = Path(queries or self.corpus / "queries.tsv").resolve()
-        self.qrels_path = Path(qrels or self.corpus / "qrels" / "test.trec").resolve()
+        # an ir_datasets identifier (msmarco-passage/dev/small) stays a string: the readers resolve it
+        self.queries = str(queries) if is_identifier(queries) else Path(queries or self.corpus / "queries.tsv").resolve()
+        self.qrels_path = str(qrels) if is_identifier(qrels) else Path(qrels or self.corpus / "qrels" / "test.trec").resolve()
         self.metric, self.top_k, self.batch_size = metric, top_k, batch_size
         self.eval_cfg = eval_cfg or EvalConfig()
         # the configured name may be an alias (MRR@10 -> RR@10); it is always computed

@@ -276,3 +276,27 @@ def test_network_guard_nests_in_any_order(tmp_path, monkeypatch):
     assert dl.Download.__dict__["path"] is not orig[0]  # still guarded while b reads
     b.__exit__(None, None, None)
     assert (dl.Download.__dict__["path"], dl.RequestsDownload.__dict__["__iter__"]) == orig
+
+
+def test_training_validation_takes_identifiers(irds, tmp_path, tiny_model_dir):
+    # the trainer's validator (index/validate.py) resolves --queries/--qrels identifiers like the CLI does
+    f = irds["files"]
+    (rc, _, err), = cli(irds, ["ingest", f / "collection.tsv", "--format", "msmarco", "--out", tmp_path / "c"])
+    assert rc == 0, err
+    code = (
+        "import json, sys\n"
+        "from pipeline.config import ModelConfig\n"
+        "from pipeline.index.validate import Validator\n"
+        "from pipeline.models import BiEncoder\n"
+        "c, model_dir, q, r = sys.argv[1:]\n"
+        "m = BiEncoder.load(ModelConfig(name_or_path=model_dir, pooling='mean', normalize=True))\n"
+        "a = Validator(c, queries='msmarco-passage/dev/small', qrels='msmarco-passage/dev/small')(m)\n"
+        "b = Validator(c, queries=q, qrels=r)(m)\n"
+        "print('RESULT' + json.dumps([a, b]))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), str(tiny_model_dir), str(f / "queries.tsv"),
+                        str(f / "qrels.tsv")], capture_output=True, text=True, timeout=90,
+                       env={**os.environ, "IR_DATASETS_HOME": str(irds["home"])})
+    assert "RESULT" in p.stdout, p.stderr[-3000:]
+    a, b = json.loads(p.stdout.split("RESULT", 1)[1])
+    a.pop("val_seconds"), b.pop("val_seconds")
+    assert a == b and 0 <= a["val_metric"] <= 1
