@@ -67,6 +67,14 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) ->
         check_resources("ANCE (trainer workers + index refresher)",
                         tc.num_workers * tc.cpus_per_worker + s.cpus,
                         (tc.num_workers * tc.gpus_per_worker if tc.use_gpu else 0.0) + s.gpus)
+        if isinstance(run_dir, RemotePath) or isinstance(versions, RemotePath) or \
+                len([n for n in ray.nodes() if n.get("Alive")]) > 1:
+            from .storage import check_writable_on_nodes
+
+            # before the refresher starts: the driver and every node (the refresher's among them) must
+            # reach the run (checkpoints) and the versions folder; a clear error instead of a dead actor
+            for loc in {str(run_dir): run_dir, str(versions): versions}.values():
+                check_writable_on_nodes(loc)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
         actor = start_refresher(run_dir, s, s.corpus)
