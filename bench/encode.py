@@ -55,14 +55,15 @@ def make_corpus(folder: Path, n: int, part_rows: int) -> Path:
 
 
 def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int, actors: int | None,
-               cpus: float | None, threads: int, precision: str = "fp32", tokenize: str = "auto") -> dict:
+               cpus: float | None, threads: int, precision: str = "fp32", tokenize: str = "auto",
+               shard_rows: int = 2048) -> dict:
     from pipeline.config import load_config
     from pipeline.index.encode import encode_corpus
 
     shape = ([f"encode.num_actors={actors}"] if actors else []) + ([f"encode.cpus_per_actor={cpus}"] if cpus else [])
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"model.doc_max_length={max_len}",
                              f"encode.batch_size={batch}", f"encode.torch_threads={threads}",
-                             f"encode.precision={precision}", f"encode.tokenize={tokenize}",
+                             f"encode.precision={precision}", f"encode.tokenize={tokenize}", f"encode.shard_rows={shard_rows}",
                              "encode.show_progress=false", *shape])
     t0 = time.perf_counter()
     summary = encode_corpus(corpus, out, cfg)
@@ -239,7 +240,8 @@ def throughput(args, tmp: Path) -> None:
                   n / timed(lambda: model.embed(texts, "doc", batch_size=B, precision="auto"))[0])
         for prec, tok in (("fp32", "actor"), ("auto", "actor"), ("auto", "stage")):
             # the stage runs beside the actors: their default shape leaves it encode.tokenize_cpus
-            r = ray_encode(corpus, tmp / f"emb-{prec}-{tok}-{rnd}", args.model, B, L, None, None, T, prec, tok)
+            r = ray_encode(corpus, tmp / f"emb-{prec}-{tok}-{rnd}", args.model, B, L, None, None, T, prec, tok,
+                           args.shard_rows)
             label = f"pipeline encode {prec}" + (f"={auto}" if prec == "auto" else "") + f" tokenize={tok}"
             keep_best(label + " (end to end)", n / r["wall"])
             if tok == "actor":  # the actors' own time covers read + tokenise + model + write
@@ -287,6 +289,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="measure every row this many times, keep the best")
     ap.add_argument("--split", help="qrels split for nDCG@10 (default: test, else all)")
     ap.add_argument("--part-rows", type=int, default=100_000)
+    ap.add_argument("--shard-rows", type=int, default=128,
+                    help="encode.shard_rows of the pipeline runs (several shards let a tokenising stage run ahead)")
     ap.add_argument("--rss-model", default="tiny", help="model of the memory runs (default: a tiny random BERT)")
     ap.add_argument("--rss-n", type=int, default=2000, help="base corpus size for the memory runs")
     ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
