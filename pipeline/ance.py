@@ -38,8 +38,10 @@ def _watch(handle, out: dict) -> None:
               "the last published negatives version", flush=True)
 
 
-def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) -> dict:
-    """Train with concurrently refreshed ANN negatives; returns the training summary (+ refresher record)."""
+def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, callbacks: list | None = None) -> dict:
+    """Train with concurrently refreshed ANN negatives; returns the training summary (+ refresher record).
+
+    `callbacks` go to the trainer's Ray Train run (a Tune trial passes its report callback)."""
     import ray
 
     from .index.refresher import start_refresher
@@ -87,7 +89,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True) ->
                   f"{tc.checkpoint_every} steps -> top {s.top_k}, {s.negatives} negatives/query -> {versions}",
                   flush=True)
     try:
-        summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=progress)
+        summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=progress,
+                        callbacks=callbacks)
     finally:
         if actor is not None:
             try:

@@ -18,7 +18,6 @@ trial's Train workers are counted at their peak: RCL's stage 1 runs several entr
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
@@ -253,31 +252,6 @@ def run_ance_trial(job, validate_fn, callbacks: list) -> dict:
     """pipeline/ance.run_ance itself, with Tune's report callback on its trainer. The refresher
     actor it starts is a child of the trial, so it lands in the trial's placement group (its own
     bundle, planned by `trial_demand`)."""
-    import inspect
-
     from ..ance import run_ance
 
-    if "callbacks" in inspect.signature(run_ance).parameters:
-        return run_ance(job, validate_fn=validate_fn, progress=False, callbacks=list(callbacks))
-    with _train_callbacks(callbacks):
-        return run_ance(job, validate_fn=validate_fn, progress=False)
-
-
-@contextmanager
-def _train_callbacks(callbacks: list):
-    """Until `run_ance` takes `callbacks`: the `trainer.train` it calls (imported at call time)
-    gets Tune's callback added. A trial runs in its own process (the sweep never reuses trial
-    actors), so the swap is this trial's alone; it is undone when the run ends."""
-    from ..train import trainer
-
-    original = trainer.train
-
-    def train(job, *args, callbacks=None, **kwargs):
-        return original(job, *args, callbacks=list(callbacks or []) + list(extra), **kwargs)
-
-    extra = list(callbacks)
-    trainer.train = train
-    try:
-        yield
-    finally:
-        trainer.train = original
+    return run_ance(job, validate_fn=validate_fn, progress=False, callbacks=list(callbacks))

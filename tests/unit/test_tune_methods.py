@@ -240,39 +240,21 @@ def _named(job, name):
 
 
 def test_ance_trial_is_run_ance_with_tunes_callback_on_its_trainer(tmp_path, monkeypatch):
-    """The ANCE trial calls pipeline/ance.run_ance itself (no copy of its orchestration); the
-    trainer it starts gets Tune's callback, and the trainer is restored afterwards."""
+    """The ANCE trial calls pipeline/ance.run_ance itself (no copy of its orchestration), quietly,
+    with Tune's callback for the trainer run_ance starts."""
     import pipeline.ance as ance_mod
-    import pipeline.train.trainer as trainer_mod
     from pipeline.tune.drivers import run_ance_trial
 
     got = {}
 
-    def fake_train(job, validate_fn=None, progress=True, negatives_provider=None, callbacks=None):
-        got.update(name=job.train.name, validate_fn=validate_fn, callbacks=callbacks)
+    def fake_run_ance(job, validate_fn=None, progress=True, callbacks=None):
+        got.update(name=job.train.name, validate_fn=validate_fn, progress=progress, callbacks=callbacks)
         return {"steps": 1}
 
-    def fake_run_ance(job, validate_fn=None, progress=True):
-        from pipeline.train.trainer import train  # as run_ance imports it: at call time
-
-        got["progress"] = progress
-        return train(job, validate_fn=validate_fn, negatives_provider="provider", progress=progress)
-
-    monkeypatch.setattr(trainer_mod, "train", fake_train)
     monkeypatch.setattr(ance_mod, "run_ance", fake_run_ance)
     cb = object()
     assert run_ance_trial(trial_job(ANCE, {}, str(tmp_path), "ance_t"), "v", [cb]) == {"steps": 1}
     assert got == {"name": "ance_t", "validate_fn": "v", "callbacks": [cb], "progress": False}
-    assert trainer_mod.train is fake_train
-
-    # once run_ance takes callbacks itself, they are passed straight through
-    def run_ance_cb(job, validate_fn=None, progress=True, callbacks=None):
-        got.update(direct=callbacks)
-        return {}
-
-    monkeypatch.setattr(ance_mod, "run_ance", run_ance_cb)
-    run_ance_trial(trial_job(ANCE, {}, str(tmp_path), "ance_t"), "v", [cb])
-    assert got["direct"] == [cb] and trainer_mod.train is fake_train
 
 
 def test_cli_refuses_bad_method_sweeps_with_exit_2(tmp_path, capsys):
