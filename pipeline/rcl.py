@@ -289,10 +289,12 @@ def write_regulator_table(model_cfg, queries: list[str], docs: list[str], out: P
     return meta
 
 
-def write_sentence_corpus(texts: list[str], side: str, out: Path, source: str) -> dict:
+def write_sentence_corpus(texts: list[str], side: str, out: Path, source: str,
+                          docs: list[str] | None = None) -> dict:
     """The training sentences of one side as a corpus `pipeline encode` reads (a Parquet part and
     a manifest, data/manifest.py): pid = `text_key(text, side)`, no title. Rewritten only when
-    its sentences changed (the fingerprint covers their keys)."""
+    its sentences changed (the fingerprint covers their keys). `side="both"`: `texts` are the
+    queries and `docs` the documents, in one corpus (for a model whose two sides are the same)."""
     import hashlib
 
     import pyarrow as pa
@@ -302,8 +304,14 @@ def write_sentence_corpus(texts: list[str], side: str, out: Path, source: str) -
     from .data.manifest import MANIFEST_NAME, fingerprint
     from .train.methods.rcl import text_key
 
-    keys = [text_key(t, side) for t in texts]
-    manifest = {"variant": "custom", "format": "rcl-sentences", "side": side, "title_join": "none",
+    counts = {side: len(texts)}
+    if side == "both":
+        counts = {"query": len(texts), "doc": len(docs or [])}
+        keys = [text_key(t, "query") for t in texts] + [text_key(t, "doc") for t in docs or []]
+        texts = list(texts) + list(docs or [])
+    else:
+        keys = [text_key(t, side) for t in texts]
+    manifest = {"variant": "custom", "format": "rcl-sentences", "side": side, "counts": counts, "title_join": "none",
                 "sources": [{"path": source, "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}],
                 "rows": len(keys), "parts": [{"file": "corpus/part-00000.parquet", "rows": len(keys)}]}
     manifest["fingerprint"] = fingerprint(manifest)
@@ -325,7 +333,7 @@ def side_model_cfg(model_cfg, side: str):
     prompt would replace an empty query prefix): such a model is encoded by `write_regulator_table`."""
     from .models import BiEncoder
 
-    if side == "doc":
+    if side in ("doc", "both"):
         return model_cfg
     probe = BiEncoder.load(model_cfg)
     c = probe.cfg
@@ -333,6 +341,17 @@ def side_model_cfg(model_cfg, side: str):
         return None
     return replace(model_cfg, query_name_or_path=None, pooling=c.pooling, normalize=c.normalize,
                    doc_prefix=c.query_prefix, doc_max_length=c.query_max_length)
+
+
+def sides_identical(model_cfg) -> bool:
+    """True when the model embeds a text the same as query and as document (one tower and head,
+    the same prefix and length): stage 2 then encodes both sides in one pass."""
+    from .models import BiEncoder
+
+    probe = BiEncoder.load(model_cfg)
+    c = probe.cfg
+    return (probe.shared and probe.query_head is probe.doc_head and c.query_prefix == c.doc_prefix
+            and c.query_max_length == c.doc_max_length)
 
 
 def _shard_files(emb_dir: Path, rel: str) -> list[dict]:
@@ -350,9 +369,9 @@ def encode_regulator_table(model_cfg, corpora: dict[str, Path], out: Path, encod
                            digest: str | None = None, progress: bool = True, label: str | None = None) -> dict:
     """One frozen entropy model's table with the spine's Ray Data encoder actors
     (`index/encode.encode_corpus`: sorted batches, precision, resumable shards): `out/query/` and
-    `out/doc/` are its embedding sets of the sentence corpora; `meta.json`, written last, lists
-    their shards (train/methods/rcl.RegulatorTable reads it). A killed encoding resumes shard by
-    shard; a complete table is reused."""
+    `out/doc/` (or `out/both/`, when `corpora` has a "both" corpus) are its embedding sets of the
+    sentence corpora; `meta.json`, written last, lists their shards (train/methods/rcl.RegulatorTable
+    reads it). A killed encoding resumes shard by shard; a complete table is reused."""
     import shutil
 
     from .config import PipelineConfig
@@ -362,21 +381,25 @@ def encode_regulator_table(model_cfg, corpora: dict[str, Path], out: Path, encod
     if (out / "meta.json").exists():
         return json.loads((out / "meta.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
-    files, rows, dim = [], {}, None
-    for side in ("query", "doc"):
+    files, rows, dim = [], {"query": 0, "doc": 0}, None
+    for side in (("both",) if "both" in corpora else ("query", "doc")):
         mcfg = side_model_cfg(model_cfg, side)
         if mcfg is None:
             raise PipelineError(f"{model_cfg.name_or_path}: the {side} side cannot be encoded by the spine's encoder")
         emb = out / side
-        corpus_fp = json.loads((corpora[side] / "manifest.json").read_text())["fingerprint"]
+        manifest = json.loads((corpora[side] / "manifest.json").read_text())
+        corpus_fp = manifest["fingerprint"]
         if (emb / META_NAME).exists() and json.loads((emb / META_NAME).read_text()).get("corpus_fingerprint") != corpus_fp:
             shutil.rmtree(emb)  # vectors of other sentences (the examples changed): ours to redo
         if progress:
-            print(f"[rcl] stage 2: {label or model_cfg.name_or_path} encodes the {side} sentences "
+            what = "query and document sentences (one pass: its two sides are alike)" if side == "both" else f"{side} sentences"
+            print(f"[rcl] stage 2: {label or model_cfg.name_or_path} encodes the {what} "
                   f"-> {emb}", flush=True)
         summary = encode_corpus(corpora[side], emb, PipelineConfig(model=mcfg, ray=ray_cfg, encode=encode_cfg))
         files += _shard_files(emb, side)
-        rows[side], dim = summary["rows"], summary["dim"]
+        dim = summary["dim"]
+        for k, n in manifest.get("counts", {side: summary["rows"]}).items():
+            rows[k] += n
     meta = {"layout": "shards", "model": str(model_cfg.name_or_path), "digest": digest, "rows": rows["query"] + rows["doc"],
             "queries": rows["query"], "docs": rows["doc"], "dim": dim, "precision": encode_cfg.precision,
             "files": files}
@@ -395,8 +418,19 @@ def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: 
     s = job.section("rcl")
     queries, docs = regulator_texts(examples_dir)
     corpora = {side: out_dir / "sentences" / side for side in ("query", "doc")}
-    for side, texts in (("query", queries), ("doc", docs)):
-        write_sentence_corpus(texts, side, corpora[side], str(examples_dir))
+    both = {"both": out_dir / "sentences" / "both"}
+    written: set[str] = set()
+
+    def corpora_for(mcfg) -> dict[str, Path]:
+        """One corpus of both sides when the model embeds them alike (one encoding pass), else two."""
+        chosen = both if sides_identical(mcfg) else corpora
+        for side, folder in chosen.items():
+            if side not in written:
+                write_sentence_corpus(queries if side != "doc" else docs, side, folder, str(examples_dir),
+                                      docs=docs if side == "both" else None)
+                written.add(side)
+        return chosen
+
     encode_cfg = replace(s.encode, show_progress=s.encode.show_progress and progress)
     tables, fallback = [], []
     for name, path in models.items():
@@ -409,7 +443,8 @@ def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: 
         if side_model_cfg(mcfg, "query") is None:
             fallback.append((name, mcfg, dest, digest))
             continue
-        encode_regulator_table(mcfg, corpora, dest, encode_cfg, job.ray, digest=digest, progress=progress, label=name)
+        encode_regulator_table(mcfg, corpora_for(mcfg), dest, encode_cfg, job.ray, digest=digest, progress=progress,
+                               label=name)
     if fallback:
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
         per_task = max(0.25, min(1.0, cpus / len(fallback)))

@@ -187,3 +187,20 @@ def test_stage2_inputs_for_the_spines_encoder(tiny_model_dir, tmp_path):
     assert not np.allclose(BiEncoder.load(job.model).embed([text], "doc"), ref, atol=1e-3)
     separate = replace(job.model, query_name_or_path=str(tiny_model_dir))
     assert side_model_cfg(separate, "query") is None
+
+
+def test_a_model_with_identical_sides_is_encoded_in_one_pass(tiny_model_dir, tmp_path):
+    """Same tower, head, prefix and length on both sides: one corpus holds the queries and the
+    documents under their own keys (one encoding pass); any difference keeps two passes."""
+    from pipeline.rcl import sides_identical, write_sentence_corpus
+
+    assert sides_identical(_job(tiny_model_dir).model)  # 16 / 16, no prefixes
+    assert not sides_identical(_job(tiny_model_dir, "model.doc_max_length=32").model)
+    assert not sides_identical(_job(tiny_model_dir, "model.query_prefix='q: '").model)
+    m = write_sentence_corpus(["q1", "q2"], "both", tmp_path / "both", "ex", docs=["d1"])
+    assert m["counts"] == {"query": 2, "doc": 1} and m["rows"] == 3
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "both" / "corpus" / "part-00000.parquet").to_pylist()
+    assert [r["pid"] for r in rows] == [text_key("q1", "query"), text_key("q2", "query"), text_key("d1", "doc")]
+    assert [r["text"] for r in rows] == ["q1", "q2", "d1"]
