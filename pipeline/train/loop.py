@@ -383,7 +383,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             do_eval = last or (tc.eval_every and step % tc.eval_every == 0)
             if do_ckpt or do_eval or step % tc.report_every == 0:
                 extra = validate() if do_eval else {}
-                if do_eval and validate_fn is not None and stop_requested(extra):
+                if do_eval and validate_fn is not None and stop_requested(extra) and not last:
                     stopped, do_ckpt = True, True  # ends here on every rank; the checkpoint says so
                     extra["stopped_early"] = 1.0
                 if last or stopped:
