@@ -328,6 +328,10 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     there themselves. Returns a summary dict (rows, new rows, shards reused, seconds, rows/s).
     """
     corpus_dir, out_dir = Path(corpus_dir), location(out_dir)
+    if isinstance(out_dir, RemotePath):  # unreachable store, missing bucket, no credentials: one clear error first
+        from ..storage import check_writable
+
+        check_writable(out_dir, who="the driver")
     enc: EncodeConfig = cfg.encode
     manifest = load_manifest(corpus_dir)
     model_cfg, dim, tokenize_spec = _resolved_model_cfg(cfg.model, manifest["title_join"])

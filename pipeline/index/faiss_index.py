@@ -72,7 +72,13 @@ def estimate_bytes(index, probe: np.ndarray) -> tuple[float, int]:
 
 def _load_embeddings_meta(emb_dir) -> dict:
     """embeddings.json, checked complete and consistent with the shards on disk (headers only)."""
-    if not emb_dir.is_dir():
+    try:
+        is_dir = emb_dir.is_dir()
+    except OSError as e:  # a storage URI that cannot be reached or read
+        from ..storage import _reason
+
+        raise InputError(emb_dir, None, f"cannot read the embeddings there: {_reason(e)}") from None
+    if not is_dir:
         raise InputError(emb_dir, None, "not a folder of embeddings (run `pipeline encode` first)")
     try:
         meta = load_meta(emb_dir)
