@@ -552,7 +552,11 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
     from .train.methods import get_method
 
     s = job.section("rcl")
-    root = Path(job.train.storage_path).expanduser().resolve() / job.train.name
+    if "://" in job.train.storage_path and not job.train.storage_path.startswith("file://"):
+        raise ConfigError(f"train.storage_path={job.train.storage_path}: RCL keeps its stages, regulator tables and "
+                          "entropy models in a local or shared-filesystem folder; give a path (object-store URIs "
+                          "work for pipeline train with dpr/dar/ance/arr)")
+    root = Path(job.train.storage_path.removeprefix("file://")).expanduser().resolve() / job.train.name
     root.mkdir(parents=True, exist_ok=True)
     job = split_dev(job, root)
     stages = Stages(root)

@@ -204,3 +204,11 @@ def test_a_model_with_identical_sides_is_encoded_in_one_pass(tiny_model_dir, tmp
     rows = pq.read_table(tmp_path / "both" / "corpus" / "part-00000.parquet").to_pylist()
     assert [r["pid"] for r in rows] == [text_key("q1", "query"), text_key("q2", "query"), text_key("d1", "doc")]
     assert [r["text"] for r in rows] == ["q1", "q2", "d1"]
+
+
+def test_object_store_storage_is_refused_before_any_stage(tmp_path):
+    # RCL's stages live in a folder; an s3:// storage_path is a clear error, not a local folder named 's3:'
+    job = load_train_config(None, ["loss.name=rcl", "train.storage_path=s3://bucket/runs", "train.name=r"])
+    with pytest.raises(ConfigError, match="s3://bucket/runs"):
+        run_rcl(job, train_fn=lambda *a, **k: pytest.fail("trained"), validator_fn=lambda job: None)
+    assert not Path("s3:").exists()
