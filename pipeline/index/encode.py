@@ -176,12 +176,11 @@ class ShardEncoder:
         self.precision = resolve_precision(precision, self.device)
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
-        try:
-            import ray
+        self.node = None  # outside Ray (tests, plain use): no node id
+        import ray
 
+        if ray.is_initialized():  # get_runtime_context() would start a local Ray otherwise
             self.node = ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - outside Ray (tests, plain use): no node id
-            self.node = None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..models.encoder import tokenize_sorted

@@ -211,3 +211,14 @@ def test_shards_on_a_file_uri_are_a_local_folder(tmp_path):
     assert sorted(p.name for p in (tmp_path / "emb").glob("*.done")) == [f"{s['name']}.done" for s in specs]
     assert npy_shape(tmp_path / "emb" / f"{specs[0]['name']}.npy") == (4, 2)
     assert not list((tmp_path / "emb").glob(".tmp-*"))
+
+
+def test_an_encoder_built_outside_ray_starts_no_ray(tiny_dir, tmp_path):
+    # ShardEncoder used in-process (tests, a plain loop) must not start a Ray node as a side effect
+    import ray
+
+    if ray.is_initialized():  # the session's Ray (integration tests ran first in this process)
+        pytest.skip("Ray already runs in this test process")
+    enc = ShardEncoder({"name_or_path": str(tiny_dir), "pooling": "mean", "normalize": True}, " ", 1, "fp32", 4,
+                       "float32", str(tmp_path))
+    assert enc.node is None and not ray.is_initialized()
