@@ -155,6 +155,9 @@ def cmd_index(args) -> None:
     extra = [f"index.factory={args.factory}"] if args.factory else []
     if args.device:  # FAISS's own GPU check (index.use_gpu=yes without a FAISS GPU is an error naming the fix)
         extra.append("index.use_gpu=" + {"cpu": "no", "cuda": "yes", "auto": "auto"}[args.device])
+    if args.pyserini and "://" in str(args.out):
+        raise ConfigError(f"--pyserini writes pyserini's layout into a local folder; --out {args.out} is a storage URI "
+                          "(build the index there without --pyserini, or to a local folder with it)")
     build_index(args.embeddings, args.out, _cfg(args, extra).index, overwrite=args.overwrite)
     if args.pyserini:
         from .search import export_pyserini

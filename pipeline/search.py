@@ -65,8 +65,11 @@ class _PyseriniIndex:
 
 
 def open_index(index_dir: str | Path, cfg: IndexConfig | None = None):
-    """Our index folder (index.json + index.faiss + pids.txt) or a pyserini one (index + docid)."""
-    folder = Path(index_dir)
+    """Our index folder (index.json + index.faiss + pids.txt) or a pyserini one (index + docid);
+    a storage URI (s3://...) of our index is fetched to a local copy first."""
+    from .index.faiss_index import local_index_dir
+
+    folder = local_index_dir(index_dir)
     if not (folder / META_FILE).exists() and (folder / PYSERINI_INDEX).is_file() and (folder / PYSERINI_DOCID).is_file():
         return _PyseriniIndex(folder, cfg)
     return LoadedIndex(folder, cfg)
@@ -74,7 +77,9 @@ def open_index(index_dir: str | Path, cfg: IndexConfig | None = None):
 
 def index_meta(index_dir: str | Path) -> dict:
     """index.json of our folder, or what `export_pyserini` recorded of it; {} for a foreign pyserini folder."""
-    folder = Path(index_dir)
+    from .index.faiss_index import local_index_dir
+
+    folder = local_index_dir(index_dir)
     for path, key in ((folder / META_FILE, None), (folder / EXPORT_FILE, "index_meta")):
         if path.is_file():
             try:

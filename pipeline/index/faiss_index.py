@@ -19,7 +19,8 @@ import numpy as np
 
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, ResourceError
-from ..io_utils import atomic_path, check_output, recover_stale
+from ..io_utils import OutputError, atomic_path, check_output, recover_stale
+from ..storage import RemotePath
 from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
@@ -136,6 +137,9 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     from tqdm import tqdm
 
     faiss = _faiss()
+    out_loc = location(out_dir)
+    if isinstance(out_loc, RemotePath):
+        return _build_index_remote(emb_dir, out_loc, cfg, progress, overwrite)
     emb_dir, out_dir = location(emb_dir), Path(out_dir)  # embeddings: a local path or a storage URI
     check_output(out_dir, "index", overwrite)
     meta = _load_embeddings_meta(emb_dir)
@@ -213,6 +217,78 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     return info
 
 
+def _check_remote_output(out: RemotePath, overwrite: bool) -> None:
+    """check_output's rules on an object store: new, empty, or an index this tool wrote (with overwrite)."""
+    import fnmatch
+
+    from ..io_utils import OUTPUT_KINDS
+
+    spec = OUTPUT_KINDS["index"]
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return
+    if spec.marker not in names:
+        raise OutputError(f"{out} already exists and is not {spec.what} (it holds {', '.join(names[:5])}); refusing "
+                          "to replace it. Choose another output path; nothing was written or deleted.")
+    others = [n for n in names if n != spec.marker and not any(fnmatch.fnmatch(n, a) for a in spec.allowed)]
+    if others:
+        raise OutputError(f"{out} holds {spec.what} but also {', '.join(others[:5])}; move those away or choose "
+                          "another output path. Nothing was written or deleted.")
+    if not overwrite:
+        raise OutputError(f"{out} already holds {spec.what}; pass --overwrite to replace it (nothing was written)")
+
+
+def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bool, overwrite: bool) -> dict:
+    """Build in a local staging folder, then upload with index.json last: a reader sees the whole
+    index or none (index.json is the completion marker; a replaced index loses its marker first)."""
+    import shutil
+
+    from ..storage import check_writable, staging_dir, upload_dir
+
+    _check_remote_output(out, overwrite)
+    check_writable(out, who="pipeline index")
+    local = staging_dir(out, "index") / "build"
+    shutil.rmtree(local, ignore_errors=True)
+    info = build_index(emb_dir, local, cfg, progress=False, overwrite=False)
+    (out / META_FILE).unlink(missing_ok=True)
+    upload_dir(local, out, marker=META_FILE)
+    shutil.rmtree(local, ignore_errors=True)
+    if progress:
+        print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}) in {info['seconds']:.1f}s, "
+              f"uploaded -> {out}", flush=True)
+    return info
+
+
+def local_index_dir(index_dir) -> Path:
+    """A local folder holding the index at `index_dir`: the folder itself, or for a storage URI a
+    local copy (cached under the staging folder, keyed by the index's index.json, so a replaced
+    index is fetched again and an unchanged one once)."""
+    import hashlib
+    import shutil
+
+    loc = location(index_dir)
+    if not isinstance(loc, RemotePath):
+        return Path(index_dir)
+    from ..storage import download_dir, staging_dir
+
+    try:
+        meta = (loc / META_FILE).read_bytes()
+    except (FileNotFoundError, OSError):
+        raise InputError(loc, None, "no complete index here (no index.json): run `pipeline index --out` "
+                         "to this location first") from None
+    local = staging_dir(loc, "index") / f"copy-{hashlib.sha256(meta).hexdigest()[:16]}"
+    if (local / META_FILE).is_file():
+        return local
+    part = local.with_name(local.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    download_dir(loc, part)
+    if (part / META_FILE).read_bytes() != meta:
+        shutil.rmtree(part, ignore_errors=True)
+        raise InputError(loc, None, "the index was replaced while it was being fetched; run again")
+    part.rename(local)
+    return local
+
+
 def _faiss_reason(e: Exception) -> str:
     """FAISS errors carry a C++ signature and source location; keep what went wrong."""
     import re
@@ -228,7 +304,7 @@ class LoadedIndex:
 
     def __init__(self, index_dir: str | Path, cfg: IndexConfig | None = None):
         faiss = _faiss()
-        index_dir = Path(index_dir)
+        index_dir = local_index_dir(index_dir)  # a storage URI is fetched to a local copy
         meta_path = index_dir / META_FILE
         if not index_dir.exists():
             recover_stale(index_dir)  # a writer killed mid-replacement left the old index aside

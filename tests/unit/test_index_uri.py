@@ -1,0 +1,82 @@
+"""`pipeline index --out URI` (moto's S3 server on 127.0.0.1 through pyarrow): built locally, uploaded
+with index.json last; read back (retrieve, Searcher) from the URI through a local copy keyed by
+index.json; the output rules of a local folder hold on the store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from s3_emulator import make_bucket, uri
+
+from pipeline.config import IndexConfig
+from pipeline.data.ingest import ingest
+from pipeline.data.manifest import load_manifest
+from pipeline.errors import InputError
+from pipeline.io_utils import OutputError
+from pipeline.index.encode import plan_shards
+from pipeline.index.faiss_index import LoadedIndex, build_index, local_index_dir
+from pipeline.index.shards import write_shard
+from pipeline.storage import resolve
+
+
+@pytest.fixture()
+def emb(tmp_path):
+    raw = tmp_path / "collection.tsv"
+    raw.write_text("".join(f"{i}\tpassage number {i}\n" for i in range(10)))
+    corpus = tmp_path / "corpus"
+    ingest([raw], "msmarco", corpus, part_rows=6, progress=False)
+    manifest = load_manifest(corpus)
+    out = tmp_path / "emb"
+    out.mkdir()
+    specs = plan_shards(corpus, manifest, 4)
+    rng = np.random.default_rng(0)
+    for s in specs:
+        pids = pq.read_table(corpus / s["part"], columns=["pid"]).column("pid").to_pylist()[s["start"]:s["end"]]
+        write_shard(out, s, pids, rng.standard_normal((len(pids), 8)).astype("float32"))
+    (out / "embeddings.json").write_text(json.dumps({
+        "corpus": str(corpus), "corpus_fingerprint": manifest["fingerprint"], "variant": manifest["variant"],
+        "title_join": manifest["title_join"], "rows": 10, "parts": 2, "model": {"path": "/models/x"},
+        "model_config": {}, "dim": 8, "dtype": "float32", "precision": "fp32", "shard_rows": 4,
+        "shards": len(specs), "shard_names": [s["name"] for s in specs], "complete": True}))
+    return out
+
+
+def test_an_index_on_s3_equals_the_local_one_and_is_read_back_from_the_uri(emb, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    out = uri(make_bucket(), "idx/flat")
+    local = tmp_path / "index"
+    build_index(emb, local, IndexConfig(), progress=False)
+    info = build_index(emb, out, IndexConfig(), progress=False)
+    assert info["ntotal"] == 10
+    remote = resolve(out)
+    assert sorted(p.name for p in remote.iterdir()) == ["index.faiss", "index.json", "pids.txt"]
+    assert (remote / "pids.txt").read_text() == (local / "pids.txt").read_text()
+    a, b = LoadedIndex(local), LoadedIndex(out)
+    q = np.random.default_rng(1).standard_normal((3, 8)).astype("float32")
+    np.testing.assert_array_equal(a.index.search(q, 5)[1], b.index.search(q, 5)[1])
+    assert b.pids == a.pids
+    copy = local_index_dir(out)
+    assert local_index_dir(out) == copy  # fetched once per index.json
+
+    # the rules of a local output folder: an index is replaced only with overwrite, anything else never
+    with pytest.raises(OutputError, match="--overwrite"):
+        build_index(emb, out, IndexConfig(), progress=False, overwrite=False)  # the CLI without --overwrite
+    build_index(emb, out, IndexConfig(factory="HNSW8"), progress=False, overwrite=True)
+    assert json.loads((remote / "index.json").read_text())["factory"] == "HNSW8"
+    assert local_index_dir(out) != copy  # a replaced index is fetched again
+    other = uri(make_bucket(), "data")
+    (resolve(other) / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="notes.txt"):
+        build_index(emb, other, IndexConfig(), progress=False, overwrite=True)
+    assert (resolve(other) / "notes.txt").read_text() == "mine"
+
+
+def test_a_uri_without_a_complete_index_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    out = uri(make_bucket(), "half")
+    (resolve(out) / "index.faiss").write_bytes(b"partial")  # an upload cut short: no index.json (written last)
+    with pytest.raises(InputError, match="no complete index"):
+        LoadedIndex(out)
