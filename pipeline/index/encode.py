@@ -464,8 +464,9 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> None:
 
     bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show_progress, smoothing=0.1,
                mininterval=2.0)
+    batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy"))
     try:
-        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for batch in batches:
             for name, rows in zip(batch["name"], batch["rows"]):
                 _report_shard(str(name), int(rows))
                 bar.update(int(rows))
@@ -475,6 +476,11 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> None:
             raise err from None
         raise
     finally:
+        # Close the iterator now: its executor then shuts the actor pool down. Left to garbage
+        # collection, a traceback that keeps this frame alive (an error being handled or kept by a
+        # caller) keeps the actors and their CPUs, and the next encode waits for them forever.
+        if hasattr(batches, "close"):
+            batches.close()
         bar.close()
 
 
