@@ -460,8 +460,9 @@ def build_regulators(models: dict[str, Path], job, examples_dir: Path, out_dir: 
 # --------------------------------------------------------------------------- the pipeline
 
 
-def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -> tuple[list, int]:
-    """One job per λ; CPUs per worker shared among the concurrent runs (`cpus` = the cluster's)."""
+def entropy_shape(job, cpus: float | None = None) -> tuple[int, float, float]:
+    """Stage 1's shape: (entropy runs at once, CPUs per worker, CPUs considered); the runs share
+    `cpus` (the cluster's; default: room for every run at train.cpus_per_worker)."""
     s = job.section("rcl")
     tc = job.train
     n = len(s.entropy_lambdas)
@@ -470,6 +471,14 @@ def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -
     conc = max(1, min(n, s.max_concurrent or n)) if s.concurrent else 1
     cpw = s.entropy_cpus_per_worker or (tc.cpus_per_worker if conc * per_run <= cpus
                                         else math.floor(100 * cpus / (conc * tc.num_workers)) / 100)
+    return conc, cpw, cpus
+
+
+def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -> tuple[list, int]:
+    """One job per λ; CPUs per worker shared among the concurrent runs (`cpus` = the cluster's)."""
+    s = job.section("rcl")
+    tc = job.train
+    conc, cpw, cpus = entropy_shape(job, cpus)
     if cpw <= 0:
         raise ConfigError(f"{conc} concurrent entropy runs x {tc.num_workers} worker(s) do not fit {cpus:g} CPUs")
     every = s.eval_every or tc.eval_every

@@ -113,15 +113,11 @@ def regulator_task_cpus(n_models: int, cluster_cpus: float) -> float:
 
 
 def rcl_entropy_shape(job, cluster_cpus: float | None = None) -> tuple[int, float]:
-    """(entropy runs at once, CPUs per worker) of RCL's stage 1, by `rcl._entropy_jobs`'s rule."""
-    s = job.section("rcl")
-    tc = job.train
-    n = len(s.entropy_lambdas)
-    per_run = tc.num_workers * tc.cpus_per_worker
-    cpus = per_run * n if cluster_cpus is None else cluster_cpus
-    conc = max(1, min(n, s.max_concurrent or n)) if s.concurrent else 1
-    cpw = s.entropy_cpus_per_worker or (tc.cpus_per_worker if conc * per_run <= cpus
-                                        else math.floor(100 * cpus / (conc * tc.num_workers)) / 100)
+    """(entropy runs at once, CPUs per worker) of RCL's stage 1: `rcl.entropy_shape`, the rule
+    `run_rcl` itself applies."""
+    from ..rcl import entropy_shape
+
+    conc, cpw, _ = entropy_shape(job, cluster_cpus)
     return conc, cpw
 
 
