@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import PipelineError
+from .errors import ConfigError, PipelineError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

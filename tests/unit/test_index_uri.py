@@ -80,3 +80,11 @@ def test_a_uri_without_a_complete_index_is_a_clear_error(tmp_path, monkeypatch):
     (resolve(out) / "index.faiss").write_bytes(b"partial")  # an upload cut short: no index.json (written last)
     with pytest.raises(InputError, match="no complete index"):
         LoadedIndex(out)
+
+
+def test_cli_refuses_pyserini_layout_on_a_uri(tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["index", "--embeddings", str(tmp_path), "--out", "s3://bucket/idx", "--pyserini"]) == 2
+    err = capsys.readouterr().err
+    assert "--pyserini writes pyserini's layout into a local folder" in err and "Traceback" not in err
