@@ -17,6 +17,9 @@ class InputError(PipelineError):
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):  # copied and pickled as it was made (Ray copies a trial's or task's error)
+        return self.__class__, (self.path, self.line, self.reason)
+
 
 class ConfigError(PipelineError):
     """A configuration value that cannot work (unknown key, bad type, impossible resources)."""

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -60,6 +61,7 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":  # "local" = start one here, as with no address
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        _quiet_raylet_notices()
         return
     force_loopback()
     # Ray 2.60 warns on every local start that token auth is on; the README documents it.
@@ -82,6 +84,7 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     )
     _started_local = True
     _quiet_ray_data()
+    _quiet_raylet_notices()
     start_watchdog()
 
 
@@ -91,6 +94,41 @@ def _quiet_ray_data() -> None:
     import ray.data  # noqa: F401  (configures its loggers first, so the level below sticks)
 
     logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
+# Raylet notices the driver prints that say nothing a user can act on: on a small machine every Tune
+# sweep or RCL run starts more worker processes (fractional-CPU actors) than the raylet "expects".
+RAYLET_NOISE = ("worker processes have been started on node",)
+
+
+def raylet_filter(print_fn, log_path: str | None):
+    """`print_fn` (Ray's driver-side printer of raylet messages) without the lines in RAYLET_NOISE,
+    which go to `log_path` instead."""
+    def filtered(data, ignore_prefix, *args, **kwargs):
+        lines = data.get("lines") or []
+        keep = [ln for ln in lines if not any(n in str(ln) for n in RAYLET_NOISE)]
+        if len(keep) < len(lines) and log_path:
+            with contextlib.suppress(OSError), open(log_path, "a") as f:
+                f.writelines(f"{ln}\n" for ln in lines if ln not in keep)
+        if keep or not lines:
+            return print_fn({**data, "lines": keep} if lines else data, ignore_prefix, *args, **kwargs)
+        return None
+
+    filtered.pipeline_filter = True
+    return filtered
+
+
+def _quiet_raylet_notices() -> None:
+    """Route RAYLET_NOISE lines to the session's logs/pipeline-raylet-notices.log (Ray's error
+    listener thread looks its printer up by name at each message)."""
+    import ray._private.worker as worker
+
+    if getattr(worker.print_to_stdstream, "pipeline_filter", False):
+        return
+    log_path = None
+    with contextlib.suppress(Exception):
+        log_path = os.path.join(worker._global_node.get_logs_dir_path(), "pipeline-raylet-notices.log")
+    worker.print_to_stdstream = raylet_filter(worker.print_to_stdstream, log_path)
 
 
 def shutdown_local_ray() -> None:

@@ -696,6 +696,7 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
         rec = stages.put("final", inputs, {"model": str(_chosen_model(root / "final") if select else root / "final" / "model"),
                                            "steps": summary["steps"], "wall_seconds": summary["wall_seconds"],
                                            "final_metrics": summary.get("final_metrics"),
+                                           "total_steps": summary.get("total_steps"),
                                            **({"selection": json.loads(sel.read_text())} if select and sel.exists() else {})})
     record["stages"]["final"] = rec
     record["final_model"] = rec["model"]

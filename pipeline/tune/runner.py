@@ -29,7 +29,8 @@ from pathlib import Path
 
 from ..config import to_dict
 from ..errors import ConfigError, PipelineError
-from .space import SweepConfig, grid_space, load_job, metric_mode, set_key, to_tune, trial_data, validate_sweep
+from .space import (SweepConfig, check_inputs, grid_space, load_job, metric_mode, set_key, to_tune, trial_data,
+                    validate_sweep)
 
 EXPERIMENT = "tune"
 # Tune's own bookkeeping in every result (the trainer's metrics are everything else)
@@ -55,13 +56,35 @@ from ray.tune.integration.ray_train import TuneReportCallback as _TuneReportCall
 
 
 class StepReport(_TuneReportCallback):
-    """Tune's report callback, plus the run's total steps (to tell early-stopped from complete)."""
+    """Tune's report callback, plus the run's total steps (to tell early-stopped from complete).
+
+    The run's last report (its final step, or the step its validation hook stopped it at) is held
+    back: the trial reports it itself once the run has returned (`run_trial`), because ASHA stops a
+    trial as soon as it reports `max_t`, and a trial stopped there would lose its exported model and
+    summary. The same path reports a run that a resumed sweep finds already complete (it trains,
+    and so reports, nothing)."""
 
     def after_report(self, run_context, metrics, checkpoint):
         total = (getattr(run_context, "train_loop_config", None) or {}).get("total_steps")
         if metrics and total is not None:
-            metrics = [dict(metrics[0], total_steps=total), *metrics[1:]]
+            m = metrics[0]
+            if m.get("stopped_early") or ("step" in m and int(m["step"]) >= int(total)):
+                return
+            metrics = [dict(m, total_steps=total), *metrics[1:]]
         super().after_report(run_context, metrics, checkpoint)
+
+
+def final_report(result: dict) -> dict | None:
+    """The metrics of a finished run's last checkpoint, as Tune gets them: from a training summary
+    (DPR/DAR/ARR, ANCE) or from RCL's record (its final model's stage)."""
+    rec = (result.get("stages") or {}).get("final") if "stages" in result else result
+    if not rec or not rec.get("final_metrics"):
+        return None
+    metrics = {k: v for k, v in rec["final_metrics"].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if rec.get("total_steps") is not None:
+        metrics["total_steps"] = rec["total_steps"]
+    return metrics
 
 
 def trial_job(base_data: dict, params: dict, storage: str, name: str):
@@ -85,7 +108,10 @@ def run_trial(config: dict, ctx: dict) -> None:
     setup_offline_env()
     trial_id = tune.get_context().get_trial_id()
     job = trial_job(ctx["base"], config, ctx["storage"], trial_id)
-    run_job(job, [StepReport()])  # as `pipeline train` dispatches it (ANCE, RCL, ARR: drivers.py)
+    result = run_job(job, [StepReport()])  # as `pipeline train` dispatches it (ANCE, RCL, ARR: drivers.py)
+    final = final_report(result or {})
+    if final is not None:
+        tune.report(final)  # the held-back last report (StepReport), now that the model is exported
 
 
 # --------------------------------------------------------------------------- progress
@@ -138,7 +164,9 @@ class Progress(_tune.Callback):
         event = "early-stopped" if stopped else "complete"
         self._write({"event": event, "trial": trial.trial_id, "step": step, "total_steps": total})
         m = last.get(self.metric)
-        self.print(f"[tune] {self._name(trial)} {'early-stopped (ASHA)' if stopped else 'completed'} at step "
+        how = ("stopped early by its validation hook" if last.get("stopped_early") else "early-stopped (ASHA)") \
+            if stopped else "completed"
+        self.print(f"[tune] {self._name(trial)} {how} at step "
                    f"{int(step) if step is not None else '?'}{f'/{int(total)}' if total else ''}"
                    + (f", {self.metric} {m:.4f}" if isinstance(m, (int, float)) else ""), flush=True)
 
@@ -328,6 +356,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     import ray
 
     _check_output(out, resume, cfg)
+    check_inputs(cfg)
     if not ray.is_initialized():
         init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (STACK.md §4)
     n_trials = count_trials(cfg)

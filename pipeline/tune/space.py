@@ -269,6 +269,36 @@ def validate_sweep(cfg: SweepConfig):
     return base
 
 
+def check_inputs(cfg: SweepConfig) -> None:
+    """The training and validation inputs a trial reads exist (an ir_datasets identifier or an
+    object-store URI is checked where it is read): a missing file fails the sweep before any trial,
+    not every trial after Ray has started it. Relative paths are relative to the working directory,
+    as for `pipeline train`."""
+    from ..data import irds
+    from ..storage import is_uri
+
+    source = cfg.base_source
+    job = load_job(trial_data(cfg, {p.key: p.candidates()[0] for p in cfg.space}), f"base ({source})")
+    d, v = job.data, job.validation
+    wanted: list[tuple[str, str | None]] = [("data.path", d.path), ("data.negatives_run", d.negatives_run)]
+    if d.source == "qrels" and d.corpus:
+        wanted.append(("data.corpus", d.corpus))
+        if Path(d.corpus).expanduser().exists():  # (a missing corpus is reported, not its default files)
+            wanted += [("data.queries", d.queries or str(Path(d.corpus) / "queries.tsv")),
+                       ("data.qrels", d.qrels or str(Path(d.corpus) / "qrels" / "train.trec"))]
+    else:
+        wanted += [("data.queries", d.queries), ("data.qrels", d.qrels)]
+    wanted += [("validation.corpus", v.corpus), ("validation.queries", v.queries), ("validation.qrels", v.qrels)]
+    missing = []
+    for key, value in wanted:
+        if not value or is_uri(value) or Path(value).expanduser().exists() or irds.is_identifier(value):
+            continue
+        missing.append(f"{key}={value}")
+    if missing:
+        raise ConfigError(f"base ({source}): input(s) not found (relative paths are relative to {Path.cwd()}): "
+                          + ", ".join(missing) + "; every trial would fail on them")
+
+
 def reported_metrics(job) -> list[str]:
     """The names the trainer reports that a sweep can rank trials by (per method: drivers.py)."""
     from .drivers import reported_metrics as by_method

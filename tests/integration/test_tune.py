@@ -141,6 +141,10 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     for r in rows.values():
         assert float(r["loss"]) > 0 and float(r["wall_s"]) > 0
         assert r["status"] != "terminated" or 0 <= float(r["val_RR@10"]) <= 1  # validated at its last step
+    for t, r in rows.items():  # ASHA's stop at max_t comes after the export: every complete trial has its model
+        if r["status"] == "terminated":
+            trained = json.loads((out / "trials" / t / "summary.json").read_text())
+            assert trained["steps"] == 4 and (out / "trials" / t / "model" / "modules.json").exists()
     md = (out / "results.md").read_text()
     assert md.startswith("| trial | status | loss.temperature | loss | steps |") and "early-stopped" in md
     assert (out / "plots" / "metric_vs_loss.temperature.png").stat().st_size > 5000

@@ -65,3 +65,17 @@ def test_force_loopback_switches_ray_cluster_mode_off(monkeypatch):
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     # what ray.init does with _node_ip_address="127.0.0.1": it stays loopback
     assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+
+
+def test_raylet_worker_startup_notices_go_to_a_log_not_the_terminal(tmp_path):
+    from pipeline.ray_runtime import raylet_filter
+
+    printed = []
+    log = tmp_path / "notices.log"
+    show = raylet_filter(lambda data, ignore_prefix: printed.append(data["lines"]), str(log))
+    notice = ("WARNING: 8 PYTHON worker processes have been started on node: abc with address: 127.0.0.1, "
+              "which is 4x the maximum expected startup concurrency (2).")
+    show({"lines": [notice], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    show({"lines": ["a task failed: out of memory", notice], "pid": "raylet", "is_err": False}, False)
+    assert printed == [["a task failed: out of memory"]]  # everything else still reaches the user
+    assert log.read_text().count("PYTHON worker processes") == 2

@@ -241,6 +241,9 @@ def test_cli_bad_sweeps_exit_2_before_any_trial(tmp_path, capsys):
     assert code == 2 and "already holds files that are not a sweep's" in err
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine" and not (tmp_path / "out" / "tune").exists()
     assert not list(tmp_path.glob("out/events.jsonl"))
+    code, err = run({**doc, "space": {"loss.n_perturb": {"grid": [3, 5]}}, "output": str(tmp_path / "out2")})
+    assert code == 2 and "input(s) not found" in err and "data.corpus=runs/c" in err  # not one error per trial
+    assert not (tmp_path / "out2").exists()
 
 
 @pytest.mark.parametrize("name, searcher, n", [("tune_dar.yaml", "random", 8), ("tune_dpr.yaml", "optuna", 8)])
@@ -265,3 +268,28 @@ def test_a_trial_interrupted_and_resumed_counts_both_runs():
     (rec,) = trial_records(ev + [{"event": "complete", "trial": "t", "time": 120}], "loss")
     assert rec.status == "terminated" and rec.wall_s == 30 and rec.metric == 1.0
     assert [h["step"] for h in rec.history] == [2, 4]
+
+
+def test_last_report_is_held_back_until_the_run_returns():
+    """ASHA stops a trial the moment it reports max_t: the run's last report (final step, or the
+    step its validation hook stopped it at) waits until the model is exported, then comes from the
+    run's summary (or RCL's record), with the run's total steps."""
+    from types import SimpleNamespace
+
+    from pipeline.tune.runner import StepReport, final_report
+
+    sent = []
+    cb = StepReport.__new__(StepReport)  # (its __init__ needs a Tune session)
+    cb._training_actor_item_queue = SimpleNamespace(put=sent.append)
+    ctx = SimpleNamespace(train_loop_config={"total_steps": 4})
+    for step in (1, 2, 3):
+        cb.after_report(ctx, [{"step": step, "loss": 1.0}], None)
+    cb.after_report(ctx, [{"step": 4, "loss": 0.5}], None)                       # the final step
+    cb.after_report(ctx, [{"step": 2, "loss": 0.5, "stopped_early": 1.0}], None)  # the hook's stop
+    assert [m["step"] for m in sent] == [1, 2, 3] and all(m["total_steps"] == 4 for m in sent)
+
+    summary = {"final_metrics": {"step": 4, "loss": 0.5, "val_metric": 0.7, "note": "x"}, "total_steps": 4}
+    assert final_report(summary) == {"step": 4, "loss": 0.5, "val_metric": 0.7, "total_steps": 4}
+    rcl = {"stages": {"final": {"final_metrics": {"step": 3, "loss": 0.2}, "total_steps": 6}}}
+    assert final_report(rcl) == {"step": 3, "loss": 0.2, "total_steps": 6}
+    assert final_report({"stages": {}}) is None and final_report({}) is None
