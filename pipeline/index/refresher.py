@@ -71,35 +71,29 @@ def check_run_dir(run_dir, corpus_dir: str | Path) -> dict:
 def pin_checkpoint(ckpt, pin_root: Path) -> Path | None:
     """Hard-link a complete checkpoint's files into a private folder (rotation cannot delete
     them under us; a remote one is downloaded); None when it vanished or changed while pinning."""
-    if isinstance(ckpt, RemotePath):
-        pin = Path(pin_root) / f"{ckpt.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            download_dir(ckpt, pin)
-        except OSError:
-            shutil.rmtree(pin, ignore_errors=True)
-            return None
-        if read_state(pin) is None:
-            shutil.rmtree(pin, ignore_errors=True)
-            return None
-        return pin
-    state = read_state(ckpt)
-    if state is None:
-        return None
-    pin = pin_root / f"{ckpt.name}-{uuid.uuid4().hex[:8]}"
+    pin = Path(pin_root) / f"{ckpt.name}-{uuid.uuid4().hex[:8]}"
     try:
-        for rel in list(state["files"]) + ["state.json"]:
-            dst = pin / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(ckpt / rel, dst)
-            except OSError as e:
-                if isinstance(e, FileNotFoundError):
+        if isinstance(ckpt, RemotePath):
+            download_dir(ckpt, pin)
+        else:
+            state = read_state(ckpt)
+            if state is None:
+                return None
+            for rel in list(state["files"]) + ["state.json"]:
+                dst = pin / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(ckpt / rel, dst)
+                except FileNotFoundError:
                     raise
-                shutil.copy2(ckpt / rel, dst)  # another filesystem: copy
-    except FileNotFoundError:
+                except OSError:
+                    shutil.copy2(ckpt / rel, dst)  # another filesystem: copy
+    except OSError as e:
         shutil.rmtree(pin, ignore_errors=True)
-        return None
-    if read_state(pin) is None:
+        if isinstance(ckpt, RemotePath) or isinstance(e, FileNotFoundError):
+            return None  # rotated away (or a failed download) while pinning: the next poll retries
+        raise
+    if read_state(pin) is None:  # incomplete or changed while pinning
         shutil.rmtree(pin, ignore_errors=True)
         return None
     return pin
