@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 import yaml
@@ -293,3 +294,33 @@ def test_last_report_is_held_back_until_the_run_returns():
     rcl = {"stages": {"final": {"final_metrics": {"step": 3, "loss": 0.2}, "total_steps": 6}}}
     assert final_report(rcl) == {"step": 3, "loss": 0.2, "total_steps": 6}
     assert final_report({"stages": {}}) is None and final_report({}) is None
+
+
+def test_trial_reports_its_runs_final_metrics_after_the_run_returns(monkeypatch, tmp_path):
+    """run_trial: the run gets StepReport (which holds its last report back), and once it returns
+    the trial reports the run's final metrics (also when a resumed trial's run was already
+    complete and trained nothing) - the report the results table's `terminated, steps 4` rests on."""
+    import ray.tune
+
+    import pipeline.tune.drivers as drivers
+    from pipeline.tune.runner import StepReport, run_trial
+
+    monkeypatch.setattr(StepReport, "__init__", lambda self: None)  # (needs a Tune session)
+    monkeypatch.setattr(ray.tune, "get_context", lambda: type("C", (), {"get_trial_id": lambda self: "t0"})())
+    reported, runs = [], []
+    monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: reported.append(metrics))
+
+    def fake_run_job(job, callbacks):
+        runs.append((job.train.name, job.train.resume, job.loss.n_perturb, callbacks))
+        return {"final_metrics": {"step": 20, "loss": 0.3, "val_metric": 0.61},
+                "total_steps": 20}
+
+    monkeypatch.setattr(drivers, "run_job", fake_run_job)
+    cwd = os.getcwd()
+    try:
+        run_trial({"loss.n_perturb": 5}, {"cwd": str(tmp_path), "base": BASE, "storage": str(tmp_path / "trials")})
+    finally:
+        os.chdir(cwd)
+    name, resume, n, callbacks = runs[0]
+    assert (name, resume, n) == ("t0", "auto", 5) and isinstance(callbacks[0], StepReport)
+    assert reported == [{"step": 20, "loss": 0.3, "val_metric": 0.61, "total_steps": 20}]
