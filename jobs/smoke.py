@@ -54,6 +54,9 @@ def run(verb: str, argv: list[str] | None = None, smoke=None) -> int:
 
 def tiny_model(out: Path) -> Path:
     from pipeline.models.tiny import build_tiny_bert
+    from pipeline.runtime_env import setup_offline_env
+
+    setup_offline_env()  # (quiet transformers: no "Writing model shards" bar before the CLI's own lines)
 
     path = out / "tiny_model"
     if not (path / "config.json").exists():
