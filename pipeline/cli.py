@@ -446,24 +446,27 @@ def build_parser() -> argparse.ArgumentParser:
                                              "queries and qrels, from files already in IR_DATASETS_HOME)")
     p.add_argument("--format", choices=CORPUS_FORMATS, help="required for files; irds (an ir_datasets identifier) "
                                                             "is implied for an identifier")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="corpus folder to write (Parquet parts, manifest.json, queries, qrels)")
     p.add_argument("--variant", help="wiki-dpr | msmarco-official | msmarco-titled | beir-<name> | custom")
     p.add_argument("--title-join", help="'none' | '{title} [SEP] {text}' | '{title} {text}'")
     p.add_argument("--part-rows", type=int, default=100_000, help="passages per Parquet part (= encode shard)")
-    p.add_argument("--on-empty", choices=("skip", "error"), default="skip")
+    p.add_argument("--on-empty", choices=("skip", "error"), default="skip",
+                   help="a passage with no text: skip it (counted in the summary and manifest) or stop at it")
     p.add_argument("--queries", help="queries TSV (qid\\ttext) or jsonl, or an ir_datasets identifier, to copy beside the corpus")
     p.add_argument("--qrels", action="append", metavar="[SPLIT=]PATH", help="qrels (file or ir_datasets identifier) "
                                                                           "to check against the corpus")
-    p.add_argument("--on-unknown-qrels", choices=("skip", "error"), default="error")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--on-unknown-qrels", choices=("skip", "error"), default="error",
+                   help="a judged passage id the corpus lacks: stop at it (default) or skip it (counted)")
+    p.add_argument("--overwrite", action="store_true", help="replace a corpus this tool wrote at --out")
     p.add_argument("--id-field", help="hf format only: id column (default id)")
     p.add_argument("--title-field", help="hf format only: title column, '' for none (default title)")
     p.add_argument("--text-field", help="hf format only: text column (default text)")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("encode", help="Parquet corpus -> embedding shards (Ray Data, resumable)")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--corpus", required=True, help="an ingested corpus folder (pipeline ingest)")
+    p.add_argument("--out", required=True, help="embeddings folder (local path, shared filesystem or s3://, gs:// "
+                                                "URI); a killed run re-run with the same --out redoes only missing shards")
     p.add_argument("--model", help="model dir or 'minilm' (= model.name_or_path)")
     _add_common_flags(p, batch="texts per forward pass (= encode.batch_size)",
                       fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
@@ -473,8 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser("index", help="embedding shards -> FAISS index")
-    p.add_argument("--embeddings", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--embeddings", required=True, help="an embeddings folder or URI (pipeline encode --out)")
+    p.add_argument("--out", required=True, help="index folder or URI to write")
     p.add_argument("--factory", help="FAISS factory string (= index.factory), default Flat")
     p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")
     p.add_argument("--pyserini", action="store_true",
@@ -485,12 +488,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("retrieve", help="queries -> TREC run")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="an index folder or URI (pipeline index --out)")
     p.add_argument("--queries", required=True, help="queries file, or an ir_datasets identifier "
                                                     "(e.g. msmarco-passage/dev/small; local files only)")
-    p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"))
+    p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"),
+                   help="qid<TAB>text TSV, BEIR queries.jsonl, or DPR's question<TAB>[answers] (auto: .jsonl is "
+                        "BEIR, anything else TSV)")
     p.add_argument("--out", required=True, help="TREC run file to write")
-    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-k", type=int, help="passages per query in the run (= retrieve.top_k, default 100)")
     p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
     p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
     _add_common_flags(p, batch="queries per batch (= retrieve.batch_size)",
@@ -500,12 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_retrieve)
 
     p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics")
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", required=True, help="a TREC run file")
     p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test)")
     p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy, or an ir_datasets identifier "
                                 "with answers (dpr-w100/natural-questions/dev)")
     p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
-    p.add_argument("--per-query", action="store_true")
+    p.add_argument("--per-query", action="store_true", help="also print (and write to --json) every query's values")
     p.add_argument("--json", help="write the metrics as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
     p.add_argument("--measures", help="ir-measures measures, e.g. \"AP nDCG@10 RR@10 R@1000 P@10 Judged@10\" "
@@ -518,10 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sts", help="STS pairs -> Spearman / Pearson of cosine similarity vs the gold score")
     p.add_argument("--pairs", required=True, help="STS-benchmark CSV or TSV, SICK, or s1<TAB>s2<TAB>score")
     p.add_argument("--model", help="model directory or minilm (default model.name_or_path)")
-    p.add_argument("--format", choices=("auto", "stsb-csv", "stsb-tsv", "sick", "tsv"), default="auto")
+    p.add_argument("--format", choices=("auto", "stsb-csv", "stsb-tsv", "sick", "tsv"), default="auto",
+                   help="the --pairs layout (auto: from its first line)")
     p.add_argument("--side", choices=("doc", "query"), default="doc", help="encode sentences as documents (default, "
                                                                            "no query prompt) or as queries")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     _add_common_flags(p, device="where the model runs")
     p.add_argument("--json", help="write spearman, pearson, pairs as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an STS JSON this tool wrote at --json")
@@ -555,12 +561,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("subset", help="seeded corpus subset keeping the positives of sampled queries (ANCE's 500k)")
     p.add_argument("--corpus", required=True, help="an ingested corpus folder")
-    p.add_argument("--queries", required=True)
-    p.add_argument("--qrels", required=True)
-    p.add_argument("--passages", type=int, required=True)
-    p.add_argument("--train-queries", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
+    p.add_argument("--queries", required=True, help="training queries file (or ir_datasets identifier)")
+    p.add_argument("--qrels", required=True, help="training qrels file (or ir_datasets identifier)")
+    p.add_argument("--passages", type=int, required=True, help="passages in the subset (the sampled queries' "
+                                                                 "positives first, then random passages)")
+    p.add_argument("--train-queries", type=int, required=True, help="training queries to sample")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--out", required=True, help="subset corpus folder to write")
     p.set_defaults(func=cmd_subset)
 
     p = sub.add_parser("refresh", help="ANCE index refresher alone, against a training run's checkpoints")
@@ -589,12 +596,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="summarise a project folder or file: corpus, embeddings, index, run, qrels, "
                                     "training run, checkpoint, sweep, model, metrics JSON")
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("path", metavar="PATH", help="a folder or file this tool wrote (or a project folder)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
-    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo); a re-run reuses finished steps")
     p.add_argument("--fresh", action="store_true", help="recompute every step")
     p.add_argument("--no-train", action="store_true", help="zero-shot only (skip the DPR/DAR fine-tuning)")
     _add_config_args(p)
