@@ -57,8 +57,11 @@ def cmd_authorship(args) -> None:
             raise PipelineError(f"{args.json} exists; use --overwrite to replace it")
         splits = tuple(s.strip() for s in args.splits.split(",")) if args.splits else None
         kw = {"splits": splits} if splits else {}
+        from .cli import _resolve_device
+
+        device = _resolve_device(args, "authorship evaluate") or "cpu"
         result = evaluate_split(args.split, model=args.model, baseline=args.baseline, batch_size=args.batch_size,
-                                device=args.device, label=args.label, **kw)
+                                device=device, label=args.label, **kw)
         if args.json:
             write_json_atomic(args.json, result)
             print(f"[authorship] wrote {args.json}")
@@ -76,7 +79,7 @@ def add_parser(sub) -> None:
     acts = p.add_subparsers(dest="action", required=True)
     s = acts.add_parser("split", help="records (CSV/JSONL/Parquet) -> train/val/cross_topic_test/same_topic_test")
     s.add_argument("--input", required=True, help="records file, or `fortunes` for the bundled corpus")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="split folder to write (train, val and the two test splits)")
     s.add_argument("--config", help="YAML with an authorship: section")
     s.add_argument("overrides", nargs="*", metavar="key=value",
                    help="e.g. authorship.author_fraction=0.1 authorship.text_column=body")
@@ -85,15 +88,16 @@ def add_parser(sub) -> None:
     e.add_argument("--split", required=True, help="folder written by `authorship split`")
     g = e.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", help="model folder (or `minilm` for zero-shot)")
-    g.add_argument("--baseline", choices=("bow", "tfidf"))
+    g.add_argument("--baseline", choices=("bow", "tfidf"), help="a bag-of-words or TF-IDF baseline instead of a model")
     e.add_argument("--json", help="write the result here")
-    e.add_argument("--overwrite", action="store_true")
+    e.add_argument("--overwrite", action="store_true", help="replace a result JSON this tool wrote at --json")
     e.add_argument("--label", help="the table row (default: from the run's summary.json)")
     e.add_argument("--splits", help="comma-separated (default cross_topic_test,same_topic_test; val allowed)")
-    e.add_argument("--batch-size", type=int, default=64)
-    e.add_argument("--device", default="cpu")
+    e.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    e.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the model runs: cpu (default), cuda or auto (a GPU when one is visible here)")
     e.set_defaults(func=cmd_authorship)
     t = acts.add_parser("table", help="the paper-style table from result JSONs (mean over seeds, n per cell)")
-    t.add_argument("results", nargs="*")
+    t.add_argument("results", nargs="*", help="result JSONs of `authorship evaluate --json`")
     t.set_defaults(func=cmd_authorship)
 
