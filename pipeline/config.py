@@ -209,10 +209,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(f"{key}: {value!r} does not fit {tp}")
     if origin is Literal:
-        # YAML 1.1 reads yes/no (and on/off, true/false) as booleans: `index.use_gpu=yes`
-        # must mean the documented "yes".
-        if isinstance(value, bool) and "yes" in args and "no" in args:
-            value = "yes" if value else "no"
+        # YAML 1.1 reads yes/no (and on/off, true/false) as booleans: `index.use_gpu=yes` and
+        # `train.amp=no` must mean the documented "yes" and "no".
+        if isinstance(value, bool):
+            value = next((c for c in (("yes", "on", "true") if value else ("no", "off", "false")) if c in args),
+                         value)
         if value not in args:
             raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
         return value

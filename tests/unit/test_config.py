@@ -157,6 +157,15 @@ def test_use_gpu_yes_no_as_documented(tmp_path, value, expected):
     assert load_config(_yaml(tmp_path, f"index:\n  use_gpu: {value}\n")).index.use_gpu == expected
 
 
+def test_amp_no_is_the_documented_no_not_yamls_false(tmp_path):
+    from pipeline.train.config import load_train_config
+
+    assert load_train_config(None, ["train.amp=no"]).train.amp == "no"
+    assert load_train_config(_yaml(tmp_path, "train:\n  amp: no\n")).train.amp == "no"
+    with pytest.raises(ConfigError, match="train.amp: True is not one of"):  # no "yes" to map a true to
+        load_train_config(None, ["train.amp=yes"])
+
+
 @pytest.mark.parametrize("override", ["encode.batch_size=[1,", "model.doc_prefix={a", "encode.fp16='x"])
 def test_malformed_yaml_in_an_override_names_it(override):
     with pytest.raises(ConfigError) as info:
