@@ -5,6 +5,9 @@
     resolve("s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http&region=us-east-1")
                                            -> RemotePath on pyarrow's S3FileSystem
     resolve("gs://bucket/runs")            -> RemotePath on pyarrow's GcsFileSystem
+    resolve("gs://anonymous@bucket/runs?scheme=http&endpoint_override=127.0.0.1:9023")
+                                           -> the same, unauthenticated (a public bucket, an emulator);
+                                              other credentials in a URI are refused
 
 `RemotePath` offers the part of `pathlib.Path` the pipeline uses (`/`, `name`, `parent`,
 `exists`, `is_dir`, `iterdir`, `stat().st_size`, `read_text`, `write_text`, …), so readers
@@ -50,26 +53,41 @@ def is_uri(location) -> bool:
                                                 and not location.startswith("file://"))
 
 
-def _split_uri(uri: str) -> tuple[str, str, str]:
+def _split_uri(uri: str) -> tuple[str, str, str, str]:
+    """(scheme, user, bucket/path, query). The only user a URI may carry is `anonymous`
+    (pyarrow's unauthenticated access, e.g. a public bucket or a local emulator): a URI is written
+    into manifests, run records and logs, so credentials in it are refused."""
     scheme, rest = uri.split("://", 1)
     path, _, query = rest.partition("?")
-    return scheme, path.strip("/"), query
+    head, sep, tail = path.partition("/")
+    user = ""
+    if "@" in head:
+        user, head = head.rsplit("@", 1)
+        if user != "anonymous":
+            raise ConfigError(f"{scheme}://…@{head}: credentials in a storage URI would be written into manifests "
+                              "and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
+                              "CREDENTIALS environment variables, ~/.aws, an instance role), or use anonymous@")
+    return scheme, user, (head + sep + tail).strip("/"), query
 
 
 class RemotePath:
     """A file or folder on a pyarrow filesystem, addressed by URI (see the module doc)."""
 
     def __init__(self, uri: str, fs=None):
-        scheme, path, query = _split_uri(uri)
+        scheme, user, path, query = _split_uri(uri)
         if not path:
             raise ConfigError(f"{uri}: a storage URI needs a bucket (and optionally a prefix), e.g. s3://bucket/runs")
-        self.scheme, self.path, self.query = scheme, path, query
+        self.scheme, self.user, self.path, self.query = scheme, user, path, query
         self._fs = fs
 
     # ---- identity ---------------------------------------------------------------
     @property
     def uri(self) -> str:
-        return f"{self.scheme}://{self.path}" + (f"?{self.query}" if self.query else "")
+        return f"{self.scheme}://{self._user_at}{self.path}" + (f"?{self.query}" if self.query else "")
+
+    @property
+    def _user_at(self) -> str:
+        return f"{self.user}@" if getattr(self, "user", "") else ""
 
     def __str__(self) -> str:
         return self.uri
@@ -84,14 +102,16 @@ class RemotePath:
         return hash(self.uri)
 
     def __getstate__(self):  # the filesystem is re-made from the URI where it is unpickled
-        return {"scheme": self.scheme, "path": self.path, "query": self.query, "_fs": None}
+        return {"scheme": self.scheme, "user": getattr(self, "user", ""), "path": self.path, "query": self.query,
+                "_fs": None}
 
     @property
     def fs(self):
         if self._fs is None:
             import pyarrow.fs as pafs
 
-            base = f"{self.scheme}://{self.path.split('/', 1)[0]}" + (f"?{self.query}" if self.query else "")
+            base = (f"{self.scheme}://{self._user_at}{self.path.split('/', 1)[0]}"
+                    + (f"?{self.query}" if self.query else ""))
             try:
                 self._fs, _ = pafs.FileSystem.from_uri(base)
             except Exception as e:
@@ -109,7 +129,7 @@ class RemotePath:
 
     def _with(self, path: str) -> "RemotePath":
         out = RemotePath.__new__(RemotePath)
-        out.scheme, out.path, out.query, out._fs = self.scheme, path, self.query, self._fs
+        out.scheme, out.user, out.path, out.query, out._fs = self.scheme, getattr(self, "user", ""), path, self.query, self._fs
         return out
 
     def __truediv__(self, name) -> "RemotePath":
@@ -157,11 +177,16 @@ class RemotePath:
     def iterdir(self) -> Iterator["RemotePath"]:
         import pyarrow.fs as pafs
 
+        # pyarrow's GCS lists one level only with folder marker objects, which uploads of single
+        # objects (ours, Ray Train's) do not leave: there the children come from a full listing
+        deep = self.fs.type_name == "gcs"
         try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=deep, allow_not_found=True))
         except FileNotFoundError:
             return iter(())
-        return iter([self._with(i.path.rstrip("/")) for i in infos if i.path.rstrip("/") != self.path])
+        children = dict.fromkeys(i.path.rstrip("/")[len(self.path) + 1:].split("/", 1)[0] for i in infos
+                                 if i.path.rstrip("/").startswith(self.path + "/"))
+        return iter([self._with(f"{self.path}/{c}") for c in children if c])
 
     def glob(self, pattern: str) -> Iterator["RemotePath"]:
         """Children whose name matches `pattern` (one level, as the pipeline uses it)."""
@@ -218,13 +243,18 @@ class RemotePath:
     def unlink(self, missing_ok: bool = False) -> None:
         try:
             self.fs.delete_file(self.path)
-        except FileNotFoundError:
-            if not missing_ok:
+        except OSError:
+            if self.exists():
                 raise
+            if not missing_ok:
+                raise FileNotFoundError(self.uri) from None
 
     def rmtree(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.fs.delete_dir(self.path)
+        except OSError:  # FileNotFoundError on S3; GCS says OSError("No such directory")
+            if self.exists():
+                raise
 
 
 Location = Union[Path, RemotePath]
@@ -363,7 +393,8 @@ def staging_dir(location: Location, kind: str = "runs") -> Path:
 def _reason(e: BaseException) -> str:
     msg = " ".join(str(e).split())
     low = msg.lower()
-    if "no_such_bucket" in low or "nosuchbucket" in low or "bucket does not exist" in low:
+    gcs_write_404 = "not_found" in low and ("createresumableupload" in low or "insertobject" in low)
+    if "no_such_bucket" in low or "nosuchbucket" in low or "bucket does not exist" in low or gcs_write_404:
         return f"the bucket does not exist ({msg[:200]})"
     if "access_denied" in low or "accessdenied" in low or "forbidden" in low or "403" in low:
         return f"access denied: the credentials this process finds may not write there ({msg[:200]})"

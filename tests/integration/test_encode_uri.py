@@ -1,4 +1,5 @@
-"""Encoding to an object store (moto's S3 server on 127.0.0.1, through pyarrow's S3FileSystem) with
+"""Encoding to an object store (moto's S3 server and gcp-storage-emulator's GCS on 127.0.0.1, through
+pyarrow's S3FileSystem and GcsFileSystem) with
 the tokenising CPU stage ahead of the encoder actors: a killed run resumes redoing only the missing
 shards, every pid lands exactly once, `pipeline index` reads the shards from the URI; an output the
 workers cannot write to is refused before any work."""
@@ -9,8 +10,10 @@ import json
 import random
 from pathlib import Path
 
+import gcs_emulator
 import pytest
-from s3_emulator import make_bucket, uri
+import s3_emulator
+from s3_emulator import uri
 
 from pipeline.config import load_config
 from pipeline.data.ingest import ingest
@@ -46,9 +49,11 @@ def _cfg(model_dir, *extra):
                               "encode.tokenize=stage", *extra])
 
 
-def test_stage_encode_to_s3_resumes_after_a_kill_and_indexes_from_the_uri(ray_session, tiny_model_dir, corpus,
-                                                                          tmp_path, monkeypatch):
-    out = uri(make_bucket(), "scifact/emb")
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_stage_encode_to_a_store_resumes_after_a_kill_and_indexes_from_the_uri(ray_session, tiny_model_dir, corpus,
+                                                                               tmp_path, monkeypatch, store):
+    emu = {"s3": s3_emulator, "gs": gcs_emulator}[store]
+    out = emu.uri(emu.make_bucket(), "scifact/emb")
     cfg = _cfg(tiny_model_dir)
     seen: list[str] = []
 
@@ -86,7 +91,7 @@ def test_stage_encode_to_s3_resumes_after_a_kill_and_indexes_from_the_uri(ray_se
     from pipeline.index.faiss_index import build_index
 
     info = build_index(out, tmp_path / "index", load_config(None, []).index, progress=False)
-    assert info["ntotal"] == N and info["embeddings"].startswith("s3://")
+    assert info["ntotal"] == N and info["embeddings"].startswith(f"{store}://")
     assert (tmp_path / "index" / "pids.txt").read_text().split() == [str(i) for i in range(N)]
     assert json.loads((tmp_path / "index" / "index.json").read_text())["corpus_fingerprint"] == \
         load_meta(out)["corpus_fingerprint"]

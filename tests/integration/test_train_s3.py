@@ -1,13 +1,16 @@
-"""Training with `train.storage_path` on an object store: moto's S3 server on 127.0.0.1
-(a real S3 protocol through pyarrow's S3FileSystem), tiny BERT, 2 Ray Train workers."""
+"""Training with `train.storage_path` on an object store: moto's S3 server and gcp-storage-emulator's
+GCS on 127.0.0.1 (real S3 / GCS protocols through pyarrow's S3FileSystem / GcsFileSystem), tiny
+BERT, 2 Ray Train workers."""
 
 from __future__ import annotations
 
 import json
 
+import gcs_emulator
 import pytest
+import s3_emulator
 import torch
-from s3_emulator import make_bucket, uri
+from s3_emulator import uri
 
 from pipeline import storage
 from pipeline.data.ingest import ingest
@@ -48,13 +51,15 @@ def _expected_batches(job, run_dir) -> dict[int, list]:
     return out
 
 
-def test_s3_storage_kill_resume_export(ray_session, tiny_model_dir, tmp_path):
-    """Killed right after its step-4 checkpoint on s3://, resumed (reading the examples from S3
-    this time): steps 1..6 each trained once, on the batches an uninterrupted run takes; the
-    optimizer continued (6 steps); the final model and summary are on S3."""
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_object_store_kill_resume_export(ray_session, tiny_model_dir, tmp_path, store):
+    """Killed right after its step-4 checkpoint on s3:// (gs://), resumed (reading the examples from
+    the store this time): steps 1..6 each trained once, on the batches an uninterrupted run takes;
+    the optimizer continued (6 steps); the final model and summary are on the store."""
     corpus = tmp_path / "corpus"
     ingest([demo_data_dir()], "beir", corpus, progress=False)
-    root = uri(make_bucket(), "runs")
+    emu = {"s3": s3_emulator, "gs": gcs_emulator}[store]
+    root = emu.uri(emu.make_bucket(), "runs")
     common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
               "train.keep_checkpoints=2")
     job = _job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4")
@@ -66,7 +71,7 @@ def test_s3_storage_kill_resume_export(ray_session, tiny_model_dir, tmp_path):
 
     resumed = train(_job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4",
                          "data.materialize=never"), progress=False)
-    assert resumed["resumed_from"].startswith("s3://") and "step-00000004" in resumed["resumed_from"]
+    assert resumed["resumed_from"].startswith(f"{store}://") and "step-00000004" in resumed["resumed_from"]
     assert resumed["steps"] == 6 and resumed["final_metrics"]["train_steps_run"] == 2
 
     steps: dict[int, list] = {}
@@ -85,7 +90,7 @@ def test_s3_storage_kill_resume_export(ray_session, tiny_model_dir, tmp_path):
     state = torch.load(local / "training_state.pt", weights_only=False)
     assert max(s["step"] for s in state["optimizer"]["state"].values()) == 6
     # the export: on S3 (complete: summary.json is written after it) and a local copy that loads
-    assert resumed["model"].startswith("s3://") and (run / "model" / "model.safetensors").is_file()
+    assert resumed["model"].startswith(f"{store}://") and (run / "model" / "model.safetensors").is_file()
     assert json.loads((run / "summary.json").read_text())["steps"] == 6
     from pipeline.config import ModelConfig
     from pipeline.models import BiEncoder

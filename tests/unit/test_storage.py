@@ -1,21 +1,29 @@
-"""pipeline.storage on a real S3 protocol (moto's server on 127.0.0.1) and on local paths."""
+"""pipeline.storage on real object-store protocols on 127.0.0.1 (S3: moto's server; GCS:
+gcp-storage-emulator, reached as gs://anonymous@…) and on local paths."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import gcs_emulator
 import pytest
-from s3_emulator import make_bucket, uri
+import s3_emulator
+from s3_emulator import uri
 
 from pipeline import storage
 from pipeline.errors import ConfigError
 from pipeline.models.checkpoint import finalize_checkpoint, latest_checkpoint, list_checkpoints, read_state
 
 
-@pytest.fixture(scope="module")
-def bucket():
-    return make_bucket()
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def store(request):
+    """One bucket on each emulated object store: `.uri(prefix)`, `.scheme`."""
+    emu = {"s3": s3_emulator, "gs": gcs_emulator}[request.param]
+    bucket = emu.make_bucket()
+    return SimpleNamespace(scheme=request.param, bucket=bucket, emu=emu,
+                           uri=lambda prefix="", _b=bucket: emu.uri(_b, prefix))
 
 
 def test_resolve_kinds(tmp_path):
@@ -28,12 +36,17 @@ def test_resolve_kinds(tmp_path):
     assert child.parent.parent == r
     with pytest.raises(ConfigError, match="nosuch://b"):
         storage.resolve("nosuch://b/x")
+    g = storage.resolve("gs://anonymous@bkt/a/b?scheme=http&endpoint_override=127.0.0.1:1")
+    assert g.path == "bkt/a/b" and str(g / "c").startswith("gs://anonymous@bkt/a/b/c?scheme=http")
+    with pytest.raises(ConfigError, match="credentials in a storage URI") as info:
+        storage.resolve("s3://AKIAXXXX:hunter2@bkt/runs")
+    assert "hunter2" not in str(info.value)
 
 
-def test_remote_reads_writes_listing_and_pickling(bucket, tmp_path):
+def test_remote_reads_writes_listing_and_pickling(store, tmp_path):
     import pickle
 
-    root = storage.resolve(uri(bucket, "t1"))
+    root = storage.resolve(store.uri("t1"))
     assert not root.exists() and list(root.iterdir()) == []
     storage.write_json_atomic(root / "a" / "x.json", {"k": 1})
     (root / "b.txt").write_text("hi")
@@ -59,8 +72,8 @@ def test_remote_reads_writes_listing_and_pickling(bucket, tmp_path):
     assert not (root / "up2").exists()
 
 
-def test_checkpoint_listing_on_s3_trusts_only_complete_ones(bucket, tmp_path):
-    run = storage.resolve(uri(bucket, "run"))
+def test_checkpoint_listing_on_object_stores_trusts_only_complete_ones(store, tmp_path):
+    run = storage.resolve(store.uri("run"))
     for step in (2, 4):
         d = tmp_path / f"step-{step:08d}"
         (d / "model").mkdir(parents=True)
@@ -78,11 +91,12 @@ def test_checkpoint_listing_on_s3_trusts_only_complete_ones(bucket, tmp_path):
     assert read_state(run / "step-00000006") is None
 
 
-def test_check_writable_ok_and_clear_failures(bucket, tmp_path):
-    storage.check_writable(uri(bucket, "probe/here"))
-    assert list(storage.resolve(uri(bucket, "probe/here")).iterdir()) == []  # the probe is gone
-    with pytest.raises(ConfigError, match=r"storage s3://no-such-bucket/x.*bucket does not exist"):
-        storage.check_writable(uri("no-such-bucket", "x"))
+def test_check_writable_ok_and_clear_failures(store, tmp_path):
+    storage.check_writable(store.uri("probe/here"))
+    assert list(storage.resolve(store.uri("probe/here")).iterdir()) == []  # the probe is gone
+    at = "anonymous@" if store.scheme == "gs" else ""
+    with pytest.raises(ConfigError, match=rf"storage {store.scheme}://{at}no-such-bucket/x.*bucket does not exist"):
+        storage.check_writable(store.emu.uri("no-such-bucket", "x"))
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -104,13 +118,13 @@ def test_node_probe_reports_unshared_storage(tmp_path):
     assert storage._probe_task(str(tmp_path), ".shared-probe-x") is None
 
 
-def test_trainer_resume_resolution_on_a_uri(bucket, tmp_path):
-    """train.resume=auto|never|<URI of a checkpoint> against checkpoints on S3."""
+def test_trainer_resume_resolution_on_a_uri(store, tmp_path):
+    """train.resume=auto|never|<URI of a checkpoint> against checkpoints on an object store."""
     from pipeline.errors import PipelineError
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import resolve_resume
 
-    run = storage.resolve(uri(bucket, "resume/run"))
+    run = storage.resolve(store.uri("resume/run"))
     d = tmp_path / "step-00000003"
     (d / "model").mkdir(parents=True)
     (d / "model" / "w.bin").write_bytes(b"w")
