@@ -451,30 +451,40 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
         num_gpus=enc.gpus_per_actor or None,
         compute=ActorPoolStrategy(size=actors),
     )
-    _collect(ds, todo_rows, enc.show_progress)
+    failure = _collect(ds, todo_rows, enc.show_progress)
+    if failure is not None:
+        # raised once the dataset is gone: its executor holds the actor pool, and a traceback
+        # through a frame that still held `ds` (kept by any caller of the error) kept the actors
+        # and their CPUs, so the next encode waited for them forever
+        del ds
+        import gc
+
+        gc.collect()
+        raise failure
 
 
 def _report_shard(name: str, rows: int) -> None:
     """Called on the driver as each shard's receipt arrives (the shard is already on disk)."""
 
 
-def _collect(ds, todo_rows: int, show_progress: bool) -> None:
-    """Drain the receipts: a name and a row count per shard, never vectors."""
+def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
+    """Drain the receipts: a name and a row count per shard, never vectors. A worker's
+    PipelineError is returned (for the caller to raise once it has let go of the dataset)."""
     from tqdm import tqdm
 
     bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show_progress, smoothing=0.1,
                mininterval=2.0)
     batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy"))
+    failure: PipelineError | None = None
     try:
         for batch in batches:
             for name, rows in zip(batch["name"], batch["rows"]):
                 _report_shard(str(name), int(rows))
                 bar.update(int(rows))
     except Exception as e:  # a worker's PipelineError arrives wrapped by Ray: surface its message
-        err = worker_error(e)
-        if err is not None:
-            raise err from None
-        raise
+        failure = worker_error(e)
+        if failure is None:
+            raise
     finally:
         # Close the iterator now: its executor then shuts the actor pool down. Left to garbage
         # collection, a traceback that keeps this frame alive (an error being handled or kept by a
@@ -482,6 +492,7 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> None:
         if hasattr(batches, "close"):
             batches.close()
         bar.close()
+    return failure  # (made outside the handler: no __context__ chaining Ray's exception and its frames)
 
 
 def worker_error(e: BaseException) -> PipelineError | None:

@@ -185,7 +185,18 @@ def test_a_part_changed_under_the_run_is_an_error_not_a_wrong_shard(ray_session,
 
     monkeypatch.setattr(encode_mod, "plan_shards", stale_plan)
     cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1", "encode.shard_rows=100")
-    with pytest.raises(PipelineError, match="not the ones planned"):
+    with pytest.raises(PipelineError, match="not the ones planned") as info:
         encode_corpus(corpus, emb, cfg)
     assert "shard-00000-000000100" not in completed_shards(emb)
+    # the error chains nothing of Ray's: a caller keeping it (as `info` does) does not keep the
+    # actor pool alive, and every CPU is free again for the next encode
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    import time
+
+    import ray
+
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
     assert not json.loads((emb / "embeddings.json").read_text())["complete"]
