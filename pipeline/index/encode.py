@@ -30,6 +30,7 @@ import math
 import os
 import re
 import time
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -183,6 +184,18 @@ class ShardEncoder:
             self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return self._encode(batch)
+        except PipelineError:
+            # The run stops on this error; this actor leaves (its CPUs or GPU with it) once the
+            # error is on its way to the driver, so nothing a caller keeps of the failed run can
+            # hold it (actors are not restarted: `max_restarts=0`, a re-run resumes instead)
+            import threading
+
+            threading.Timer(2.0, os._exit, args=(0,)).start()
+            raise
+
+    def _encode(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..models.encoder import tokenize_sorted
 
         names, rows, secs = [], [], []
@@ -424,7 +437,7 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
          enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int,
          tokenize_spec: "TokenizeSpec | None" = None) -> None:
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data import DataContext
 
     actors, cpus, threads = shape
     if len(todo) < actors:
@@ -440,7 +453,24 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
     if resolve_tokenize(enc) == "stage":  # CPU tasks tokenise ahead; the actors only run the model
         ds = ds.map_batches(tokenize_shards, fn_kwargs={"spec": tokenize_spec}, batch_size=1, batch_format="numpy",
                             num_cpus=enc.tokenize_cpus, max_calls=TOKENIZE_MAX_CALLS)
-    ds = ds.map_batches(
+    with warnings.catch_warnings():  # Ray 2.60 deprecates the remote-args hook, with no named max_restarts yet
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
+        ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors)
+    failure = _collect(ds, todo_rows, enc.show_progress)
+    if failure is not None:
+        # raised once the dataset is gone: its executor holds the actor pool, and a traceback
+        # through a frame that still held `ds` (kept by any caller of the error) kept the actors
+        del ds
+        import gc
+
+        gc.collect()
+        raise failure
+
+
+def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors):
+    from ray.data import ActorPoolStrategy
+
+    return ds.map_batches(
         ShardEncoder,
         fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
                                "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
@@ -450,17 +480,14 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
         num_cpus=cpus,
         num_gpus=enc.gpus_per_actor or None,
         compute=ActorPoolStrategy(size=actors),
+        ray_remote_args_fn=_no_restarts,
     )
-    failure = _collect(ds, todo_rows, enc.show_progress)
-    if failure is not None:
-        # raised once the dataset is gone: its executor holds the actor pool, and a traceback
-        # through a frame that still held `ds` (kept by any caller of the error) kept the actors
-        # and their CPUs, so the next encode waited for them forever
-        del ds
-        import gc
 
-        gc.collect()
-        raise failure
+
+def _no_restarts() -> dict:
+    """Encoder actors are not restarted: a failed shard fails the run and a re-run encodes only the
+    missing shards (see ShardEncoder.__call__)."""
+    return {"max_restarts": 0}
 
 
 def _report_shard(name: str, rows: int) -> None:
