@@ -87,7 +87,7 @@ class RemotePath:
 
     @property
     def _user_at(self) -> str:
-        return f"{self.user}@" if getattr(self, "user", "") else ""
+        return f"{self.user}@" if self.user else ""
 
     def __str__(self) -> str:
         return self.uri
@@ -102,8 +102,7 @@ class RemotePath:
         return hash(self.uri)
 
     def __getstate__(self):  # the filesystem is re-made from the URI where it is unpickled
-        return {"scheme": self.scheme, "user": getattr(self, "user", ""), "path": self.path, "query": self.query,
-                "_fs": None}
+        return {"scheme": self.scheme, "user": self.user, "path": self.path, "query": self.query, "_fs": None}
 
     @property
     def fs(self):
@@ -129,7 +128,7 @@ class RemotePath:
 
     def _with(self, path: str) -> "RemotePath":
         out = RemotePath.__new__(RemotePath)
-        out.scheme, out.user, out.path, out.query, out._fs = self.scheme, getattr(self, "user", ""), path, self.query, self._fs
+        out.scheme, out.user, out.path, out.query, out._fs = self.scheme, self.user, path, self.query, self._fs
         return out
 
     def __truediv__(self, name) -> "RemotePath":

@@ -458,13 +458,7 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
         ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors)
     failure = _collect(ds, todo_rows, enc.show_progress)
     if failure is not None:
-        # raised once the dataset is gone: its executor holds the actor pool, and a traceback
-        # through a frame that still held `ds` (kept by any caller of the error) kept the actors
-        del ds
-        import gc
-
-        gc.collect()
-        raise failure
+        raise failure  # (the actor that raised has left: ShardEncoder.__call__)
 
 
 def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors):
@@ -496,7 +490,7 @@ def _report_shard(name: str, rows: int) -> None:
 
 def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
     """Drain the receipts: a name and a row count per shard, never vectors. A worker's
-    PipelineError is returned (for the caller to raise once it has let go of the dataset)."""
+    PipelineError is returned, made outside the exception handler (no context chaining Ray's error)."""
     from tqdm import tqdm
 
     bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show_progress, smoothing=0.1,
@@ -519,7 +513,7 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
         if hasattr(batches, "close"):
             batches.close()
         bar.close()
-    return failure  # (made outside the handler: no __context__ chaining Ray's exception and its frames)
+    return failure
 
 
 def worker_error(e: BaseException) -> PipelineError | None:
