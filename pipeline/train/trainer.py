@@ -286,6 +286,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
 
     from .. import storage as st
     from ..ray_runtime import check_resources, init_ray
+    from .process_group import NodeBoundTorchConfig
 
     tc = job.train
     work = work or run_dir
@@ -324,6 +325,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_cfg,
+        torch_config=NodeBoundTorchConfig(),  # store and gloo bind the node's IP, never every interface
         scaling_config=ScalingConfig(num_workers=world, use_gpu=tc.use_gpu,
                                      resources_per_worker={"CPU": tc.cpus_per_worker, **({"GPU": gpus} if gpus else {})}),
         run_config=RunConfig(name=tc.name, storage_path=ray_path, storage_filesystem=ray_fs,

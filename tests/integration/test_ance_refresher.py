@@ -4,10 +4,12 @@ to them, a killed refresher is restarted (training never stops), and every versi
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
 import pytest
+from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
 from pipeline.demo import demo_data_dir
@@ -61,7 +63,10 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
         f"train.storage_path={tmp_path}", "train.name=ance", "train.keep_checkpoints=2", "optim.lr=1e-4",
         "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5", "ance.cpus=1", "ance.poll_seconds=0.2",
         "ance.precision=fp32", f"ance.dev_qrels={faq / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
-    summary = run_ance(job, progress=False)
+    with ListenWatch(os.getpid()) as watch:  # trainer, refresher and all they start: loopback only
+        summary = run_ance(job, progress=False)
+    print(f"\n[loopback] ANCE run: {watch.summary()}")
+    watch.assert_loopback_only("RayTrainWorker", "IndexRefresher")
 
     assert summary["steps"] == 40  # training never stopped
     used = summary["negatives_versions"]

@@ -7,7 +7,6 @@ Run under the Ray lock: `flock /tmp/ray-tests.lock .venv/bin/python -m pytest -q
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from listening import is_loopback, listening
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,25 +82,6 @@ def _cmd(p):
 def _is_watchdog(p) -> bool:
     c = _cmd(p)
     return len(c) >= 3 and c[1] == "-c" and "driver = psutil.Process(pid)" in c[2]
-
-
-def listening(procs) -> list[tuple[int, str, str, int]]:
-    out = []
-    for p in procs:
-        try:
-            for c in p.net_connections(kind="inet"):
-                if c.status == psutil.CONN_LISTEN:
-                    out.append((p.pid, p.name(), c.laddr.ip, c.laddr.port))
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def is_loopback(ip: str) -> bool:
-    addr = ipaddress.ip_address(ip.split("%")[0])
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 (a dual-stack socket bound to 127.0.0.1)
-    return addr.is_loopback
 
 
 @pytest.mark.parametrize("dashboard", [False, True])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
 from pipeline.demo import demo_data_dir
@@ -87,7 +89,11 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     from pipeline.models import BiEncoder
 
     job = _job(tiny_model_dir, faq, tmp_path, "dpr", "train.epochs=4", "optim.lr=5e-4", "data.shuffle_window=64")
-    summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=False)
+    # every socket of every process this 2-worker run starts (torch's store, gloo) listens on loopback only
+    with ListenWatch(os.getpid()) as watch:
+        summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=False)
+    print(f"\n[loopback] 2-worker train: {watch.summary()}")
+    watch.assert_loopback_only("RayTrainWorker")
     losses = [h["loss"] for h in summary["history"] if "loss" in h]
     assert len(losses) == summary["steps"] == 24
     assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 * 0.9

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
 from pipeline.demo import demo_data_dir
@@ -107,8 +108,11 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
 
     # 2. resume: ended trials are not run again, unfinished ones continue from their own checkpoints
     proc = _cli(sweep, "--resume")
-    log2, _ = proc.communicate(timeout=150)
+    with ListenWatch(proc.pid) as watch:  # the sweep's Ray, trials and their workers: loopback only
+        log2, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, log2
+    print(f"\n[loopback] tune sweep: {watch.summary()}")
+    watch.assert_loopback_only("gcs_server", "RayTrainWorker")
     assert "ASHA's rungs refilled" in log2
     events = _events(out)
     later = events[len(first):]
