@@ -15,7 +15,6 @@ import os
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,17 +23,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from subprocs import free_port
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pids_naming(text: str) -> list[int]:

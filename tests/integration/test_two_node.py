@@ -11,14 +11,10 @@ is connected to one Ray at a time), ended by killing that group.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from subprocs import free_port, run_result_script
 
 pytestmark = pytest.mark.integration
 
@@ -85,25 +81,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_training_spreads_over_two_nodes(tiny_model_dir, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dash = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), str(tiny_model_dir), str(dash)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"two-node training did not finish in 300 s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, stdout[-3000:] + stderr[-6000:]
-    res = json.loads(lines[0][len("RESULT "):])
+    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), timeout=300, what="two-node training")
     assert res["steps"] == 4
     assert len(res["cluster_nodes"]) == 2
     assert res["worker_nodes"] == res["cluster_nodes"]  # one training worker on each simulated node

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
+from subprocs import free_port
 import torch
 
 from pipeline.losses import DARConfig, LossConfig, get_loss
@@ -454,18 +454,12 @@ def _gloo_worker(rank, world, port, out_dir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_gather_with_grad_two_process_gloo_matches_global_loss(tmp_path):
     import torch.multiprocessing as mp
 
     world = 2
     # fork: the children inherit the imported torch (spawn would re-import it, seconds on a small machine)
-    mp.start_processes(_gloo_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True,
+    mp.start_processes(_gloo_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True,
                        start_method="fork")
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 

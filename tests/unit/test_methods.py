@@ -4,13 +4,12 @@ the DAR mix term by hand (released grouping), DAR and the loop's gathered layout
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import socket
 
 import pytest
+from subprocs import free_port
 import torch
 
 from pipeline.errors import ConfigError, PipelineError
@@ -168,16 +167,10 @@ def _gloo_dar_worker(rank, world, port, out_dir):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dar_and_the_gathered_layout_through_two_process_gloo(tmp_path):
     import torch.multiprocessing as mp
 
-    mp.start_processes(_gloo_dar_worker, args=(WORLD, _free_port(), str(tmp_path)), nprocs=WORLD, join=True,
+    mp.start_processes(_gloo_dar_worker, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=True,
                        start_method="fork")
     res = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     Qg, Pg, Hg = (t.requires_grad_() for t in _tensors())
