@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit test-integration bench clean
+.PHONY: setup demo test test-unit test-integration test-stress bench clean
 
 setup: $(STAMP)
 
@@ -39,8 +39,12 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q tests/integration
 
+# The integration tests 3 times back to back while one core is kept busy (scripts/test_stress.py)
+test-stress: setup
+	$(BIN)/python scripts/test_stress.py $(STRESS_ARGS)
+
 bench: setup
 	$(BIN)/python bench/encode.py
 
 clean:
-	rm -rf runs .ray_tmp .pytest_cache
+	rm -rf runs .ray_tmp .pytest_cache .stress

@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent('''
         pids = [p for ids, _ in iter_shards(tmp / "emb") for p in ids]
         alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         from ray.util.state import list_actors
-        actors = {a.pid: a.node_id for a in list_actors(detail=True, limit=1000)
+        actors = {a.pid: [a.node_id, a.state] for a in list_actors(detail=True, limit=1000)
                   if "MapWorker" in a.class_name and a.pid}
         print("RESULT " + json.dumps({"summary": summary, "writers": [[m["node"], m["pid"]] for m in markers],
                                       "cluster_nodes": alive, "encoder_actors": actors, "pids": pids,
@@ -85,14 +85,15 @@ def test_two_nodes_write_their_own_shards_every_pid_once(tiny_model_dir, tmp_pat
     res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), timeout=180, what="two-node encode")
     assert res["summary"]["actors"] == 2 and res["summary"]["shards"] == 8
     assert len(res["cluster_nodes"]) == 2
-    # placement is forced (1-CPU nodes, 1-CPU actors): one encoder actor on each node. Which actor
+    # Placement is forced (1-CPU nodes, 1-CPU actors: at most one encoder actor per node). Which actor
     # takes how many shards is the scheduler's business (one may take all eight under load); what is
     # guaranteed is that each shard was written by an encoder actor on the node that actor ran on.
-    actors = {int(pid): node for pid, node in res["encoder_actors"].items()}
-    assert sorted(actors.values()) == res["cluster_nodes"], actors
+    listed = res["encoder_actors"]
+    actors = {int(pid): node for pid, (node, _state) in listed.items() if node}  # the ones that were placed
+    assert set(actors.values()) <= set(res["cluster_nodes"]), listed
     assert len(res["writers"]) == 8
     for node, pid in res["writers"]:
-        assert actors.get(pid) == node, f"shard written on {node} by pid {pid}, not an encoder actor there: {actors}"
+        assert actors.get(pid) == node, f"shard written on {node} by pid {pid}, not an encoder actor there: {listed}"
     assert sorted(res["pids"], key=int) == [str(i) for i in range(120)] and len(set(res["pids"])) == 120
     # the driver received one small receipt per shard: a name, a row count, seconds; no vectors
     assert sum(len(b["rows"][2]) and b["rows"][2][0] for b in res["received"]) == 8
