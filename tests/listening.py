@@ -46,7 +46,7 @@ class ListenWatch:
     def __init__(self, root_pid: int, interval: float = 0.25):
         self.root = psutil.Process(root_pid)
         self.interval = interval
-        self.sockets: dict[tuple[int, str, int], str] = {}  # (pid, ip, port) -> the process's titles
+        self.sockets: set[tuple[int, str, int]] = set()  # (pid, ip, port) of every listening socket seen
         self.titles: dict[int, list[str]] = {}  # pid -> every command line it showed while listening
         self.samples = 0
         self._stop = threading.Event()
@@ -58,16 +58,17 @@ class ListenWatch:
         except psutil.Error:
             return
         for pid, name, ip, port in listening(procs):
-            self.sockets.setdefault((pid, ip, port), "")
+            self.sockets.add((pid, ip, port))
             try:  # a Ray worker's title changes (ray::IDLE, then ray::RayTrainWorker): keep every one seen
                 title = cmdline(psutil.Process(pid)) or name
             except psutil.Error:
                 title = name
             if title not in self.titles.setdefault(pid, []):
                 self.titles[pid].append(title)
-        for (pid, ip, port) in self.sockets:
-            self.sockets[(pid, ip, port)] = " | ".join(self.titles.get(pid, []))
         self.samples += 1
+
+    def _titles(self, pid: int) -> str:
+        return " | ".join(self.titles.get(pid, []))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -90,12 +91,12 @@ class ListenWatch:
         self.stop()
 
     def exposed(self) -> list[str]:
-        return [f"{cmd[:200]} (pid {pid}) on {ip}:{port}" for (pid, ip, port), cmd in sorted(self.sockets.items())
+        return [f"{self._titles(pid)[:200]} (pid {pid}) on {ip}:{port}" for pid, ip, port in sorted(self.sockets)
                 if not is_loopback(ip)]
 
     def owners(self, needle: str) -> int:
         """How many sockets were seen in processes whose command line contains `needle`."""
-        return sum(needle in cmd for cmd in self.sockets.values())
+        return sum(needle in self._titles(pid) for pid, _, _ in self.sockets)
 
     def summary(self) -> str:
         procs = {pid for pid, _, _ in self.sockets}

@@ -13,8 +13,8 @@ rendezvous is the same in every other way, with two differences:
   whatever the host name resolves to; NCCL's bootstrap socket is kept on the loopback interface
   when the node IP is loopback (`NCCL_SOCKET_IFNAME`, unless the user set it).
 
-tests/integration/test_ray_local.py samples every listening socket of a 2-worker training run,
-a Tune sweep and an ANCE run.
+The integration tests of a 2-worker training run (test_train.py), a Tune sweep (test_tune.py) and
+an ANCE run (test_ance_refresher.py) sample every listening socket of every process while it runs.
 """
 
 from __future__ import annotations
@@ -92,14 +92,13 @@ class NodeBoundTorchBackend(_TorchBackend):
 
     def on_start(self, worker_group, backend_config: "NodeBoundTorchConfig"):
         import ray
+        from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
         from ray.train.torch.config import _set_torch_distributed_env_vars
 
         backend = backend_config.backend
         if backend is None:
             gpus = worker_group.get_resources_per_worker().get("GPU", 0)
             backend = "nccl" if gpus > 0 else "gloo"
-        from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
-
         addr, port = worker_group.execute_single(0, open_store_socket)
         if not isinstance(worker_group, V1WorkerGroup):  # as Ray's own backend: V2 sets them here
             worker_group.execute(_set_torch_distributed_env_vars)

@@ -1,5 +1,5 @@
-"""Two-node simulation (`ray.cluster_utils.Cluster`): one encoder actor on each node (forced by
-resources), each shard written by an actor on its own node; every passage is encoded exactly once
+"""Two-node simulation (`ray.cluster_utils.Cluster`): at most one encoder actor per node (forced by
+resources), each shard written by an encoder actor on its own node; every passage is encoded exactly once
 and no vector passes through the driver.
 
 The cluster runs in a subprocess so it never meets the session-scoped local Ray of the
@@ -94,6 +94,8 @@ def test_two_nodes_write_their_own_shards_every_pid_once(tiny_model_dir, tmp_pat
     assert len(res["writers"]) == 8
     for node, pid in res["writers"]:
         assert actors.get(pid) == node, f"shard written on {node} by pid {pid}, not an encoder actor there: {listed}"
+    for node in res["cluster_nodes"]:  # one actor per node: a node's shards all come from one process
+        assert len({pid for n, pid in res["writers"] if n == node}) <= 1, res["writers"]
     assert sorted(res["pids"], key=int) == [str(i) for i in range(120)] and len(set(res["pids"])) == 120
     # the driver received one small receipt per shard: a name, a row count, seconds; no vectors
     assert sum(len(b["rows"][2]) and b["rows"][2][0] for b in res["received"]) == 8

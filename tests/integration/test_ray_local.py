@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from listening import is_loopback, listening
+from listening import cmdline, is_loopback, listening
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,19 +69,12 @@ def start_driver(tmp_path: Path, sleep: float, mode: str = "cli", dashboard: boo
 
 def tree(pid: int) -> list[psutil.Process]:
     procs = psutil.Process(pid).children(recursive=True)
-    return [p for p in procs if "pipeline.ray_runtime" not in " ".join(_cmd(p)) and not _is_watchdog(p)]
-
-
-def _cmd(p):
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
+    return [p for p in procs if "pipeline.ray_runtime" not in cmdline(p) and not _is_watchdog(p)]
 
 
 def _is_watchdog(p) -> bool:
-    c = _cmd(p)
-    return len(c) >= 3 and c[1] == "-c" and "driver = psutil.Process(pid)" in c[2]
+    c = cmdline(p)  # the watchdog is `python -c <script>` (pipeline.ray_runtime._WATCHDOG)
+    return " -c " in c and "driver = psutil.Process(pid)" in c
 
 
 @pytest.mark.parametrize("dashboard", [False, True])
@@ -99,7 +92,7 @@ def test_local_ray_listens_on_loopback_only(tmp_path, dashboard):
               + ", ".join(sorted({s[1] for s in socks})) + f"; beyond loopback: {len(exposed)}")
         assert exposed == [], f"listening beyond loopback: {exposed}"
         if dashboard:
-            assert any(s[3] == 8265 or "dashboard" in " ".join(_cmd(psutil.Process(s[0]))) for s in socks)
+            assert any(s[3] == 8265 or "dashboard" in cmdline(psutil.Process(s[0])) for s in socks)
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(60)
@@ -112,7 +105,7 @@ def survivors(procs, wait: float = 20.0) -> list[str]:
         for q in procs:
             try:
                 if q.is_running() and q.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(f"{q.pid} {q.name()} {' '.join(_cmd(q))[:160]}")
+                    alive.append(f"{q.pid} {q.name()} {cmdline(q)[:160]}")
             except psutil.NoSuchProcess:
                 pass
         if not alive or time.time() > deadline:
