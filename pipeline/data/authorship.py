@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, InputError, PipelineError
+from .checks import check_no_bare_cr
 
 SPLITS = ("train", "val", "cross_topic_test", "same_topic_test")
 TEST_SPLITS = ("cross_topic_test", "same_topic_test")
@@ -105,9 +106,11 @@ def _decoded_lines(path: Path):
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise InputError(path, n, f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
+            check_no_bare_cr(path, n, line.removesuffix("\n").removesuffix("\r"))
+            yield n, line
 
 
 def read_records(path: str | Path, cfg: SplitConfig | None = None) -> list[dict]:

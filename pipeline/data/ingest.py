@@ -238,12 +238,13 @@ def ingest(
         del hashes, arr, uniq, counts
 
         extra: dict = {}
+        qids = None  # judgements are checked against the queries when there are queries
         if queries is not None:
-            extra["queries"] = _write_queries(queries, queries_format, new / "queries.tsv")
+            extra["queries"], qids = _write_queries(queries, queries_format, new / "queries.tsv")
         if qrels:
             pids = _load_pids(new)
             extra["qrels"] = {
-                split: _write_qrels(path, new / "qrels" / f"{split}.trec", pids, on_unknown_qrels)
+                split: _write_qrels(path, new / "qrels" / f"{split}.trec", pids, qids, on_unknown_qrels)
                 for split, path in sorted(qrels.items())
             }
         manifest = {
@@ -267,6 +268,15 @@ def ingest(
         stage.commit(manifest)
     if progress:
         skip_note = f", {n_skipped} skipped (empty text; see manifest)" if n_skipped else ""
+        for split, q in sorted((manifest.get("qrels") or {}).items()):
+            if q.get("dropped_unknown"):
+                print(f"[ingest] qrels {split}: {q['dropped_unknown']:,} judgements name passages not in the corpus; "
+                      "dropped (--on-unknown-qrels skip)", flush=True)
+            if q.get("dropped_unknown_queries"):
+                more = ", …" if q["unknown_query_count"] > len(q["unknown_queries"]) else ""
+                print(f"[ingest] qrels {split}: {q['dropped_unknown_queries']:,} judgements name "
+                      f"{q['unknown_query_count']:,} unknown queries: "
+                      f"{', '.join(q['unknown_queries'])}{more}; dropped (--on-unknown-qrels skip)", flush=True)
         print(f"[ingest] done: {total:,} passages in {len(writer.parts)} parts{skip_note}, "
               f"variant {variant}, title join {title_join!r}, {time.time() - t0:.1f}s -> {out}", flush=True)
     return manifest
@@ -617,7 +627,7 @@ def _origin(src, dest: Path) -> dict:
     return {"source": str(Path(src).resolve()), "sha256": sha256_file(src)}
 
 
-def _write_queries(src, fmt: str, dest: Path) -> dict:
+def _write_queries(src, fmt: str, dest: Path) -> tuple[dict, set[str]]:
     n = 0
     seen: set[str] = set()
     with open(dest, "w", encoding="utf-8") as f:
@@ -628,18 +638,31 @@ def _write_queries(src, fmt: str, dest: Path) -> dict:
             text = " ".join(q["text"].split())
             f.write(f"{q['qid']}\t{text}\n")
             n += 1
-    return {**_origin(src, dest), "count": n}
+    return {**_origin(src, dest), "count": n}, seen
 
 
-def _write_qrels(src: Path, dest: Path, pids: set[str], on_unknown: str) -> dict:
+def _write_qrels(src: Path, dest: Path, pids: set[str], qids: set[str] | None, on_unknown: str) -> dict:
+    """Copy one qrels file as TREC qrels. A judgement naming a passage the corpus lacks, or a
+    query the queries file lacks (when queries were given), stops the ingest (`on_unknown='error'`)
+    or is dropped, counted in the manifest and named in the summary (`'skip'`)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     n = dropped = 0
+    unknown_queries: dict[str, int] = {}  # qid -> judgements dropped for it (first seen first)
     seen: set[tuple[str, str]] = set()
     with open(dest, "w", encoding="utf-8") as f:
         for r in readers.read_qrels(src):
+            if qids is not None and r["qid"] not in qids:
+                if on_unknown == "error":
+                    raise InputError(src, r["line"], f"qrels name query {r['qid']!r}, which is not in the queries "
+                                                     "file; fix the files, or pass --on-unknown-qrels skip to drop "
+                                                     "such judgements (counted and reported)")
+                unknown_queries[r["qid"]] = unknown_queries.get(r["qid"], 0) + 1
+                continue
             if r["docid"] not in pids:
                 if on_unknown == "error":
-                    raise InputError(src, r["line"], f"qrels name passage {r['docid']!r}, which is not in the corpus")
+                    raise InputError(src, r["line"], f"qrels name passage {r['docid']!r}, which is not in the corpus"
+                                                     "; pass --on-unknown-qrels skip to drop such judgements "
+                                                     "(counted and reported)")
                 dropped += 1
                 continue
             key = (r["qid"], r["docid"])
@@ -648,4 +671,6 @@ def _write_qrels(src: Path, dest: Path, pids: set[str], on_unknown: str) -> dict
             seen.add(key)
             f.write(f"{r['qid']} 0 {r['docid']} {r['rel']}\n")
             n += 1
-    return {**_origin(src, dest), "judgements": n, "dropped_unknown": dropped}
+    return {**_origin(src, dest), "judgements": n, "dropped_unknown": dropped,
+            "dropped_unknown_queries": sum(unknown_queries.values()),
+            "unknown_query_count": len(unknown_queries), "unknown_queries": list(unknown_queries)[:10]}

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError, PipelineError
+from .checks import check_id, check_text
 
 _FILE_SUFFIX = re.compile(r"\.(tsv|csv|jsonl?|gz|bz2|zip|trec|txt|parquet|run|qrels)$", re.I)
 EXAMPLES = "msmarco-passage/dev/small, beir/scifact/test, dpr-w100/natural-questions/dev"
@@ -390,24 +391,20 @@ def _text(rec) -> str:
 
 def read_docs(identifier: str) -> Iterator[dict]:
     """Corpus records {pid, title, text, line} (line = 1-based document number)."""
-    from .readers import _check_id, _check_text
-
     for no, doc in enumerate(_iterate(identifier, "docs"), 1):
         title = getattr(doc, "title", "")
         title = title if isinstance(title, str) else ""
-        yield {"pid": _check_id(identifier, no, str(doc.doc_id)), "title": _check_text(identifier, no, title, "title"),
-               "text": _check_text(identifier, no, _text(doc)), "line": no}
+        yield {"pid": check_id(identifier, no, str(doc.doc_id)), "title": check_text(identifier, no, title, "title"),
+               "text": check_text(identifier, no, _text(doc)), "line": no}
 
 
 def read_queries(identifier: str) -> Iterator[dict]:
     """Query records {qid, text, line} (+ answers when the dataset has them, e.g. dpr-w100)."""
-    from .readers import _check_id
-
     for no, q in enumerate(_iterate(identifier, "queries"), 1):
         text = " ".join(_text(q).split())
         if not text:
             raise InputError(identifier, no, f"empty query text for query {q.query_id!r}")
-        r = {"qid": _check_id(identifier, no, str(q.query_id), "query id"), "text": text, "line": no}
+        r = {"qid": check_id(identifier, no, str(q.query_id), "query id"), "text": text, "line": no}
         answers = getattr(q, "answers", None)
         if answers is not None:
             r["answers"] = list(answers)
@@ -416,11 +413,9 @@ def read_queries(identifier: str) -> Iterator[dict]:
 
 def read_qrels(identifier: str) -> Iterator[dict]:
     """Qrels records {qid, docid, rel, line}."""
-    from .readers import _check_id
-
     for no, r in enumerate(_iterate(identifier, "qrels"), 1):
-        yield {"qid": _check_id(identifier, no, str(r.query_id), "query id"),
-               "docid": _check_id(identifier, no, str(r.doc_id), "doc id"), "rel": int(r.relevance), "line": no}
+        yield {"qid": check_id(identifier, no, str(r.query_id), "query id"),
+               "docid": check_id(identifier, no, str(r.doc_id), "doc id"), "rel": int(r.relevance), "line": no}
 
 
 def has(identifier: str, entity: str) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
+from .checks import check_id, check_no_bare_cr, check_text, value_id
 
 csv.field_size_limit(sys.maxsize)
 
@@ -47,7 +48,9 @@ def _open_binary(path: Path):
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """Yield (line_number, text) with strict UTF-8 decoding and CR/LF stripped.
+    """Yield (line_number, text) with strict UTF-8 decoding and the LF or CRLF ending stripped.
+
+    A CR anywhere else in a line is an error (CR-only line endings would merge records).
 
     A NUL byte is an error: no format read here carries one, and it usually
     means a binary or corrupt file. Truncated or fake gzip data (and any read
@@ -73,7 +76,7 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 except UnicodeDecodeError as e:
                     raise InputError(path, no, f"invalid UTF-8 at byte {e.start} of the line: "
                                                f"{raw[max(0, e.start - 10):e.end + 10]!r}") from None
-                yield no, text.rstrip("\r\n")
+                yield no, check_no_bare_cr(path, no, text.removesuffix("\n").removesuffix("\r"))
     except (OSError, EOFError, zlib.error) as e:
         if stream is not raw_file:
             raise InputError(path, no + 1, f"corrupt or truncated gzip data: {e}") from None
@@ -82,25 +85,6 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 
 def _strip_bom(text: str) -> str:
     return text[1:] if text.startswith("\ufeff") else text
-
-
-def _check_id(path, line, pid: str, what: str = "id") -> str:
-    pid = pid.strip()
-    if not pid:
-        raise InputError(path, line, f"empty {what}")
-    if any(c.isspace() for c in pid):
-        raise InputError(path, line, f"{what} {pid!r} contains whitespace, which TREC run and qrels files cannot carry")
-    if any(ord(c) < 32 or ord(c) == 127 for c in pid):
-        raise InputError(path, line, f"{what} {pid!r} contains a control character (NUL or similar)")
-    return pid
-
-
-def _check_text(path, line, value: str, what: str = "text") -> str:
-    """A NUL in a passage's text or title is an error: never kept, never dropped silently."""
-    if "\x00" in value:
-        raise InputError(path, line, f"NUL character in the {what} at position {value.index(chr(0))} "
-                                     "(a binary or corrupt source?)")
-    return value
 
 
 # --------------------------------------------------------------------------- corpora
@@ -132,8 +116,8 @@ def read_dpr_wiki(path: str | Path) -> Iterator[dict]:
         if len(row) != 3:
             raise InputError(path, no, f"expected 3 tab-separated columns (id, text, title), found {len(row)}")
         pid, text, title = row
-        yield {"pid": _check_id(path, no, pid), "title": _check_text(path, no, title, "title"),
-               "text": _check_text(path, no, text), "line": no}
+        yield {"pid": check_id(path, no, pid), "title": check_text(path, no, title, "title"),
+               "text": check_text(path, no, text), "line": no}
 
 
 def _tab_rows(path: Path, columns: tuple[str, ...], skip_blank: bool = False) -> Iterator[tuple[int, list[str]]]:
@@ -154,15 +138,15 @@ def read_msmarco(path: str | Path) -> Iterator[dict]:
     """Official MS MARCO passage collection: `pid\\ttext`, no header."""
     path = Path(path)
     for no, parts in _tab_rows(path, ("pid", "text")):
-        yield {"pid": _check_id(path, no, parts[0]), "title": "", "text": _check_text(path, no, parts[1]), "line": no}
+        yield {"pid": check_id(path, no, parts[0]), "title": "", "text": check_text(path, no, parts[1]), "line": no}
 
 
 def read_msmarco_titled(path: str | Path) -> Iterator[dict]:
     """The "titled" MS MARCO collection (RocketQA/Tevatron): `pid\\ttitle\\ttext`."""
     path = Path(path)
     for no, parts in _tab_rows(path, ("pid", "title", "text")):
-        title = "" if parts[1].strip() == "-" else _check_text(path, no, parts[1], "title")
-        yield {"pid": _check_id(path, no, parts[0]), "title": title, "text": _check_text(path, no, parts[2]), "line": no}
+        title = "" if parts[1].strip() == "-" else check_text(path, no, parts[1], "title")
+        yield {"pid": check_id(path, no, parts[0]), "title": title, "text": check_text(path, no, parts[2]), "line": no}
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
@@ -191,8 +175,8 @@ def read_beir_corpus(path: str | Path) -> Iterator[dict]:
         text, title = obj["text"], obj.get("title") or ""
         if not isinstance(text, str) or not isinstance(title, str):
             raise InputError(path, no, "fields 'text' and 'title' must be strings")
-        yield {"pid": _check_id(path, no, str(obj["_id"])), "title": _check_text(path, no, title, "title"),
-               "text": _check_text(path, no, text), "line": no}
+        yield {"pid": value_id(path, no, obj["_id"]), "title": check_text(path, no, title, "title"),
+               "text": check_text(path, no, text), "line": no}
 
 
 def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "title",
@@ -248,8 +232,8 @@ def read_hf(path: str | Path, id_field: str = "id", title_field: str | None = "t
             raise InputError(path, no, f"column {text_field!r} must be a string, got {type(text).__name__}")
         if title is not None and not isinstance(title, str):
             raise InputError(path, no, f"column {title_field!r} must be a string, got {type(title).__name__}")
-        yield {"pid": _check_id(path, no, str(row[id_field])), "title": _check_text(path, no, title or "", "title"),
-               "text": _check_text(path, no, text), "line": no}
+        yield {"pid": value_id(path, no, row[id_field], field=f"column {id_field!r}"), "title": check_text(path, no, title or "", "title"),
+               "text": check_text(path, no, text), "line": no}
 
 
 @contextlib.contextmanager
@@ -322,7 +306,7 @@ def read_queries_tsv(path: str | Path) -> Iterator[dict]:
     for no, parts in _tab_rows(path, ("qid", "text"), skip_blank=True):
         if not parts[1].strip():
             raise InputError(path, no, "empty query text")
-        yield {"qid": _check_id(path, no, parts[0], "query id"), "text": parts[1], "line": no}
+        yield {"qid": check_id(path, no, parts[0], "query id"), "text": parts[1], "line": no}
 
 
 def read_beir_queries(path: str | Path) -> Iterator[dict]:
@@ -331,9 +315,11 @@ def read_beir_queries(path: str | Path) -> Iterator[dict]:
     for no, obj in _iter_jsonl(path):
         if "_id" not in obj or "text" not in obj:
             raise InputError(path, no, "expected fields '_id' and 'text'")
-        if not str(obj["text"]).strip():
+        if not isinstance(obj["text"], str):
+            raise InputError(path, no, f"field 'text' must be a string, got {type(obj['text']).__name__}")
+        if not obj["text"].strip():
             raise InputError(path, no, "empty query text")
-        yield {"qid": _check_id(path, no, str(obj["_id"]), "query id"), "text": str(obj["text"]), "line": no}
+        yield {"qid": value_id(path, no, obj["_id"], "query id"), "text": obj["text"], "line": no}
 
 
 def _parse_answers(path, no, raw: str) -> list[str]:
@@ -426,7 +412,7 @@ def read_beir_qrels(path: str | Path) -> Iterator[dict]:
             rel = int(parts[2])
         except ValueError:
             raise InputError(path, no, f"score {parts[2]!r} is not an integer") from None
-        yield {"qid": _check_id(path, no, parts[0], "query id"), "docid": _check_id(path, no, parts[1], "corpus id"), "rel": rel, "line": no}
+        yield {"qid": check_id(path, no, parts[0], "query id"), "docid": check_id(path, no, parts[1], "corpus id"), "rel": rel, "line": no}
 
 
 def read_qrels(path: str | Path, fmt: str = "auto") -> Iterator[dict]:

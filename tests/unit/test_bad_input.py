@@ -126,6 +126,59 @@ CASES = [
          lambda d: ingest(w(d, "corpus.jsonl", '{"_id": "a b", "text": "x"}\n') and str(d),
                           "--format", "beir", "--out", f"{d}/out"),
          ["{d}/corpus.jsonl:1:", "whitespace"]),
+    # ---- BEIR ids are JSON strings (or integers); anything else would become an id nobody wrote
+    *[Case(f"BEIR corpus _id {shown}",
+           lambda d, v=value: ingest(w(d, "beir/corpus.jsonl", '{"_id": "d1", "text": "ok"}\n'
+                                     f'{{"_id": {v}, "text": "x"}}\n') and str(d / "beir"),
+                                     "--format", "beir", "--out", f"{d}/out"),
+           ["{d}/beir/corpus.jsonl:2:", f"_id must be a string (or an integer), got {shown}"])
+      for value, shown in [("null", "null"), ("true", "true"), ("false", "false"), ("1.5", "a number with a fraction"),
+                           ('{"a": 1}', "an object"), ("[1]", "an array")]],
+    *[Case(f"BEIR query _id {shown}",
+           lambda d, v=value: ingest(w(d, "beir/corpus.jsonl", '{"_id": "d1", "text": "ok"}\n') and
+                                     w(d, "beir/queries.jsonl", f'{{"_id": "q1", "text": "a"}}\n{{"_id": {v}, '
+                                                                '"text": "b"}\n') and str(d / "beir"),
+                                     "--format", "beir", "--out", f"{d}/out"),
+           ["{d}/beir/queries.jsonl:2:", f"_id must be a string (or an integer), got {shown}"])
+      for value, shown in [("null", "null"), ("true", "true"), ("2.0", "a number with a fraction")]],
+    Case("BEIR query text null",
+         lambda d: ingest(w(d, "beir/corpus.jsonl", '{"_id": "d1", "text": "ok"}\n') and
+                          w(d, "beir/queries.jsonl", '{"_id": "q1", "text": null}\n') and str(d / "beir"),
+                          "--format", "beir", "--out", f"{d}/out"),
+         ["{d}/beir/queries.jsonl:1:", "'text' must be a string, got NoneType"]),
+    Case("BEIR qrels naming a query absent from queries.jsonl",
+         lambda d: ingest(w(d, "beir/corpus.jsonl", '{"_id": "d1", "text": "ok"}\n') and
+                          w(d, "beir/queries.jsonl", '{"_id": "q1", "text": "a"}\n') and
+                          w(d, "beir/qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq9\td1\t1\n")
+                          and str(d / "beir"), "--format", "beir", "--out", f"{d}/out"),
+         ["{d}/beir/qrels/test.tsv:3:", "query 'q9'", "not in the queries file", "--on-unknown-qrels skip"]),
+    # ---- a bare CR inside a line (CR-only line endings) never merges records, in any TSV reader
+    Case("CR-only MS MARCO collection",
+         lambda d: ingest(w(d, "collection.tsv", "0\tzero\r1\tone\r"), "--format", "msmarco", "--out", f"{d}/out"),
+         ["{d}/collection.tsv:1:", "carriage return (CR)", "CR-only line endings"]),
+    Case("CR-only MS MARCO collection, the issue's bytes",
+         lambda d: ingest(w(d, "collection.tsv", "0\tzero\r1 one\r"), "--format", "msmarco", "--out", f"{d}/out"),
+         ["{d}/collection.tsv:1:", "carriage return (CR)"]),
+    Case("bare CR inside a titled MS MARCO line",
+         lambda d: ingest(w(d, "t.tsv", "1\tT\tok\r\n2\tT\ta\rb\n"), "--format", "msmarco-titled",
+                          "--out", f"{d}/out"),
+         ["{d}/t.tsv:2:", "carriage return (CR) at character 5"]),
+    Case("bare CR inside a DPR wiki line",
+         lambda d: ingest(w(d, "psgs.tsv", WIKI_HEAD + "1\tok\tA\r2\tb\tB\n"), "--format", "dpr-wiki",
+                          "--out", f"{d}/out"),
+         ["{d}/psgs.tsv:2:", "carriage return (CR)"]),
+    Case("CR-only queries TSV",
+         lambda d: ingest(w(d, "collection.tsv", "1\tok\n"), "--format", "msmarco", "--queries",
+                          w(d, "q.tsv", "q1\ta\rq2\tb\r"), "--out", f"{d}/out"),
+         ["{d}/q.tsv:1:", "carriage return (CR)"]),
+    Case("CR-only qrels",
+         lambda d: ingest(w(d, "collection.tsv", "1\tok\n"), "--format", "msmarco", "--qrels",
+                          f"dev={w(d, 'q.trec', 'q1 0 1 1' + chr(13) + 'q1 0 1 1' + chr(13))}", "--out", f"{d}/out"),
+         ["{d}/q.trec:1:", "carriage return (CR)"]),
+    Case("CR-only run file",
+         lambda d: ["evaluate", "--run", w(d, "r.trec", "q1 Q0 d1 1 0.5 t\rq1 Q0 d2 2 0.4 t\r"),
+                    "--qrels", w(d, "q.qrels", "q1 0 d1 1\n")],
+         ["{d}/r.trec:1:", "carriage return (CR)"]),
     # ---- options that cannot be right
     Case("--variant msmarco-titled on a two-column file",
          lambda d: ingest(w(d, "collection.tsv", "1\tok\n"), "--format", "msmarco", "--variant", "msmarco-titled",
@@ -306,3 +359,25 @@ def test_the_same_cases_succeed_once_fixed(tmp_path, capsys):
     w(d, "ms/notes.txt", "kept")
     assert main(ingest(src, "--format", "msmarco", "--overwrite", "--out", f"{d}/ms")) == 0
     assert (d / "ms" / "notes.txt").read_text() == "kept"
+
+
+def test_integer_beir_ids_crlf_lines_and_skipped_unknown_queries_are_accepted_and_reported(tmp_path, capsys):
+    """The accepting side of the BEIR-id, CR and unknown-query cases above."""
+    d = tmp_path
+    w(d, "beir/corpus.jsonl", '{"_id": 7, "text": "seven"}\r\n{"_id": "d8", "text": "eight"}\r\n')
+    w(d, "beir/queries.jsonl", '{"_id": 1, "text": "one"}\n{"_id": "q2", "text": "two"}\n')
+    w(d, "beir/qrels/test.tsv", "query-id\tcorpus-id\tscore\r\n1\t7\t1\r\nq2\td8\t1\r\nq9\t7\t1\r\nq9\td8\t1\r\n"
+                                "q10\t7\t1\r\n")
+    assert main(ingest(str(d / "beir"), "--format", "beir", "--out", f"{d}/strict")) == 2
+    assert "test.tsv:4:" in capsys.readouterr().err
+    assert main(ingest(str(d / "beir"), "--format", "beir", "--on-unknown-qrels", "skip", "--out", f"{d}/out")) == 0
+    out = capsys.readouterr().out
+    assert "qrels test: 3 judgements name 2 unknown queries: q9, q10; dropped" in out
+    m = json.loads((d / "out" / "manifest.json").read_text())
+    assert m["qrels"]["test"]["judgements"] == 2 and m["qrels"]["test"]["dropped_unknown_queries"] == 3
+    assert m["qrels"]["test"]["unknown_queries"] == ["q9", "q10"]
+    assert (d / "out" / "queries.tsv").read_text() == "1\tone\nq2\ttwo\n"
+    assert (d / "out" / "qrels" / "test.trec").read_text() == "1 0 7 1\nq2 0 d8 1\n"
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(d / "out" / "corpus" / "part-00000.parquet")["pid"].to_pylist() == ["7", "d8"]
