@@ -306,18 +306,21 @@ def cmd_sts(args) -> None:
     """STS: Spearman and Pearson of cosine vs gold (pipeline/eval/sts.py)."""
     from dataclasses import replace as _replace
 
-    from .eval.sts import evaluate_sts
+    from .eval.sts import evaluate_sts, parse_scale, read_sts
     from .io_utils import check_output, write_json_atomic
     from .models import BiEncoder
 
     if args.json:
         check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
+    scale = parse_scale(args.scale)
+    read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
     cfg = _cfg(args)
     model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
     device = _resolve_device(args, "STS encoding") or "cpu"
     if device != "cpu":
         model = model.to(device).eval()
-    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device)
+    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device,
+                       scale=scale)
     print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
           f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
     if args.json:
@@ -525,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model directory or minilm (default model.name_or_path)")
     p.add_argument("--format", choices=("auto", "stsb-csv", "stsb-tsv", "sick", "tsv"), default="auto",
                    help="the --pairs layout (auto: from its first line)")
+    p.add_argument("--scale", default="0:5", metavar="LO:HI",
+                   help="the gold scores' scale; a score outside it is an error naming its line (default 0:5, "
+                        "STS-benchmark; SICK's 1-5 fits)")
     p.add_argument("--side", choices=("doc", "query"), default="doc", help="encode sentences as documents (default, "
                                                                            "no query prompt) or as queries")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")

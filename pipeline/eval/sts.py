@@ -13,8 +13,9 @@ from the first line):
                names sentence1, sentence2 and score is read the same way (GLUE's STS-B dev.tsv)
     tsv        plain `s1<TAB>s2<TAB>score`, no header (a header line s1/sentence1 … is skipped)
 
-A malformed row (too few fields, a score that is not a finite number, an empty sentence) is an
-InputError naming the file and line. The STS convention: sentences are encoded as documents
+A malformed row (too few fields, a score that is not a finite number or lies outside the gold
+scale, 0-5 unless `--scale LO:HI` says otherwise, an empty sentence) is an InputError naming the
+file and line; so is a file whose gold scores are all equal. The STS convention: sentences are encoded as documents
 (no query prompt), cosine similarity, correlations over all pairs (scipy).
 """
 
@@ -55,21 +56,39 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     return [(no, text) for no, text in iter_lines(path)]
 
 
-def _score(path, line: int, raw: str) -> float:
+SCALE = (0.0, 5.0)  # STS-benchmark and GLUE STS-B: 0-5; SICK relatedness: 1-5
+
+
+def parse_scale(text: str) -> tuple[float, float]:
+    """'LO:HI' -> (lo, hi), lo < hi (the gold scale a file is checked against)."""
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise PipelineError(f"--scale {text!r}: expected LO:HI, e.g. 0:5") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise PipelineError(f"--scale {text!r}: expected finite LO < HI")
+    return lo, hi
+
+
+def _score(path, line: int, raw: str, scale: tuple[float, float]) -> float:
     try:
         v = float(raw.strip())
     except ValueError:
         raise InputError(path, line, f"score {raw.strip()!r} is not a number") from None
     if not math.isfinite(v):
         raise InputError(path, line, f"score {raw.strip()!r} is not finite")
+    if not scale[0] <= v <= scale[1]:
+        raise InputError(path, line, f"gold score {raw.strip()} is outside the scale {scale[0]:g}-{scale[1]:g} "
+                                     "(the wrong column, or another scale? pass --scale LO:HI for a file on "
+                                     "another scale)")
     return v
 
 
-def _pair(path, line: int, s1: str, s2: str, score: str) -> tuple[str, str, float]:
+def _pair(path, line: int, s1: str, s2: str, score: str, scale: tuple[float, float]) -> tuple[str, str, float]:
     s1, s2 = s1.strip(), s2.strip()
     if not s1 or not s2:
         raise InputError(path, line, "empty sentence")
-    return s1, s2, _score(path, line, score)
+    return s1, s2, _score(path, line, score, scale)
 
 
 def _column(header: list[str], names: tuple[str, ...], path, what: str) -> int:
@@ -104,8 +123,11 @@ def detect_format(path: str | Path) -> str:
                               "the STS-benchmark TSV (genre, file, year, id, score, s1, s2), SICK, or s1<TAB>s2<TAB>score")
 
 
-def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]]:
-    """(sentence1, sentence2, gold score) for every row; malformed rows are InputErrors (file:line)."""
+def read_sts(path: str | Path, fmt: str = "auto", scale: tuple[float, float] = SCALE) -> list[tuple[str, str, float]]:
+    """(sentence1, sentence2, gold score) for every row; malformed rows are InputErrors (file:line).
+
+    A gold score outside `scale` is an error naming its line, and so is a file whose gold scores
+    are all equal (no correlation exists): a broken file never prints a correlation."""
     path = Path(path)
     if fmt not in FORMATS:
         raise PipelineError(f"unknown STS format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -129,7 +151,7 @@ def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]
                     continue
                 if len(row) < need:
                     raise InputError(path, line, f"{len(row)} field(s), the header names {len(header)}")
-                out.append(_pair(path, line, row[i1], row[i2], row[isc]))
+                out.append(_pair(path, line, row[i1], row[i2], row[isc], scale))
         except csv.Error as e:
             raise InputError(path, reader.line_num, f"CSV: {e}") from None
     elif fmt == "sick":
@@ -142,7 +164,7 @@ def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]
             f = t.split("\t")
             if len(f) <= max(i1, i2, isc):
                 raise InputError(path, no, f"{len(f)} field(s), the header names {len(header)}")
-            out.append(_pair(path, no, f[i1], f[i2], f[isc]))
+            out.append(_pair(path, no, f[i1], f[i2], f[isc], scale))
     elif fmt == "stsb-tsv":
         for no, t in lines:
             if not t.strip():
@@ -151,7 +173,7 @@ def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]
             if len(f) < 7:
                 raise InputError(path, no, f"{len(f)} field(s); the STS-benchmark TSV has 7 "
                                            "(genre, file, year, id, score, sentence1, sentence2)")
-            out.append(_pair(path, no, f[5], f[6], f[4]))
+            out.append(_pair(path, no, f[5], f[6], f[4], scale))
     else:  # tsv
         for k, (no, t) in enumerate(lines):
             if not t.strip():
@@ -161,9 +183,12 @@ def read_sts(path: str | Path, fmt: str = "auto") -> list[tuple[str, str, float]
                 raise InputError(path, no, f"{len(f)} field(s); expected s1<TAB>s2<TAB>score")
             if k == 0 and f[0].strip().lower() in _S1 and f[1].strip().lower() in _S2:
                 continue  # a header line
-            out.append(_pair(path, no, f[0], f[1], f[2]))
+            out.append(_pair(path, no, f[0], f[1], f[2], scale))
     if len(out) < 2:
         raise InputError(path, None, f"{len(out)} STS pair(s): correlations need at least 2")
+    if len({p[2] for p in out}) == 1:
+        raise InputError(path, None, f"every gold score is {out[0][2]:g} ({len(out)} pairs): a constant gold list has "
+                                     "no correlation (the wrong column?)")
     return out
 
 
@@ -192,10 +217,10 @@ def cosine_scores(model, pairs: list[tuple[str, str, float]], side: str = "doc",
 
 
 def evaluate_sts(pairs_path: str | Path, model, fmt: str = "auto", side: str = "doc", batch_size: int = 64,
-                 device: str = "cpu") -> dict:
+                 device: str = "cpu", scale: tuple[float, float] = SCALE) -> dict:
     """{"spearman", "pearson", "pairs", "format", "file"} for a loaded BiEncoder."""
     fmt = detect_format(pairs_path) if fmt == "auto" else fmt
-    pairs = read_sts(pairs_path, fmt)
+    pairs = read_sts(pairs_path, fmt, scale)
     pred = cosine_scores(model, pairs, side, batch_size, device)
     return {**correlations(pred, [p[2] for p in pairs]), "pairs": len(pairs), "format": fmt,
             "file": str(pairs_path), "side": side}

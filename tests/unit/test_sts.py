@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from pipeline.errors import InputError, PipelineError
-from pipeline.eval.sts import correlations, detect_format, read_sts
+from pipeline.eval.sts import correlations, detect_format, parse_scale, read_sts
 
 WANT = [("A man is smiling.", "A man smiles.", 4.5), ("A dog runs", "A cat, asleep", 0.5)]
 
@@ -62,12 +62,31 @@ def test_plain_tsv_with_and_without_header(tmp_path):
     ("stsb_short.txt", "g\tf\t2012\t1\t4.0\ta\tb\ng\tf\t2012\t2\t3.0\ta\n", 2, "7"),
     ("stsb_score.txt", "g\tf\t2012\t1\t4.0\ta\tb\ng\tf\t2012\t2\tx\ta\tb\n", 2, "not a number"),
     ("sick_short.txt", "pair_ID\tsentence_A\tsentence_B\trelatedness_score\n1\ta\tb\t3\n2\ta\n", 3, "field"),
+    # a gold score outside the 0-5 scale: the wrong column (an id, a year) or another scale
+    ("over.csv", "sentence1,sentence2,score\na,b,1\nc,d,5.01\n", 3, "outside the scale 0-5"),
+    ("negative.tsv", "a\tb\t1\nc\td\t-0.5\n", 2, "outside the scale 0-5"),
+    ("stsb_id.txt", "g\tf\t2012\t1\t4.0\ta\tb\ng\tf\t2012\t2\t1001\ta\tb\n", 2, "--scale LO:HI"),
+    ("sick_over.txt", "pair_ID\tsentence_A\tsentence_B\trelatedness_score\n1\ta\tb\t3\n2\ta\tc\t7\n", 3,
+     "gold score 7 is outside"),
 ])
 def test_malformed_rows_name_file_and_line(tmp_path, name, text, line, reason):
     p = _write(tmp_path, name, text)
     with pytest.raises(InputError, match=reason) as e:
         read_sts(p)
     assert e.value.line == line and e.value.path == str(p)
+
+
+def test_constant_gold_is_refused_and_another_scale_is_accepted_when_named(tmp_path):
+    with pytest.raises(InputError, match="every gold score is 3 .3 pairs.: a constant gold list") as e:
+        read_sts(_write(tmp_path, "flat.tsv", "a\tb\t3\nc\td\t3\ne\tf\t3.0\n"))
+    assert e.value.path == str(tmp_path / "flat.tsv")
+    p = _write(tmp_path, "pct.tsv", "a\tb\t80\nc\td\t20\n")
+    with pytest.raises(InputError, match="outside the scale 0-5"):
+        read_sts(p)
+    assert read_sts(p, scale=parse_scale("0:100")) == [("a", "b", 80.0), ("c", "d", 20.0)]
+    for bad in ("5", "a:b", "5:0", "0:inf"):
+        with pytest.raises(PipelineError, match="--scale"):
+            parse_scale(bad)
 
 
 def test_unknown_layout_and_too_few_pairs(tmp_path):
@@ -106,6 +125,14 @@ def test_pipeline_sts_command(tiny_model_dir, tmp_path, capsys):
     bad = _write(tmp_path, "bad.tsv", "a\tb\t1\nc\td\tx\n")
     assert main(["sts", "--pairs", str(bad), "--model", str(tiny_model_dir)]) == 2
     assert "bad.tsv:2" in capsys.readouterr().err
+    # a score off the scale is refused before any model loads (this model folder does not exist)
+    ids = _write(tmp_path, "ids.tsv", "a\tb\t1\nc\td\t17\n")
+    assert main(["sts", "--pairs", str(ids), "--model", str(tmp_path / "no-model")]) == 2
+    err = capsys.readouterr().err
+    assert f"{ids}:2: gold score 17 is outside the scale 0-5" in err and "Spearman" not in err
+    assert main(["sts", "--pairs", str(ids), "--model", str(tiny_model_dir), "--scale", "0:20",
+                 "model.pooling=mean"]) == 0
+    assert "Spearman" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- FAQ k-fold and anisotropy
