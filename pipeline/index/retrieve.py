@@ -9,7 +9,7 @@ import numpy as np
 
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
-from ..errors import ConfigError, PipelineError
+from ..errors import ConfigError, InputError, PipelineError
 from ..io_utils import atomic_path, check_output, write_json_atomic
 from .faiss_index import LoadedIndex
 
@@ -64,6 +64,8 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     check_output(run_path, "run", overwrite)
     index = LoadedIndex(index_dir, cfg.index)
     queries = load_queries(queries_path, queries_format)
+    if not queries:
+        raise InputError(queries_path, None, "no queries (an empty queries file would give an empty run)")
     if model is None:
         from ..models import BiEncoder
 

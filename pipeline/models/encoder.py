@@ -431,11 +431,33 @@ def _lowercase(tokenizer) -> None:
 
 
 def _load_tower(path: Path):
+    """(model, tokenizer) of one transformers folder. A folder transformers cannot load (a bad
+    config.json, no weights, a truncated weights file, a broken tokenizer) is one ConfigError
+    naming the folder and what is wrong, whatever transformers or safetensors raised."""
     from transformers import AutoModel, AutoTokenizer
 
-    model = AutoModel.from_pretrained(str(path), local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
+        raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
     return model, tokenizer
+
+
+def _load_problem(e: BaseException) -> str:
+    """What a loader's exception says, in one line."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if type(e).__name__ == "SafetensorError":
+        return f"a weights file (*.safetensors) is truncated or corrupt ({text[:160]})"
+    first = text.split(". ")[0].rstrip(".")
+    return first[:300]
 
 
 def _detect_max_length(path: Path) -> int | None:

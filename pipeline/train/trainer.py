@@ -16,8 +16,10 @@ anything runs, the driver and every Ray node write, read back and delete a probe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import threading
 import time
@@ -152,13 +154,37 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
     remote = isinstance(run_dir, RemotePath)
+    job = resolve_job(job, progress)  # a model that cannot load is refused before any folder is made
     if remote:
         st.check_writable(run_dir, who="the driver")
         work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        work = run_dir
-    job = resolve_job(job, progress)
+        return _train(job, method, storage, run_dir, work, remote, validate_fn, progress, negatives_provider,
+                      callbacks)
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train(job, method, storage, run_dir, run_dir, remote, validate_fn, progress, negatives_provider,
+                      callbacks)
+    except BaseException:
+        _remove_empty(created)  # a run that failed before writing anything leaves no empty folder behind
+        raise
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Remove the folders this run created that hold nothing (no file anywhere below them)."""
+    if not created:
+        return
+    top = created[-1]
+    for folder, _, _ in sorted(os.walk(top), key=lambda w: -len(Path(w[0]).parts)):
+        with contextlib.suppress(OSError):
+            Path(folder).rmdir()  # fails, and is kept, when it holds a file
+
+
+def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, validate_fn, progress: bool,
+           negatives_provider, callbacks) -> dict:
+    from .. import storage as st
+
+    tc = job.train
     if remote:
         _fetch_examples(run_dir / "examples", work / "examples")
     meta = method.build_examples(job, work / "examples", progress=progress)

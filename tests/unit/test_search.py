@@ -156,3 +156,27 @@ def test_pyserini_export_in_place_and_refusals(index_dir, tmp_path):
     with pytest.raises(PipelineError, match="--overwrite"):
         export_pyserini(index_dir, out)
     export_pyserini(index_dir, out, overwrite=True)
+
+
+def test_retrieve_refuses_an_empty_queries_file_and_a_broken_query_model(index_dir, tiny_model_dir, tmp_path, capsys):
+    """An empty queries file is an error, not an empty run; a query model that cannot load is one line."""
+    import shutil
+
+    from pipeline.cli import main
+
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\n")
+    assert main(["retrieve", "--index", str(index_dir), "--queries", str(empty), "--out", str(tmp_path / "r.trec")]) == 2
+    assert f"error: {empty}: no queries" in capsys.readouterr().err
+    assert not (tmp_path / "r.trec").exists()
+
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, broken)
+    for p in broken.glob("*.safetensors"):
+        p.write_bytes(p.read_bytes()[:100])
+    (tmp_path / "q.tsv").write_text("q1\tsort a list\n")
+    assert main(["retrieve", "--index", str(index_dir), "--queries", str(tmp_path / "q.tsv"), "--out",
+                 str(tmp_path / "r.trec"), "--model", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: model folder {broken}: cannot load the model: a weights file") and "Traceback" not in err
+    assert not (tmp_path / "r.trec").exists()
