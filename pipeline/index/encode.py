@@ -41,7 +41,7 @@ from ..data.manifest import join_title, load_manifest
 from ..errors import PipelineError, ResourceError
 from ..storage import RemotePath
 from .shards import (META_NAME, completed_shards, layout_matches, location, pids_digest, plan_part, remove_shard,
-                     stray_files, verify_shards, write_json, write_shard)
+                     shard_problem, stray_files, verify_shards, write_json, write_shard)
 
 SPEC_KEYS = ("name", "part_index", "part", "part_rows", "start", "end", "pids_sha256", "path")
 
@@ -344,6 +344,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         from ..storage import check_writable
 
         check_writable(out_dir, who="the driver")
+    check_embeddings_output(out_dir)  # a folder holding anything but embeddings is refused before any work
     enc: EncodeConfig = cfg.encode
     manifest = load_manifest(corpus_dir)
     model_cfg, dim, tokenize_spec = _resolved_model_cfg(cfg.model, manifest["title_join"])
@@ -365,8 +366,6 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         "shards": len(specs),
         "shard_names": [s["name"] for s in specs],
     }
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PipelineError(f"{out_dir} is a file; give a folder for the embeddings")
     meta_path = out_dir / META_NAME
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
@@ -378,6 +377,11 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     # reuse shards of exactly this layout; every other shard file is removed below
     done = completed_shards(out_dir) if out_dir.is_dir() else {}
     reused = {s["name"] for s in specs if s["name"] in done and layout_matches(done[s["name"]], s)}
+    for spec in specs:  # a marked shard whose files were damaged since (a truncated .npy) is encoded again
+        problem = shard_problem(out_dir, spec) if spec["name"] in reused else None
+        if problem:
+            reused.discard(spec["name"])
+            print(f"[encode] {problem}: encoding this shard again", flush=True)
     todo = [s for s in specs if s["name"] not in reused]
     total_rows = manifest["rows"]
     todo_rows = sum(s["end"] - s["start"] for s in todo)
@@ -482,6 +486,33 @@ def _no_restarts() -> dict:
     """Encoder actors are not restarted: a failed shard fails the run and a re-run encodes only the
     missing shards (see ShardEncoder.__call__)."""
     return {"max_restarts": 0}
+
+
+_OWN_NAME = re.compile(r"^(embeddings\.json|shard-[\w-]+\.(npy|pids\.txt|done)|\.tmp-.*|\.write-probe-.*|"
+                       r"\.shared-probe-.*)$")
+_OTHER_OUTPUTS = {"manifest.json": "an ingested corpus (pipeline ingest)", "index.json": "a FAISS index (pipeline index)",
+                  "summary.json": "a training run (pipeline train)"}
+
+
+def check_embeddings_output(out_dir) -> None:
+    """`encode --out` follows the output rules of `ingest` and `index`: a new or empty folder, or
+    one holding embeddings this tool wrote (continued or resumed there), and nothing else. A
+    file, a corpus, an index or a folder of other files is refused, and nothing is written."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise PipelineError(f"{out_dir} is a file; give a folder for the embeddings (nothing was written)")
+    names = sorted(p.name for p in out_dir.iterdir())
+    for marker, what in _OTHER_OUTPUTS.items():
+        if marker in names and META_NAME not in names:
+            raise PipelineError(f"{out_dir} holds {what}; encode writes embeddings into a folder of their own. "
+                                "Choose another --out; nothing was written or deleted.")
+    others = [n for n in names if not _OWN_NAME.match(n)]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        held = "embeddings, but also" if META_NAME in names else "no embeddings but"
+        raise PipelineError(f"{out_dir} holds {held} {shown}; encode writes embeddings into a folder of their own. "
+                            "Choose another --out (or move those away); nothing was written or deleted.")
 
 
 def _report_shard(name: str, rows: int) -> None:

@@ -114,7 +114,29 @@ def _load_embeddings_meta(emb_dir) -> dict:
                          "the embedding set is incomplete; run `pipeline encode` again")
     if rows == 0:
         raise InputError(emb_dir, None, "the embedding set is empty: nothing to index")
+    _check_corpus_unchanged(emb_dir, meta)
     return meta
+
+
+def _check_corpus_unchanged(emb_dir, meta: dict) -> None:
+    """The corpus the vectors were encoded from must still be the corpus at that path: one
+    re-ingested there with other content since would pair these vectors with ids and texts
+    they do not encode (a run that looks fine and is wrong). A corpus that is no longer there
+    (moved, or on another machine) cannot be checked; the index records the fingerprint anyway."""
+    corpus = meta.get("corpus")
+    manifest_path = Path(corpus) / "manifest.json" if corpus else None
+    if manifest_path is None or not manifest_path.is_file():
+        return
+    try:
+        now = json.loads(manifest_path.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return  # a damaged manifest is ingest's to report; the vectors' own checks passed
+    if now and now != meta["corpus_fingerprint"]:
+        raise InputError(emb_dir / META_NAME, None,
+                         f"these vectors were encoded from the corpus at {corpus} (fingerprint "
+                         f"{meta['corpus_fingerprint']}), which has been re-ingested with other content since "
+                         f"(fingerprint {now}); encode it again (pipeline encode --corpus {corpus} --out <a new "
+                         "folder>) and index those vectors")
 
 
 def _ivf_lists(index) -> int:

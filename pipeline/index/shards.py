@@ -154,7 +154,7 @@ def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Location]:
 def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> list[str]:
     """Problems that keep `specs` from being exactly the corpus: [] when every shard is
     present, made from this layout, its ids file holds exactly the planned pids, its
-    vectors have one row per pid, and the rows add up to the manifest's count."""
+    vectors file is whole with one row per pid, and the rows add up to the manifest's count."""
     emb_dir = location(emb_dir)
     done = completed_shards(emb_dir)
     problems = []
@@ -168,42 +168,73 @@ def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> li
         if not layout_matches(marker, spec):
             problems.append(f"{name} was made from another part layout")
             continue
-        try:
-            raw = (emb_dir / f"{name}.pids.txt").read_bytes()
-            shape = npy_shape(emb_dir / f"{name}.npy")
-        except (OSError, ValueError) as e:
-            problems.append(f"{name} unreadable: {e}")
-            continue
-        if hashlib.sha256(raw).hexdigest() != spec["pids_sha256"]:
-            problems.append(f"{name}.pids.txt does not hold the planned pids")
-        if shape[0] != spec["end"] - spec["start"]:
-            problems.append(f"{name}.npy has {shape[0]} rows, expected {spec['end'] - spec['start']}")
+        problem = shard_problem(emb_dir, spec)
+        if problem:
+            problems.append(problem)
         rows += spec["end"] - spec["start"]
     if not problems and rows != total_rows:
         problems.append(f"shards hold {rows} rows, the manifest {total_rows}")
     return problems
 
 
-def npy_shape(path: Location) -> tuple[int, ...]:
-    """The array shape from a `.npy` header (reads a few hundred bytes, on either kind of location)."""
+def shard_problem(emb_dir: Location, spec: dict) -> str | None:
+    """Why a marked shard's files are not the planned shard (None when they are): its ids file
+    must hold exactly the planned pids and its `.npy` be whole (header + rows x dim values, no
+    byte missing) with one row per pid. Reads the ids and the `.npy` header, never the vectors."""
+    name = spec["name"]
+    try:
+        raw = (emb_dir / f"{name}.pids.txt").read_bytes()
+        shape = npy_shape(emb_dir / f"{name}.npy", whole=True)
+    except (OSError, ValueError, EOFError) as e:
+        return f"{name} is truncated or corrupt ({str(e).splitlines()[0][:200]})"
+    if hashlib.sha256(raw).hexdigest() != spec["pids_sha256"]:
+        return f"{name}.pids.txt does not hold the planned pids"
+    if shape[0] != spec["end"] - spec["start"]:
+        return f"{name}.npy has {shape[0]} rows, expected {spec['end'] - spec['start']}"
+    return None
+
+
+def npy_shape(path: Location, whole: bool = False) -> tuple[int, ...]:
+    """The array shape from a `.npy` header (reads a few hundred bytes, on either kind of location).
+    With `whole`, a file shorter or longer than its header promises is a ValueError (truncated)."""
     if isinstance(path, RemotePath):
         with path.fs.open_input_file(path.path) as f:
-            return _npy_header_shape(f)
-    with open(path, "rb") as f:
-        return _npy_header_shape(f)
+            shape, dtype, offset = _npy_header(f)
+            size = f.size()
+    else:
+        with open(path, "rb") as f:
+            shape, dtype, offset = _npy_header(f)
+            size = os.fstat(f.fileno()).st_size
+    if whole:
+        want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size != want:
+            raise ValueError(f"{size:,} bytes, but its header promises {want:,} "
+                             f"(a {'x'.join(map(str, shape))} {dtype} array)")
+    return shape
 
 
-def _npy_header_shape(f) -> tuple[int, ...]:
+def _npy_header(f) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of a `.npy` header."""
     version = np.lib.format.read_magic(f)
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    return tuple(read(f)[0])
+    shape, _, dtype = read(f)
+    return tuple(shape), np.dtype(dtype), f.tell()
 
 
 def load_vectors(path: Location) -> np.ndarray:
-    """A shard's vectors: memory-mapped when local, read whole (one shard) from an object store."""
-    if isinstance(path, RemotePath):
-        return np.load(io.BytesIO(path.read_bytes()))
-    return np.load(path, mmap_mode="r")
+    """A shard's vectors: memory-mapped when local, read whole (one shard) from an object store.
+    A truncated or corrupt `.npy` is an InputError naming the file (encode re-does such a shard)."""
+    try:
+        if isinstance(path, RemotePath):
+            return np.load(io.BytesIO(path.read_bytes()))
+        npy_shape(path, whole=True)  # a short file is named as such, not as numpy's mmap error
+        return np.load(path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise InputError(path, None, "vectors file missing: run `pipeline encode` again (it re-encodes "
+                                         "this shard)") from None
+        raise InputError(path, None, f"truncated or corrupt vectors ({str(e).splitlines()[0][:200]}): run "
+                                     "`pipeline encode` again (it re-encodes this shard)") from None
 
 
 def load_meta(emb_dir: str | Path) -> dict:

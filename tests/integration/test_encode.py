@@ -126,6 +126,14 @@ def test_one_part_kill_keeps_finished_shards(ray_session, tiny_model_dir, collec
     cos = (got * ref).sum(1)
     assert cos.min() > 0.999  # default precision may be bf16 here; order must match row by row
 
+    # a complete shard damaged afterwards (its .npy cut short) is found and encoded again, alone
+    npy = sorted(emb.glob("shard-*.npy"))[3]
+    npy.write_bytes(npy.read_bytes()[:-64])
+    summary = encode_corpus(corpus, emb, cfg)
+    assert summary["encoded"] == 40 and summary["reused_shards"] == summary["shards"] - 1
+    again = np.concatenate([np.asarray(v) for _, v in iter_shards(emb)])
+    np.testing.assert_allclose(again, got, atol=1e-5)  # the same shard from the same model
+
 
 def _run_with_deadline(fn, seconds: float):
     box: dict = {}

@@ -158,10 +158,25 @@ def _cli_cases(tmp_path: Path):
         (["evaluate", *run_args, "--json"], _user_dir, "is a directory"),
         (["evaluate", *run_args, "--json"], make_metrics, "--overwrite"),
         (["evaluate", *run_args, "--overwrite", "--json"], lambda p: p.write_text("notes"), "is not a metrics JSON"),
+        # encode --out: a folder of its own (new, empty, or embeddings this tool wrote), nothing else
+        (["encode", "--corpus", str(tmp_path / "nocorpus"), "--out"], _user_dir, "holds no embeddings but notes.txt, sub"),
+        (["encode", "--corpus", str(tmp_path / "nocorpus"), "--out"], make_index, "holds a FAISS index"),
+        (["encode", "--corpus", str(tmp_path / "nocorpus"), "--out"], _make_corpus, "holds an ingested corpus"),
+        (["encode", "--corpus", str(tmp_path / "nocorpus"), "--out"], lambda p: p.write_text("x"), "is a file"),
+        (["encode", "--corpus", str(tmp_path / "nocorpus"), "--out"],
+         lambda p: (make_embeddings(p), (p / "notes.txt").write_text("mine")), "holds embeddings, but also notes.txt"),
     ]
 
 
-@pytest.mark.parametrize("i", range(11))
+def _make_corpus(p: Path) -> None:
+    from pipeline.data.ingest import ingest
+
+    src = p.parent / "collection.tsv"
+    src.write_text("1\tone\n2\ttwo\n")
+    ingest([src], "msmarco", p, progress=False)
+
+
+@pytest.mark.parametrize("i", range(16))
 def test_cli_refuses_output_paths(tmp_path, capsys, i):
     args, build, message = _cli_cases(tmp_path)[i]
     out = tmp_path / "target"
@@ -222,6 +237,11 @@ def test_pq_that_cannot_train_is_a_message(tmp_path, capsys):
     (lambda d: (d / "shard-00000.done").unlink(), "incomplete"),
     (lambda d: (d / "shard-00000.npy").unlink(), "shard-00000.npy"),
     (lambda d: (d / "shard-00000.npy").write_bytes((d / "shard-00000.npy").read_bytes()[:100]), "truncated"),
+    # the header intact, the last rows cut off: named as such (not numpy's "mmap length is greater…")
+    (lambda d: (d / "shard-00000.npy").write_bytes((d / "shard-00000.npy").read_bytes()[:-40]),
+     "shard-00000.npy: truncated or corrupt vectors ("),
+    (lambda d: (d / "shard-00000.npy").write_bytes((d / "shard-00000.npy").read_bytes()[:-40]),
+     "run `pipeline encode` again (it re-encodes this shard)"),
     (lambda d: (d / "shard-00000.pids.txt").unlink(), "pids.txt"),
     (lambda d: (d / "embeddings.json").write_text("{"), "not valid JSON"),
     (lambda d: (d / "embeddings.json").unlink(), "no embeddings here"),
@@ -465,3 +485,28 @@ def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
     os.replace(idx, aside)
     assert main(["index", "--embeddings", str(emb), "--out", str(idx)]) == 2
     assert "--overwrite" in capsys.readouterr().err and (idx / "index.json").exists() and not aside.exists()
+
+
+def test_index_refuses_vectors_of_a_corpus_reingested_with_other_content(tmp_path, capsys):
+    """embeddings.json records the corpus and its fingerprint; `index` compares them with the
+    corpus at that path now (ingest warns when it replaces a corpus; index refuses the stale vectors)."""
+    from pipeline.data.ingest import ingest
+
+    src = tmp_path / "collection.tsv"
+    src.write_text("".join(f"p{i}\tpassage {i}\n" for i in range(30)))
+    corpus = tmp_path / "corpus"
+    ingest([src], "msmarco", corpus, progress=False, variant="custom")
+    emb = make_embeddings(tmp_path / "emb")
+    meta = json.loads((emb / "embeddings.json").read_text())
+    meta.update(corpus=str(corpus), corpus_fingerprint=json.loads((corpus / "manifest.json").read_text())["fingerprint"])
+    (emb / "embeddings.json").write_text(json.dumps(meta))
+    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx")]) == 0
+
+    src.write_text("".join(f"p{i}\tanother text {i}\n" for i in range(30)))  # same ids and count, other content
+    ingest([src], "msmarco", corpus, progress=False, variant="custom", overwrite=True)
+    before = snapshot(tmp_path)
+    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx2")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {emb / 'embeddings.json'}: these vectors were encoded from the corpus at {corpus}" in err
+    assert "re-ingested with other content" in err and "Traceback" not in err
+    assert snapshot(tmp_path) == before
