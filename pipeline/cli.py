@@ -630,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from .storage import redact
+
+        print(f"error: {redact(str(e))}", file=sys.stderr)  # no credential of a URI reaches the terminal
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -34,6 +34,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -53,6 +54,35 @@ def is_uri(location) -> bool:
                                                 and not location.startswith("file://"))
 
 
+# query options that carry a credential (pyarrow's and the usual spellings); never kept in a URI
+_SECRET_KEY_RE = re.compile(r"(?i)^(access_?key(_?id)?|secret(_?access)?_?key|secret|session_?token|access_?token|"
+                            r"token|password|passwd|pwd|credentials?|credential_?token|sas(_?token)?|sig|signature|"
+                            r"key|api_?key|private_?key|client_?secret)$")
+_URI_RE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"]*)")
+
+
+def redact(text: str) -> str:
+    """`text` with every credential inside a URI replaced by ***: a user:password@ part (only
+    `anonymous@` is kept) and the value of any credential-like query option (secret_key=…)."""
+    def one(m: re.Match) -> str:
+        scheme, rest = m.group(1), m.group(2)
+        trail = rest[len(rest.rstrip(":;,.)")):]  # the sentence's punctuation after the URI stays
+        rest = rest[:len(rest) - len(trail)]
+        path, q, query = rest.partition("?")
+        head, sep, tail = path.partition("/")
+        if "@" in head:
+            user, host = head.rsplit("@", 1)
+            head = f"{user}@{host}" if user == "anonymous" else f"***@{host}"
+        if q:
+            parts = []
+            for item in query.split("&"):
+                key, eq, _ = item.partition("=")
+                parts.append(f"{key}=***" if eq and _SECRET_KEY_RE.match(key) else item)
+            query = "&".join(parts)
+        return scheme + head + sep + tail + q + query + trail
+    return _URI_RE.sub(one, text)
+
+
 def _split_uri(uri: str) -> tuple[str, str, str, str]:
     """(scheme, user, bucket/path, query). The only user a URI may carry is `anonymous`
     (pyarrow's unauthenticated access, e.g. a public bucket or a local emulator): a URI is written
@@ -67,6 +97,11 @@ def _split_uri(uri: str) -> tuple[str, str, str, str]:
             raise ConfigError(f"{scheme}://…@{head}: credentials in a storage URI would be written into manifests "
                               "and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
                               "CREDENTIALS environment variables, ~/.aws, an instance role), or use anonymous@")
+    secret = [item.partition("=")[0] for item in query.split("&") if item and _SECRET_KEY_RE.match(item.partition("=")[0])]
+    if secret:
+        raise ConfigError(f"{redact(uri)}: credentials in a storage URI ({', '.join(secret)}) would be written into "
+                          "manifests and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
+                          "CREDENTIALS environment variables, ~/.aws, an instance role)")
     return scheme, user, (head + sep + tail).strip("/"), query
 
 
@@ -114,7 +149,7 @@ class RemotePath:
             try:
                 self._fs, _ = pafs.FileSystem.from_uri(base)
             except Exception as e:
-                raise ConfigError(f"{self.uri}: not a usable storage URI ({_reason(e)})") from None
+                raise ConfigError(redact(f"{self.uri}: not a usable storage URI ({_reason(e)})")) from None
         return self._fs
 
     @property

@@ -126,6 +126,14 @@ def ingest(
     with `on_unknown_qrels='skip'`). See the module docstring for what happens
     to an existing `out`.
     """
+    if isinstance(out, str) and "://" in out:
+        from ..storage import is_uri, redact, resolve
+
+        if is_uri(out):
+            raise PipelineError(f"--out {redact(out)}: ingest writes a corpus folder on a local or shared filesystem "
+                                "(a path, or file:///mnt/shared/corpus); the encoder reads its Parquet parts from "
+                                "there. Embeddings, indexes and training runs can go to a storage URI.")
+        out = resolve(out)  # file:// -> the path
     out = Path(out)
     # ---- arguments: every check that needs no reading happens before anything is written
     if isinstance(part_rows, bool) or not isinstance(part_rows, int) or part_rows < 1:

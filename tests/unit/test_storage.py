@@ -43,6 +43,42 @@ def test_resolve_kinds(tmp_path):
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.parametrize("query", ["secret_key=hunter2", "access_key=hunter2&region=us-east-1",
+                                   "region=us-east-1&session_token=hunter2", "access_token=hunter2",
+                                   "password=hunter2", "SECRET_ACCESS_KEY=hunter2"])
+def test_credentials_in_a_uri_query_are_refused_with_the_value_redacted(query):
+    with pytest.raises(ConfigError, match="credentials in a storage URI") as info:
+        storage.resolve(f"s3://bkt/runs?{query}")
+    assert "hunter2" not in str(info.value) and "=***" in str(info.value)
+
+
+def test_redact_hides_every_credential_of_a_uri_in_a_message():
+    r = storage.redact
+    assert r("s3://b/x?secret_key=SEK: failed") == "s3://b/x?secret_key=***: failed"
+    assert r("gs://me:pw@b/x?a=1&token=T&region=r.") == "gs://***@b/x?a=1&token=***&region=r."
+    kept = "s3://anonymous@b/x?endpoint_override=127.0.0.1:9000&scheme=http, /local/path, key=v"
+    assert r(kept) == kept
+
+
+def test_cli_never_prints_a_uri_credential_and_ingest_names_its_local_output(tmp_path, capsys):
+    from pipeline.cli import main
+
+    src = tmp_path / "c.tsv"
+    src.write_text("1\tone\n")
+    assert main(["ingest", str(src), "--format", "msmarco", "--out", "s3://bkt/c?secret_key=hunter2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out s3://bkt/c?secret_key=***: ingest writes a corpus folder on a local or shared")
+    assert "hunter2" not in err and "Traceback" not in err
+    assert main(["ingest", str(src), "--format", "msmarco", "--out", f"file://{tmp_path}/corpus"]) == 0
+    assert (tmp_path / "corpus" / "manifest.json").is_file()
+    capsys.readouterr()
+    for argv in (["index", "--embeddings", "s3://bkt/e?secret_key=hunter2", "--out", str(tmp_path / "i")],
+                 ["encode", "--corpus", str(tmp_path / "corpus"), "--out", "s3://u:hunter2@bkt/e"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "hunter2" not in err and "credentials in a storage URI" in err, err
+
+
 def test_remote_reads_writes_listing_and_pickling(store, tmp_path):
     import pickle
 
