@@ -357,7 +357,8 @@ def cmd_train(args) -> None:
 def cmd_subset(args) -> None:
     from .data.subset import make_subset
 
-    make_subset(args.corpus, args.queries, args.qrels, args.out, args.passages, args.train_queries, seed=args.seed)
+    make_subset(args.corpus, args.queries, args.qrels, args.out, args.passages, args.train_queries, seed=args.seed,
+                overwrite=args.overwrite)
 
 
 def cmd_refresh(args) -> None:
@@ -573,7 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "positives first, then random passages)")
     p.add_argument("--train-queries", type=int, required=True, help="training queries to sample")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--out", required=True, help="subset corpus folder to write")
+    p.add_argument("--out", required=True, help="subset corpus folder to write (new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace a subset this command wrote at --out")
     p.set_defaults(func=cmd_subset)
 
     p = sub.add_parser("refresh", help="ANCE index refresher alone, against a training run's checkpoints")

@@ -21,11 +21,38 @@ from .manifest import load_manifest
 from .readers import load_qrels, load_queries
 
 
+def check_subset_output(out: Path, corpus_dir: Path, overwrite: bool) -> None:
+    """`--out` must be new, an empty folder, or a subset this command wrote (replaced with
+    `--overwrite`); anything else is refused before any work, naming subset's own options."""
+    if out.exists() and corpus_dir.exists() and out.resolve() == corpus_dir.resolve():
+        raise PipelineError(f"--out {out} is the source corpus (--corpus); write the subset to another folder")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise PipelineError(f"--out {out} is a file; pipeline subset writes a corpus folder. Choose another --out; "
+                            "nothing was written")
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return
+    if "subset.json" in names and "manifest.json" in names:
+        if not overwrite:
+            raise PipelineError(f"--out {out} already holds a subset; pass --overwrite to `pipeline subset` to replace "
+                                "it (its corpus parts, manifest, queries, qrels and subset.json; other files there "
+                                "are kept), or choose another --out. Nothing was written")
+        return
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    what = "an ingested corpus that `pipeline subset` did not write" if "manifest.json" in names else f"{shown}"
+    raise PipelineError(f"--out {out} holds {what}; pipeline subset writes into a new or empty folder, or replaces "
+                        "a subset it wrote (--overwrite). Choose another --out; nothing was written or deleted")
+
+
 def make_subset(corpus_dir: str | Path, queries: str | Path, qrels: str | Path, out: str | Path, passages: int,
-                train_queries: int, seed: int = 0, rel_level: int = 1, progress: bool = True) -> dict:
+                train_queries: int, seed: int = 0, rel_level: int = 1, progress: bool = True,
+                overwrite: bool = False) -> dict:
     from .ingest import ingest
 
     corpus_dir, out = Path(corpus_dir), Path(out)
+    check_subset_output(out, corpus_dir, overwrite)
     manifest = load_manifest(corpus_dir)
     judged = load_qrels(qrels)
     texts = load_queries(queries)
@@ -83,7 +110,8 @@ def make_subset(corpus_dir: str | Path, queries: str | Path, qrels: str | Path, 
                     if d in keep:
                         f.write(f"{q}\t{d}\t{r}\n")
         variant = manifest["variant"] if manifest["variant"] in ("msmarco-official",) else "custom"
-        ingest([beir], "beir", out, variant=variant, title_join=manifest["title_join"], progress=progress)
+        ingest([beir], "beir", out, variant=variant, title_join=manifest["title_join"], progress=progress,
+               overwrite=overwrite)
     record = {"source_corpus": str(corpus_dir.resolve()), "source_fingerprint": manifest["fingerprint"],
               "source_variant": manifest["variant"], "seed": seed, "passages": len(keep),
               "positives_kept": len(keep_pos), "filled": len(fill), "train_queries": len(chosen),

@@ -188,6 +188,27 @@ def test_subset_keeps_every_positive_of_the_sampled_queries(faq, tmp_path):
                     train_queries=40, progress=False)
 
 
+def test_subset_out_follows_the_output_rules_naming_subsets_own_options(faq, tmp_path, capsys):
+    from pipeline.cli import main
+
+    args = ["subset", "--corpus", str(faq), "--queries", str(faq / "queries.tsv"), "--qrels",
+            str(faq / "qrels" / "train.trec"), "--passages", "60", "--train-queries", "10", "--out"]
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    assert main(args + [str(user)]) == 2
+    err = capsys.readouterr().err
+    assert "holds notes.txt; pipeline subset writes into a new or empty folder" in err and "(--overwrite)" in err
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    assert main(args + [str(faq)]) == 2
+    assert "is the source corpus (--corpus)" in capsys.readouterr().err
+    assert main(args + [str(tmp_path / "sub")]) == 0
+    assert main(args + [str(tmp_path / "sub")]) == 2
+    assert "already holds a subset; pass --overwrite to `pipeline subset`" in capsys.readouterr().err
+    assert main(args + [str(tmp_path / "sub"), "--overwrite", "--seed", "3"]) == 0
+    assert json.loads((tmp_path / "sub" / "subset.json").read_text())["seed"] == 3
+
+
 def test_ance_negatives_before_a_version_and_for_queries_a_version_lacks():
     import random
 
