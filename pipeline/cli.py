@@ -313,10 +313,10 @@ def cmd_sts(args) -> None:
     if args.json:
         check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
     scale = parse_scale(args.scale)
-    read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
     cfg = _cfg(args)
-    model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
     device = _resolve_device(args, "STS encoding") or "cpu"
+    read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
+    model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
     if device != "cpu":
         model = model.to(device).eval()
     res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device,

@@ -45,9 +45,10 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
     versions = tmp_path / "ance" / "negatives"
     killed = {}
 
-    def kill_after_first_version():
-        deadline = time.time() + 120
-        while time.time() < deadline and not list_versions(versions):
+    training_over = threading.Event()
+
+    def kill_after_first_version():  # waits as long as training runs (progress), not a fixed time
+        while not training_over.is_set() and not list_versions(versions):
             time.sleep(0.1)
         if handles and list_versions(versions):
             killed["at_version"] = list_versions(versions)[-1]
@@ -64,7 +65,10 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
         "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5", "ance.cpus=1", "ance.poll_seconds=0.2",
         "ance.precision=fp32", f"ance.dev_qrels={faq / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
     with ListenWatch(os.getpid()) as watch:  # trainer, refresher and all they start: loopback only
-        summary = run_ance(job, progress=False)
+        try:
+            summary = run_ance(job, progress=False)
+        finally:
+            training_over.set()
     print(f"\n[loopback] ANCE run: {watch.summary()}")
     watch.assert_loopback_only("RayTrainWorker", "IndexRefresher")
 
@@ -76,7 +80,9 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
     assert [u["version"] for u in used] == sorted({u["version"] for u in used})  # only ever newer
     assert all(u["checkpoint_step"] <= u["at_step"] for u in used)  # staleness >= 0
     assert summary["final_metrics"]["negatives_staleness"] >= 0
-    assert "at_version" in killed and used[-1]["version"] > killed["at_version"]  # the restarted refresher went on
+    assert "at_version" in killed, "the refresher published no negatives version while training ran, so it was " \
+                                   f"never killed (versions: {list_versions(versions)})"
+    assert used[-1]["version"] > killed["at_version"]  # the restarted refresher went on
     # whenever a marker exists the version is complete; positives never negatives
     import pyarrow.parquet as pq
 

@@ -209,5 +209,6 @@ def test_a_part_changed_under_the_run_is_an_error_not_a_wrong_shard(ray_session,
     deadline = time.time() + 30
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
         time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], \
+        f"30 s after the failed encode its actors still hold CPUs: {ray.available_resources()}"
     assert not json.loads((emb / "embeddings.json").read_text())["complete"]
