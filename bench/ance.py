@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -37,9 +36,9 @@ def main() -> None:
 
     import ray
 
-    from pipeline.ance import run_ance
+    from pipeline.recipes.ance import run_ance
     from pipeline.data.ingest import ingest
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
     from pipeline.models.tiny import build_tiny_bert
     from pipeline.runtime_env import setup_offline_env
     from pipeline.train.config import load_train_config
@@ -48,7 +47,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-ance-"))
     model = str(build_tiny_bert(work / "tiny")) if args.model == "tiny" else args.model
     corpus = work / "corpus"
-    ingest([demo_data_dir()], "beir", corpus, progress=False)
+    ingest([python_faq_dir()], "beir", corpus, progress=False)
     ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
              log_to_driver=False)
 

@@ -204,7 +204,8 @@ def throughput(args, tmp: Path) -> None:
     from pipeline.config import ModelConfig
     from pipeline.data.ingest import ingest
     from pipeline.models import BiEncoder
-    from pipeline.models.encoder import resolve_model_path, resolve_precision
+    from pipeline.models.loading import resolve_model_path
+    from pipeline.models.precision import resolve_precision
 
     src = Path(args.beir) if args.beir else FAQ
     folder = beir_copy(src, tmp / "beir", args.repeat) if args.repeat > 1 else src

@@ -36,17 +36,17 @@ setup_offline_env()
 def _ingest(work: Path) -> Path:
     from pipeline.data.ingest import ingest
     from pipeline.data.manifest import MANIFEST_NAME
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
 
     corpus = work / "corpus"
     if not (corpus / MANIFEST_NAME).exists():
-        ingest([demo_data_dir()], "beir", corpus, overwrite=True, progress=False)
+        ingest([python_faq_dir()], "beir", corpus, overwrite=True, progress=False)
     return corpus
 
 
 def concurrency(args, work: Path) -> dict:
     from pipeline.models.tiny import build_tiny_bert
-    from pipeline.rcl import run_rcl
+    from pipeline.recipes.rcl import run_rcl
     from pipeline.train.config import load_train_config
 
     corpus = _ingest(work)
@@ -79,7 +79,7 @@ def faq(args, work: Path) -> dict:
 
     from pipeline.eval.faq import anisotropy, faq_metrics, kfold, load_faq
     from pipeline.models import BiEncoder
-    from pipeline.rcl import run_rcl
+    from pipeline.recipes.rcl import run_rcl
     from pipeline.train.config import load_train_config
 
     corpus = _ingest(work)

@@ -147,7 +147,7 @@ def main() -> None:
 
         args.model_dir = str(build_tiny_bert(tmp / "tiny", hidden=256, layers=4, heads=4, intermediate=1024))
     else:
-        from pipeline.models.encoder import resolve_model_path
+        from pipeline.models.loading import resolve_model_path
 
         args.model_dir = str(resolve_model_path(args.model))
     corpus = make_corpus(tmp, max(400, args.batch * (args.steps + args.warmup) * 2))

@@ -85,7 +85,7 @@ def main() -> None:
     from pipeline.config import ModelConfig
     from pipeline.data.ingest import ingest
     from pipeline.models import BiEncoder
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
     from pipeline.index.validate import Validator
     from pipeline.runtime_env import setup_offline_env
     from pipeline.train.config import load_train_config
@@ -94,7 +94,7 @@ def main() -> None:
     setup_offline_env()
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     corpus = work / "corpus"
-    ingest([Path(args.beir) if args.beir else demo_data_dir()], "beir", corpus, progress=False)
+    ingest([Path(args.beir) if args.beir else python_faq_dir()], "beir", corpus, progress=False)
     ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
              log_to_driver=False)
     validator = Validator(str(corpus), qrels=str(corpus / "qrels" / "test.trec"), batch_size=64)

@@ -73,13 +73,13 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipeline.data.ingest import ingest
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()
     work = Path(tempfile.mkdtemp(prefix="bench-tune-"))
     corpus = work / "faq"
-    ingest([demo_data_dir()], "beir", corpus, progress=False)
+    ingest([python_faq_dir()], "beir", corpus, progress=False)
     model = args.model
     if model == "tiny":
         from pipeline.models.tiny import build_tiny_bert

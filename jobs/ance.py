@@ -3,7 +3,7 @@
     ray job submit --working-dir . -- python jobs/ance.py --config jobs/configs/ance.yaml train.storage_path=/shared/train [key=value ...]
     python jobs/ance.py --smoke-test [--out DIR] [key=value ...]     # tiny model + bundled FAQ, ~1 min on CPU
 
-The ANCE orchestration is `pipeline train` itself (pipeline/ance.py): the config's `loss.name`
+The ANCE orchestration is `pipeline train` itself (pipeline/recipes/ance.py): the config's `loss.name`
 must be `ance` or `ance_dar`, else this entrypoint refuses to start (use jobs/train.py).
 
 Arguments are `pipeline train`'s (see `pipeline train --help`); jobs/smoke.py holds the smoke test.

@@ -66,11 +66,11 @@ def tiny_model(out: Path) -> Path:
 
 def faq_corpus(out: Path) -> Path:
     from pipeline.data.ingest import ingest
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
 
     corpus = out / "corpus"
     if not (corpus / "manifest.json").exists():
-        ingest([demo_data_dir()], "beir", corpus, overwrite=True, progress=False)
+        ingest([python_faq_dir()], "beir", corpus, overwrite=True, progress=False)
     return corpus
 
 

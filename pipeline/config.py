@@ -173,7 +173,7 @@ class EvalConfig:
         _check_min("eval", self, 1, "recall_ks", "qa_ks")
         _check_min("eval", self, 0, "rel_level")
         if self.measures:  # a bad measure string is refused when the config is loaded
-            from .eval.metrics import parse_measures
+            from .measures import parse_measures
 
             parse_measures(self.measures, self.rel_level)
 

@@ -10,8 +10,8 @@ Recognised (by the files each writer leaves; nothing is loaded beyond JSON and l
     training     <run_dir>/step-*/, summary.json, config.yaml, model/  train/trainer.py, models/checkpoint.py
     checkpoint   state.json (+ model/, history.json)                  models/checkpoint.py
     sweep        events.jsonl / summary.json with trials, best.yaml    tune/results.py
-    model        modules.json (sentence-transformers) / config.json    models/encoder.py
-    metrics      evaluate / compare / sts JSON                         cli.py
+    model        modules.json (sentence-transformers) / config.json    models/st_layout.py
+    metrics      evaluate / compare / sts JSON                         cli/evaluation.py
 
 A folder that is none of these lists what it holds that is (one level down), or says what
 was looked for.

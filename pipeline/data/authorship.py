@@ -41,6 +41,8 @@ from pathlib import Path
 from ..errors import ConfigError, InputError, PipelineError
 from .checks import check_no_bare_cr
 
+# the loss names that train on authorship records (ARR, METHODS.md §4)
+AUTHORSHIP_METHODS = ("arr_cl", "arr_mll", "arr")
 SPLITS = ("train", "val", "cross_topic_test", "same_topic_test")
 TEST_SPLITS = ("cross_topic_test", "same_topic_test")
 MANIFEST = "manifest.json"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.authorship import TEST_SPLITS, load_split, read_manifest, vectorizer
+from ..data.authorship import AUTHORSHIP_METHODS, TEST_SPLITS, load_split, read_manifest, vectorizer
 from ..errors import PipelineError
 
 K_RECALL, K_MRR = 8, 10
@@ -227,3 +227,13 @@ def format_table(table: dict) -> str:
                 cells.append(f"{mean:.3f}" + (f" ± {sd:.3f}" if sd is not None else "") + f" (n={len(vals)})")
         lines.append(f"| {lbl} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def validator_for(job):
+    """validate_fn for an authorship training job (R@8 on the split's validation file), or None."""
+    if job.loss.name not in AUTHORSHIP_METHODS or job.validation.corpus:
+        return None
+    sec = job.section("authorship")
+    if not sec.split:
+        return None
+    return AuthorshipValidator(sec.split, "val", job.validation.batch_size)

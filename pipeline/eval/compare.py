@@ -36,7 +36,8 @@ from ..config import EvalConfig
 from ..data.manifest import check_comparable
 from ..data.readers import load_qrels
 from ..errors import PipelineError
-from .metrics import aggregate_per_query, check_overlap, measures_for, per_query_values, read_run
+from .metrics import aggregate_per_query, check_overlap, measures_for, per_query_values
+from .runs import read_run
 from .report import render_table
 
 TESTS = {

@@ -32,9 +32,9 @@ def load_faq(folder: str | Path | None = None, qrels_file: str = "all.tsv"):
     from ..data.readers import load_qrels, load_queries, read_beir_corpus
 
     if folder is None:
-        from ..demo import demo_data_dir
+        from ..data.bundled import python_faq_dir
 
-        folder = demo_data_dir()
+        folder = python_faq_dir()
     folder = Path(folder)
     answers = {r["pid"]: join_title(r["title"], r["text"], "{title} {text}") if r["title"] else r["text"]
                for r in read_beir_corpus(folder / "corpus.jsonl")}
@@ -61,8 +61,8 @@ def faq_metrics(model, queries: dict, answers: dict, qrels: dict, qids, batch_si
     import faiss
 
     from ..config import EvalConfig
-    from ..index.retrieve import write_run
-    from .metrics import evaluate_run, read_run
+    from .metrics import evaluate_run
+    from .runs import read_run, write_run
 
     pids = list(answers)
     dv = answer_vectors if answer_vectors is not None else model.embed([answers[p] for p in pids], "doc",

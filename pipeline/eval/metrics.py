@@ -16,8 +16,6 @@ of zeros.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,75 +23,10 @@ import ir_measures
 from ir_measures import AP, R, RR, nDCG
 
 from ..config import EvalConfig
-from ..data.readers import load_qrels, read_run_file
-from ..errors import ConfigError, InputError, PipelineError
-
-MEASURE_EXAMPLE = "AP nDCG@10 RR@10 R@1000 P@10 Judged@10"
-
-
-def split_measures(spec: str | Iterable[str]) -> list[str]:
-    """'AP nDCG@10, RR(rel=2, judged_only=True)@10' -> one string per measure.
-
-    Measures are separated by whitespace or commas outside parentheses.
-    """
-    texts = [spec] if isinstance(spec, str) else list(spec)
-    out: list[str] = []
-    for text in texts:
-        depth, cur = 0, ""
-        for ch in str(text):
-            if ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-            if depth <= 0 and (ch.isspace() or ch == ","):
-                if cur:
-                    out.append(cur)
-                cur = ""
-                continue
-            cur += ch
-        if cur:
-            out.append(cur)
-    return out
-
-
-def _parse_one(text: str) -> list:
-    try:
-        m = ir_measures.parse_measure(text)
-        m.validate_params()  # unknown parameters: AP(foo=1)
-        return [m]
-    except Exception as first:  # NameError, ValueError, KeyError, AssertionError from ir-measures
-        if re.fullmatch(r"[A-Za-z_]+([._]\d+)?", text):  # trec_eval's names: map, ndcg_cut_10, P.10
-            try:
-                return list(ir_measures.parse_trec_measure(text))
-            except Exception:
-                pass
-        reason = str(first).split(";")[0] or type(first).__name__
-        raise ConfigError(f"eval.measures: {text!r} is not an ir-measures measure ({reason}); "
-                          f"examples: {MEASURE_EXAMPLE}") from None
-
-
-def parse_measures(spec: str | Iterable[str], rel_level: int = 1) -> list:
-    """Measure strings -> ir-measures measures (deduplicated, in order), validated.
-
-    Raises ConfigError naming the first measure that cannot be parsed, has a cut-off
-    that is not a positive integer, or that no installed ir-measures provider computes.
-    """
-    out: list = []
-    for text in split_measures(spec):
-        for m in _parse_one(text):
-            cutoff = m.params.get("cutoff")
-            if cutoff is not None and (not isinstance(cutoff, int) or isinstance(cutoff, bool) or cutoff < 1):
-                raise ConfigError(f"eval.measures: {text!r}: the cut-off must be a positive integer")
-            if rel_level != 1 and "rel" in m.SUPPORTED_PARAMS and "rel" not in m.params:
-                m = m(rel=rel_level)
-            if not ir_measures.DefaultPipeline.supports(m):
-                raise ConfigError(f"eval.measures: {text!r}: no installed ir-measures provider computes {m}")
-            if m not in out:
-                out.append(m)
-    if not out:
-        raise ConfigError(f"eval.measures: no measure given; examples: {MEASURE_EXAMPLE}")
-    return out
-
+from ..data.readers import load_qrels
+from ..errors import PipelineError
+from ..measures import MEASURE_EXAMPLE, measure_name, parse_measures, split_measures  # noqa: F401 (re-exported)
+from .runs import read_run
 
 def default_measures(cfg: EvalConfig) -> list:
     rel = cfg.rel_level
@@ -108,34 +41,6 @@ def measures_for(cfg: EvalConfig, measures: str | Iterable[str] | None = None) -
     spec = measures if measures is not None else getattr(cfg, "measures", ())
     ms = parse_measures(spec, cfg.rel_level) if split_measures(spec or ()) else default_measures(cfg)
     return {str(m): m for m in ms}
-
-
-def measure_name(name: str, rel_level: int = 1) -> str:
-    """The reported name of one measure string: 'MRR@10' -> 'RR@10', 'MAP@100' -> 'AP@100'.
-
-    For callers that look a value up by a configured name (training validation's `metric`).
-    """
-    ms = parse_measures(name, rel_level)
-    if len(ms) != 1:
-        raise ConfigError(f"{name!r} names {len(ms)} measures, expected one")
-    return str(ms[0])
-
-
-def read_run(path: str | Path) -> dict[str, dict[str, float]]:
-    """TREC run -> {qid: {docid: score}}; malformed lines fail with file:line.
-
-    A score that is not a finite number (nan, inf) is refused: it has no place in a ranking
-    and would make the metrics depend on line order.
-    """
-    run: dict[str, dict[str, float]] = {}
-    for r in read_run_file(path):
-        if not math.isfinite(r["score"]):
-            raise InputError(path, r["line"], f"score {r['score']!r} of document {r['docid']!r} is not a finite number")
-        docs = run.setdefault(r["qid"], {})
-        if r["docid"] in docs:
-            raise InputError(path, r["line"], f"document {r['docid']!r} appears twice for query {r['qid']!r}")
-        docs[r["docid"]] = r["score"]
-    return run
 
 
 def _trec_order(docs: dict[str, float]) -> list[str]:

@@ -123,7 +123,7 @@ def tokenize_shards(batch: dict[str, np.ndarray], spec: TokenizeSpec) -> dict[st
     """Ray Data task (CPU stage ahead of the encoder actors): read each shard's slice, check
     its pids, tokenise and length-sort it. Out: the spec plus the pids (one string) and the
     token arrays as bytes (`tokenize_sorted`'s ids int32, types int8, lengths int32, order int64)."""
-    from ..models.encoder import tokenize_sorted
+    from ..models.tokens import tokenize_sorted
 
     out: dict[str, list] = {k: [] for k in (*SPEC_KEYS, "pids", "ids", "types", "lengths", "order",
                                             "tokenize_seconds", "tokenize_pid")}
@@ -169,7 +169,7 @@ class ShardEncoder:
         import torch
 
         from ..models import BiEncoder
-        from ..models.encoder import resolve_precision
+        from ..models.precision import resolve_precision
 
         torch.set_num_threads(max(1, torch_threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -196,7 +196,7 @@ class ShardEncoder:
             raise
 
     def _encode(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from ..models.encoder import tokenize_sorted
+        from ..models.tokens import tokenize_sorted
 
         names, rows, secs = [], [], []
         staged = "ids" in batch
@@ -231,7 +231,7 @@ class ShardEncoder:
 def model_identity(model_cfg: ModelConfig) -> dict:
     """What makes two embedding sets comparable: weights digest + encoding settings."""
     from ..io_utils import sha256_files
-    from ..models.encoder import resolve_model_path
+    from ..models.loading import resolve_model_path
 
     path = resolve_model_path(model_cfg.name_or_path)
     weights = sorted(path.rglob("*.safetensors")) or sorted(path.rglob("*.bin"))

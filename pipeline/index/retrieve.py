@@ -10,24 +10,9 @@ import numpy as np
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
 from ..errors import ConfigError, InputError, PipelineError
-from ..io_utils import atomic_path, check_output, write_json_atomic
+from ..eval.runs import write_run
+from ..io_utils import check_output, write_json_atomic
 from .faiss_index import LoadedIndex
-
-
-def write_run(path: str | Path, qids: list[str], pids: list[str], scores: np.ndarray, ids: np.ndarray,
-              tag: str) -> int:
-    """TREC run `qid Q0 docid rank score tag`, atomically. Returns lines written."""
-    n = 0
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for qi, qid in enumerate(qids):
-            rank = 0
-            for score, row in zip(scores[qi], ids[qi]):
-                if row < 0:
-                    continue
-                rank += 1
-                f.write(f"{qid} Q0 {pids[row]} {rank} {float(score):.6f} {tag}\n")
-                n += 1
-    return n
 
 
 def query_model_config(index_meta: dict, override: ModelConfig | None) -> ModelConfig:

@@ -18,8 +18,8 @@ from ..config import EvalConfig
 from ..data.irds import is_identifier
 from ..data.manifest import join_title, load_manifest
 from ..data.readers import load_qrels, load_queries
-from ..eval.metrics import evaluate_run, measure_name, measures_for, read_run
-from .retrieve import write_run
+from ..eval.metrics import evaluate_run, measure_name, measures_for
+from ..eval.runs import read_run, write_run
 
 
 class Validator:
@@ -68,3 +68,19 @@ class Validator:
         out["val_metric"] = out[f"val_{self.metric_key}"]
         out["val_seconds"] = time.time() - t0
         return out
+
+
+def make_validator(job):
+    """The validation function `pipeline train` hands the trainer for `job` (a TrainJobConfig),
+    or None: R@8 on the authorship split's val for the ARR methods (METHODS.md §4), else the
+    spine's Validator on `validation.corpus` (None without one). Tune trials and RCL's stages use
+    the same choice."""
+    from ..data.authorship import AUTHORSHIP_METHODS
+    from ..eval.authorship import validator_for
+
+    if job.loss.name in AUTHORSHIP_METHODS:
+        return validator_for(job)
+    if not job.validation.corpus:
+        return None
+    v = job.validation
+    return Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval)

@@ -18,7 +18,7 @@ def build_tiny_bert(out: str | Path, hidden: int = 32, layers: int = 2, heads: i
     import torch
     from transformers import BertConfig, BertModel
 
-    from .encoder import resolve_model_path
+    from .loading import resolve_model_path
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

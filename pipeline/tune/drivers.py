@@ -1,11 +1,11 @@
 """What one trial runs, per method: the run `pipeline train` would start, the metrics it reports
 to Tune, and the resources the trial holds while it runs.
 
-    kind       methods             the trial runs (as cli.cmd_train)                reports (Tune)
-    train      dpr, dar, ...       trainer.train + cli.make_validator (the spine's) every report of the run
-    authorship arr_cl/arr_mll/arr  trainer.train + cli.make_validator (R@8)         every report of the run
-    ance       ance, ance_dar      pipeline/ance.run_ance: refresher + trainer      every report of the run
-    rcl        rcl                 pipeline/rcl.run_rcl: stages 0-3 in the trial    the final model's reports
+    kind       methods             the trial runs (as `pipeline train` does)            reports (Tune)
+    train      dpr, dar, ...       trainer.train + index/validate.make_validator        every report of the run
+    authorship arr_cl/arr_mll/arr  trainer.train + make_validator (R@8 on the split)    every report of the run
+    ance       ance, ance_dar      recipes/ance.run_ance: refresher + trainer           every report of the run
+    rcl        rcl                 recipes/rcl.run_rcl: stages 0-3 in the trial         the final model's reports
 
 Resources (Ray 2.60): a trial is a placement group, and every task or actor its driver starts
 without its own placement group is captured in it (`placement_group_capture_child_tasks`). Ray
@@ -26,7 +26,7 @@ KINDS = ("train", "authorship", "ance", "rcl")
 
 
 def kind_of(job) -> str:
-    from ..authorship import AUTHORSHIP_METHODS
+    from ..data.authorship import AUTHORSHIP_METHODS
 
     name = job.loss.name
     if name in ("ance", "ance_dar"):
@@ -57,7 +57,7 @@ def reported_metrics(job) -> tuple[list[str], str]:
     names = ["loss"] + [t for t in method.terms if t != "loss"]
     kind = kind_of(job)
     if kind == "authorship":
-        # cli.make_validator: R@8 / MRR on the split's val file, unless a validation corpus is given
+        # index.validate.make_validator: R@8 / MRR on the split's val file, unless a validation corpus is given
         if job.section("authorship").split and not job.validation.corpus:
             return names + ["val_metric", "val_R@8", "val_MRR"], ""
         return names, " (ARR's validation, R@8 on the split's val file, needs authorship.split and no validation.corpus)"
@@ -115,7 +115,7 @@ def regulator_task_cpus(n_models: int, cluster_cpus: float) -> float:
 def rcl_entropy_shape(job, cluster_cpus: float | None = None) -> tuple[int, float]:
     """(entropy runs at once, CPUs per worker) of RCL's stage 1: `rcl.entropy_shape`, the rule
     `run_rcl` itself applies."""
-    from ..rcl import entropy_shape
+    from ..recipes.rcl import entropy_shape
 
     conc, cpw, _ = entropy_shape(job, cluster_cpus)
     return conc, cpw
@@ -149,7 +149,7 @@ def _rcl_task_fallback(job) -> bool:
 
 def _probe_fallback(job) -> bool:
     try:
-        from ..rcl import side_model_cfg
+        from ..recipes.rcl_regulators import side_model_cfg
     except ImportError:
         return True
     try:
@@ -200,7 +200,7 @@ def check_space(cfg, base) -> None:
     keys = {p.key for p in cfg.space}
     if kind == "ance" and "ance.refresh_every" in keys and base.train.checkpoint_every:
         raise ConfigError(f"space.ance.refresh_every: the base sets train.checkpoint_every="
-                          f"{base.train.checkpoint_every}, which is the refresh interval when set (pipeline/ance.py); "
+                          f"{base.train.checkpoint_every}, which is the refresh interval when set (recipes/ance.py); "
                           "drop train.checkpoint_every from the base (and its overrides) so each trial checkpoints, "
                           "and refreshes, every ance.refresh_every steps")
     if kind == "ance" and "ance.start_refresher" in keys:
@@ -223,16 +223,16 @@ def check_space(cfg, base) -> None:
 # --------------------------------------------------------------------------- running one trial
 
 def run_job(job, callbacks: list) -> dict:
-    """Train `job` as `pipeline train` would (cli.cmd_train's dispatch), reporting to Tune through
+    """Train `job` as `pipeline train` would (cli/training.cmd_train's dispatch), reporting to Tune through
     `callbacks` (Ray Train callbacks: the runner's StepReport)."""
-    from ..cli import make_validator
+    from ..index.validate import make_validator
     from ..train.trainer import train
 
     kind = kind_of(job)
     if kind == "ance":
         return run_ance_trial(job, make_validator(job), callbacks)
     if kind == "rcl":
-        from ..rcl import run_rcl
+        from ..recipes.rcl import run_rcl
 
         def train_fn(j, validate_fn=None, progress=False):
             # only the final model (stage 3) reports: ASHA's step is the final model's step; the
@@ -245,9 +245,9 @@ def run_job(job, callbacks: list) -> dict:
 
 
 def run_ance_trial(job, validate_fn, callbacks: list) -> dict:
-    """pipeline/ance.run_ance itself, with Tune's report callback on its trainer. The refresher
+    """recipes/ance.run_ance itself, with Tune's report callback on its trainer. The refresher
     actor it starts is a child of the trial, so it lands in the trial's placement group (its own
     bundle, planned by `trial_demand`)."""
-    from ..ance import run_ance
+    from ..recipes.ance import run_ance
 
     return run_ance(job, validate_fn=validate_fn, progress=False, callbacks=list(callbacks))

@@ -18,7 +18,6 @@ stopped trials never release their CPUs.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -28,9 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import to_dict
-from ..errors import ConfigError, PipelineError
-from .space import (SweepConfig, check_inputs, grid_space, load_job, metric_mode, set_key, to_tune, trial_data,
-                    validate_sweep)
+from ..errors import PipelineError
+from .space import (SweepConfig, check_inputs, grid_space, load_job, metric_mode, set_key, to_tune, validate_sweep)
 
 EXPERIMENT = "tune"
 # Tune's own bookkeeping in every result (the trainer's metrics are everything else)

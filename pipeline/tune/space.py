@@ -313,7 +313,7 @@ def metric_mode(cfg: SweepConfig, job) -> tuple[str, str]:
     metric = cfg.search.metric
     names, hint = by_method(job)
     if metric not in names and metric.startswith("val_") and "val_metric" in names:
-        from ..eval.metrics import measure_name
+        from ..measures import measure_name
 
         try:  # an alias: val_MRR@10 -> val_RR@10
             alias = f"val_{measure_name(metric[4:], job.eval.rel_level)}"

@@ -12,7 +12,7 @@ import pytest
 from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq_ance_it") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 
@@ -28,7 +28,7 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
     import ray
 
     import pipeline.index.refresher as refresher_mod
-    from pipeline.ance import run_ance
+    from pipeline.recipes.ance import run_ance
     from pipeline.data.negatives import MARKER, list_versions
     from pipeline.data.readers import load_qrels
     from pipeline.train.config import load_train_config

@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.authorship import validator_for
+from pipeline.eval.authorship import validator_for
 from pipeline.data.authorship import SplitConfig, write_split
 from pipeline.eval.authorship import evaluate_split
 from pipeline.train.config import load_train_config

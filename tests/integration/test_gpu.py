@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 
 torch = pytest.importorskip("torch")
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.gpu,
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -44,7 +44,8 @@ DRIVER = textwrap.dedent("""
 
     if sys.argv[2] == "cli":  # through the CLI's main(), as `pipeline ...` runs
         from pipeline import cli
-        cli.cmd_encode = lambda args: run(RayConfig(num_cpus=2, dashboard=args.model == "dash",
+        from pipeline.cli import spine
+        spine.cmd_encode = lambda args: run(RayConfig(num_cpus=2, dashboard=args.model == "dash",
                                                     temp_dir=sys.argv[3]))
         sys.exit(cli.main(["encode", "--corpus", "c", "--out", "o", "--model", sys.argv[4]]))
     run(RayConfig(num_cpus=2, temp_dir=sys.argv[3], dashboard=sys.argv[4] == "dash"))
@@ -150,7 +151,8 @@ def test_error_exit_stops_ray(tmp_path):
             kids = [q for q in psutil.Process().children(recursive=True)]
             print(" ".join(str(q.pid) + ":" + str(q.create_time()) for q in kids), flush=True)
             raise PipelineError("boom after Ray started")
-        cli.cmd_encode = boom
+        from pipeline.cli import spine
+        spine.cmd_encode = boom
         sys.exit(cli.main(["encode", "--corpus", "c", "--out", "o"]))
     """))
     env = dict(os.environ, RAY_AUTH_MODE="disabled")

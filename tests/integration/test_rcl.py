@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
-from pipeline.rcl import run_rcl
+from pipeline.data.bundled import python_faq_dir
+from pipeline.recipes.rcl import run_rcl
 from pipeline.train.config import load_train_config
 from pipeline.train.methods.rcl import RegulatorTable
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq_rcl") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import list_checkpoints
 from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import latest_checkpoint, read_state
 from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq_stop") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -14,7 +14,7 @@ from s3_emulator import uri
 
 from pipeline import storage
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import list_checkpoints, read_state
 from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
@@ -57,7 +57,7 @@ def test_object_store_kill_resume_export(ray_session, tiny_model_dir, tmp_path, 
     the store this time): steps 1..6 each trained once, on the batches an uninterrupted run takes;
     the optimizer continued (6 steps); the final model and summary are on the store."""
     corpus = tmp_path / "corpus"
-    ingest([demo_data_dir()], "beir", corpus, progress=False)
+    ingest([python_faq_dir()], "beir", corpus, progress=False)
     emu = {"s3": s3_emulator, "gs": gcs_emulator}[store]
     root = emu.uri(emu.make_bucket(), "runs")
     common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
@@ -113,7 +113,7 @@ def test_missing_bucket_fails_before_training(tiny_model_dir, tmp_path):
 
 
 def test_ance_refuses_a_missing_bucket_before_its_refresher_starts(ray_session, tiny_model_dir, tmp_path):
-    from pipeline.ance import run_ance
+    from pipeline.recipes.ance import run_ance
     from pipeline.errors import ConfigError
 
     job = _job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "a", "loss.name=ance",

@@ -25,7 +25,7 @@ import yaml
 from listening import ListenWatch
 
 from pipeline.data.ingest import ingest
-from pipeline.demo import demo_data_dir
+from pipeline.data.bundled import python_faq_dir
 from pipeline.train.config import load_train_config
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -32,13 +32,13 @@ SCRIPT = textwrap.dedent('''
     from ray.util.state import list_actors
 
     from pipeline.data.ingest import ingest
-    from pipeline.ance import run_ance
-    from pipeline.demo import demo_data_dir
+    from pipeline.recipes.ance import run_ance
+    from pipeline.data.bundled import python_faq_dir
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import train
 
     tmp, model, dash = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    ingest([demo_data_dir()], "beir", tmp / "corpus", progress=False)
+    ingest([python_faq_dir()], "beir", tmp / "corpus", progress=False)
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dash,
         "node_ip_address": "127.0.0.1", "object_store_memory": 100 * 2**20})

@@ -62,10 +62,10 @@ def test_ance_config_section_and_bad_values():
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     from pipeline.data.ingest import ingest
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
 
     out = tmp_path_factory.mktemp("faq_ance") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 
@@ -148,7 +148,6 @@ def test_pinned_checkpoint_survives_rotation(run):
 
 
 def test_refresher_bad_input(tmp_path, run, faq):
-    from pipeline.data.ingest import ingest
     from pipeline.index.refresher import Refresh
 
     run_dir, _ = run

@@ -12,10 +12,10 @@ from pipeline import storage
 @pytest.fixture(scope="module")
 def faq(tmp_path_factory):
     from pipeline.data.ingest import ingest
-    from pipeline.demo import demo_data_dir
+    from pipeline.data.bundled import python_faq_dir
 
     out = tmp_path_factory.mktemp("faq_ance_s3") / "corpus"
-    ingest([demo_data_dir()], "beir", out, progress=False)
+    ingest([python_faq_dir()], "beir", out, progress=False)
     return out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import pipeline.cli as cli
 from pipeline.cli import main
 
 
@@ -34,7 +33,7 @@ def record(monkeypatch):
 
 
 def _gpu(monkeypatch, present: bool):
-    monkeypatch.setattr(cli, "_gpu_here", lambda: present)
+    monkeypatch.setattr("pipeline.device.gpu_here", lambda: present)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 

@@ -18,7 +18,8 @@ from pipeline.cli import main
 from pipeline.config import EvalConfig
 from pipeline.errors import PipelineError
 from pipeline.eval.compare import compare_runs, format_comparison, paired_pvalue
-from pipeline.eval.metrics import evaluate_run, read_run
+from pipeline.eval.metrics import evaluate_run
+from pipeline.eval.runs import read_run
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_RUN = DATA / "python_faq_minilm_top20.trec"

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import (EncodeConfig, EvalConfig, PipelineConfig, dump_config, load_config,
+from pipeline.config import (EvalConfig, PipelineConfig, dump_config, load_config,
                              parse_override, save_config)
 from pipeline.errors import ConfigError
 

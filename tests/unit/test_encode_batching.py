@@ -17,7 +17,8 @@ from pipeline.errors import ConfigError, ResourceError
 from pipeline.index.encode import read_slice, resolve_shape
 from pipeline.index.shards import (completed_shards, pids_digest, plan_part, verify_shards, write_shard)
 from pipeline.models import BiEncoder
-from pipeline.models.encoder import cpu_has_bf16, length_order, resolve_precision
+from pipeline.models.precision import cpu_has_bf16, resolve_precision
+from pipeline.models.tokens import length_order
 
 FAQ = Path(__file__).resolve().parents[2] / "pipeline" / "resources" / "python_faq" / "corpus.jsonl"
 

@@ -20,7 +20,7 @@ from pipeline.index.encode import ShardEncoder, TokenizeSpec, resolve_shape, res
 from pipeline.index.shards import (completed_shards, iter_shards, load_meta, location, npy_shape, plan_part, remove_shard,
                                    shard_shapes, stray_files, verify_shards, write_json, write_shard)
 from pipeline.models import BiEncoder
-from pipeline.models.encoder import padded_batch, tokenize_sorted
+from pipeline.models.tokens import padded_batch, tokenize_sorted
 
 WORDS = "list dict tuple set loop class module import thread memory".split()
 

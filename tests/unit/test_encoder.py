@@ -9,7 +9,7 @@ import torch
 from pipeline.config import ModelConfig
 from pipeline.errors import ConfigError
 from pipeline.models import BiEncoder
-from pipeline.models.encoder import pool
+from pipeline.models.heads import pool
 from pipeline.models.tiny import build_tiny_bert
 
 
@@ -63,7 +63,7 @@ def test_every_pooling_mode_by_hand():
 
 
 def test_prompt_tokens_can_be_left_out_of_pooling():
-    from pipeline.models.encoder import Head
+    from pipeline.models.heads import Head
 
     hidden = torch.tensor([[[9.0], [9.0], [1.0], [3.0], [0.0]]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])

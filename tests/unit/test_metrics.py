@@ -16,7 +16,8 @@ import pytest
 from pipeline.config import EvalConfig
 from pipeline.data.readers import load_qrels
 from pipeline.errors import InputError
-from pipeline.eval.metrics import evaluate_files, evaluate_run, read_run
+from pipeline.eval.metrics import evaluate_files, evaluate_run
+from pipeline.eval.runs import read_run
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_RUN = DATA / "python_faq_minilm_top20.trec"

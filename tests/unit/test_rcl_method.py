@@ -15,7 +15,8 @@ import torch
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.losses.base import resolve_similarity
 from pipeline.models import BiEncoder
-from pipeline.rcl import EarlyStop, run_rcl, write_regulator_table
+from pipeline.recipes.rcl import EarlyStop, run_rcl
+from pipeline.recipes.rcl_regulators import write_regulator_table
 from pipeline.train.config import load_train_config
 from pipeline.train.methods import StepContext, check_frozen, get_method
 from pipeline.train.methods.rcl import RegulatorTable, text_key
@@ -125,7 +126,7 @@ def test_stages_are_reused_on_rerun(tmp_path):
         (run / "model" / "modules.json").write_text(json.dumps([job.train.name, job.loss.entropy_lambda]))
         return {"steps": 1, "wall_seconds": 0.0}
 
-    import pipeline.rcl as rcl
+    import pipeline.recipes.rcl as rcl
 
     orig = rcl.build_regulators
     rcl.build_regulators = lambda models, job, ex, out, progress=True: [str(out / Path(p).parent.name) for p in models.values()]
@@ -160,7 +161,7 @@ def test_stage2_inputs_for_the_spines_encoder(tiny_model_dir, tmp_path):
     when its sentences change; the query side is the document side with the query's prefix and
     length, and a model with separate towers is left to the fallback (None)."""
     from pipeline.data.manifest import load_manifest
-    from pipeline.rcl import side_model_cfg, write_sentence_corpus
+    from pipeline.recipes.rcl_regulators import side_model_cfg, write_sentence_corpus
 
     out = tmp_path / "sentences" / "query"
     m = write_sentence_corpus(["b question", "a question"], "query", out, "examples")
@@ -192,7 +193,7 @@ def test_stage2_inputs_for_the_spines_encoder(tiny_model_dir, tmp_path):
 def test_a_model_with_identical_sides_is_encoded_in_one_pass(tiny_model_dir, tmp_path):
     """Same tower, head, prefix and length on both sides: one corpus holds the queries and the
     documents under their own keys (one encoding pass); any difference keeps two passes."""
-    from pipeline.rcl import sides_identical, write_sentence_corpus
+    from pipeline.recipes.rcl_regulators import sides_identical, write_sentence_corpus
 
     assert sides_identical(_job(tiny_model_dir).model)  # 16 / 16, no prefixes
     assert not sides_identical(_job(tiny_model_dir, "model.doc_max_length=32").model)

@@ -81,7 +81,7 @@ def test_sts_dev_validator_is_the_spearman_of_cosine(tiny_model_dir, tmp_path):
 def test_sts_setting_stages_use_the_pairs_and_sts_dev(tmp_path):
     """Stubbed training: entropy models from the base, every stage trains on `rcl.pairs` less its
     dev share, early stopping scores the held-out pairs, the final model is selected on STS dev."""
-    import pipeline.rcl as rcl
+    import pipeline.recipes.rcl as rcl
     from pipeline.train.methods import get_method
 
     pairs = tmp_path / "nli.tsv"

@@ -4,7 +4,6 @@ gcp-storage-emulator, reached as gs://anonymous@…) and on local paths."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import gcs_emulator

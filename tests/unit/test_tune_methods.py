@@ -90,7 +90,7 @@ def test_arr_reports_r_at_8_only_with_its_split_validator(tmp_path):
     assert kind_of(base) == "authorship" and metric_mode(cfg, base) == ("val_R@8", "max")
     names = reported_metrics(base)[0]
     assert {"val_metric", "val_R@8", "val_MRR", "supcon"} <= set(names)
-    # with a validation corpus, cli.make_validator gives ARR no validator at all: nothing to rank by
+    # with a validation corpus, index.validate.make_validator gives ARR no validator at all: nothing to rank by
     with pytest.raises(ConfigError, match=r"val_R@8.*not reported by the arr_cl trainer.*authorship.split"):
         sweep(tmp_path, {**ARR, "validation": {"corpus": "runs/c"}}, {"loss.temperature": {"grid": [0.5, 0.1]}},
               {"metric": "val_R@8"})
@@ -191,7 +191,7 @@ def test_rcl_sweep_needs_an_explicit_stage2_encoder_shape(tmp_path, tiny_model_d
 def test_trials_dispatch_as_pipeline_train(tmp_path, tiny_model_dir, monkeypatch):
     """ARR trains with its R@8 validator, RCL runs every stage with only the final model reporting,
     ANCE starts its refresher beside the trainer: each with Tune's callback on the reporting run."""
-    import pipeline.rcl as rcl_mod
+    import pipeline.recipes.rcl as rcl_mod
     import pipeline.train.trainer as trainer_mod
     import pipeline.tune.drivers as drivers
 
@@ -201,11 +201,9 @@ def test_trials_dispatch_as_pipeline_train(tmp_path, tiny_model_dir, monkeypatch
         calls.append((job.train.name, validate_fn, negatives_provider, callbacks))
         return {"steps": 1}
 
-    import pipeline.cli as cli
-
     monkeypatch.setattr(trainer_mod, "train", fake_train)
     # `pipeline train`'s own choice of validator (ARR: R@8 on the split; others: the spine's)
-    monkeypatch.setattr(cli, "make_validator", lambda job: f"validator of {job.loss.name}")
+    monkeypatch.setattr("pipeline.index.validate.make_validator", lambda job: f"validator of {job.loss.name}")
     cb = object()
     arr = trial_job(ARR, {"loss.temperature": 0.1}, str(tmp_path), "arr_t")
     drivers.run_job(arr, [cb])
@@ -240,9 +238,9 @@ def _named(job, name):
 
 
 def test_ance_trial_is_run_ance_with_tunes_callback_on_its_trainer(tmp_path, monkeypatch):
-    """The ANCE trial calls pipeline/ance.run_ance itself (no copy of its orchestration), quietly,
+    """The ANCE trial calls pipeline/recipes/ance.run_ance itself (no copy of its orchestration), quietly,
     with Tune's callback for the trainer run_ance starts."""
-    import pipeline.ance as ance_mod
+    import pipeline.recipes.ance as ance_mod
     from pipeline.tune.drivers import run_ance_trial
 
     got = {}

@@ -1,7 +1,7 @@
 """ANCE (and ANCE + DAR): pair training whose hard negatives are refreshed while training runs.
 
 The negatives come from a provider handed to the trainer (`data/negatives.VersionedNegatives`,
-fed by the concurrent `index/refresher.IndexRefresher`; `pipeline/ance.py` wires them).
+fed by the concurrent `index/refresher.IndexRefresher`; `recipes/ance.py` wires them).
 Before the first version, the examples file's own negatives are used when the run was given
 some (`data.negatives_run`, e.g. BM25), else training is in-batch only — on every rank at
 once, so the gathered layout stays the same across workers.
@@ -16,7 +16,7 @@ from ...data.negatives import RefresherConfig
 from ...data.training import build_examples
 from ...losses.ance import ANCEConfig, ANCEDARConfig, ance_batch_loss, ance_dar_batch_loss
 from ..batching import pick_negatives
-from . import register
+from .registry import register
 from .base import StepContext
 from .pairs import PairMethod
 

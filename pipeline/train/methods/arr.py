@@ -29,7 +29,7 @@ from ...losses.arr import (ARRConfig, MLLConfig, SupConConfig, arr_batch_loss, m
                            supcon_batch_loss)
 from ...losses.dist import gather_with_grad
 from ..batching import epoch_rng, m_per_class_batches
-from . import register
+from .registry import register
 from .base import Method, StepContext, freeze
 
 EXAMPLES_META = "examples.json"

@@ -19,7 +19,7 @@ from ...losses.dar import DARConfig, dar_batch_loss
 from ...losses.dist import gather_docs
 from ...losses.dpr import dpr_batch_loss
 from ..batching import pick_negatives
-from . import register
+from .registry import register
 from .base import Method, StepContext
 
 

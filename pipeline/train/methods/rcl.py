@@ -28,7 +28,7 @@ from ...config import EncodeConfig
 from ...errors import ConfigError, PipelineError
 from ...losses.dist import gather_with_grad
 from ...losses.rcl import RCLConfig, rcl_batch_loss
-from . import register
+from .registry import register
 from .base import StepContext
 from .pairs import PairMethod, _fp32
 

@@ -1,13 +1,18 @@
 """`pipeline demo` / `make demo`: the whole flow on the bundled Python FAQ corpus.
 
-1. ingest (BEIR layout) -> encode with Ray Data (MiniLM from the installed package)
-   -> exact inner-product FAISS index -> retrieve -> evaluate: zero-shot numbers;
-2. fine-tune MiniLM with Ray Train on the training split, as DPR and as DAR
-   (jobs/configs/dpr.yaml, dar.yaml), and evaluate each through the same spine
-   on the held-out test split;
-3. one comparison table (printed, and saved with the training curves plot as
-   `report.md`, `training_curves.png`, `results.json` in the output folder).
+    stage                                               writes (under --out, default runs/demo)
+    1 ingest (BEIR layout)                              corpus/ (parts, manifest, queries.tsv, qrels/)
+    2 zero-shot: encode (Ray Data, MiniLM from the      zero_shot/{embeddings, index, run.trec}
+      installed package) -> exact FAISS index ->
+      retrieve -> evaluate
+    3 fine-tune MiniLM with Ray Train as DPR and as     train/{dpr,dar}/ (checkpoints, model/, summary.json),
+      DAR (jobs/configs/dpr.yaml, dar.yaml), each       <method>/{embeddings, index, run.trec}
+      evaluated through the same spine on the test
+      split
+    4 one comparison table                              report.md, training_curves.png, results.json
 
+Config keys: the pipeline config (`model.*`, `encode.*`, `index.*`, `retrieve.*`, `eval.*`,
+`ray.*`) given to `pipeline demo`; the training steps read jobs/configs/dpr.yaml and dar.yaml.
 Steps whose output is complete are reused (pass --fresh to recompute).
 """
 
@@ -16,27 +21,23 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
-from .config import PipelineConfig
-from .errors import PipelineError
-from .io_utils import write_json_atomic, write_text_atomic
+from ..config import PipelineConfig
+from ..data.bundled import python_faq_dir
+from ..errors import PipelineError
+from ..io_utils import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("dpr", "dar")
 
 
-def demo_data_dir() -> Path:
-    return Path(str(resources.files("pipeline") / "resources" / "python_faq"))
-
-
 def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str, Path]) -> dict:
     """encode -> index -> retrieve -> evaluate for one model; returns {split: result}."""
-    from .eval.metrics import evaluate_files
-    from .index.encode import encode_corpus
-    from .index.faiss_index import META_FILE, build_index
-    from .index.retrieve import retrieve
+    from ..eval.metrics import evaluate_files
+    from ..index.encode import encode_corpus
+    from ..index.faiss_index import META_FILE, build_index
+    from ..index.retrieve import retrieve
 
     encode_corpus(corpus, work / "embeddings", cfg)
     if not (work / "index" / META_FILE).exists():
@@ -57,9 +58,9 @@ def _train(method: str, corpus: Path, out: Path) -> dict:
 
     Validation on the test split every 6 steps gives the curves of the report (it is not
     used to select anything: the last step's model is evaluated)."""
-    from .index.validate import Validator
-    from .train.config import load_train_config
-    from .train.trainer import train
+    from ..index.validate import Validator
+    from ..train.config import load_train_config
+    from ..train.trainer import train
 
     cfg_path = REPO / "jobs" / "configs" / f"{method}.yaml"
     if not cfg_path.exists():
@@ -122,11 +123,11 @@ def _training_md(summaries: dict[str, dict]) -> list[str]:
 
 
 def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = True) -> dict:
-    from .data.ingest import ingest
-    from .data.manifest import MANIFEST_NAME
-    from .eval.report import format_table
+    from ..data.ingest import ingest
+    from ..data.manifest import MANIFEST_NAME
+    from ..eval.report import format_table
 
-    from .ray_runtime import init_ray
+    from ..ray_runtime import init_ray
 
     t0 = time.time()
     if train:  # one local Ray for every step; Ray Train needs its dashboard (bound to 127.0.0.1)
@@ -134,7 +135,7 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    data = demo_data_dir()
+    data = python_faq_dir()
     corpus = out / "corpus"
     print(f"[demo] Python FAQ corpus ({data}) -> {out}", flush=True)
     if not (corpus / MANIFEST_NAME).exists():
@@ -152,7 +153,7 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
             mcfg = replace(cfg, model=replace(cfg.model, name_or_path=summaries[method]["model"]))
             results[method] = _spine(corpus, out / method, mcfg, {"test": splits["test"]})
 
-    from .eval.compare import compare_runs, format_comparison
+    from ..eval.compare import compare_runs, format_comparison
 
     labels = {"zero-shot": "MiniLM zero-shot", "dpr": "MiniLM + DPR fine-tune", "dar": "MiniLM + DAR fine-tune"}
     dirs = {"zero-shot": out / "zero_shot", **{m: out / m for m in summaries}}

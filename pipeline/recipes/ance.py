@@ -1,16 +1,29 @@
-"""ANCE composed one level above the trainer and the refresher (DESIGN.md's dependency rule:
-`train/` and `index/` never import each other).
+"""ANCE (METHODS.md §5): the trainer and the index refresher running side by side.
 
-    pipeline train --config jobs/configs/ance.yaml
+    pipeline train --config jobs/configs/ance.yaml        (loss.name: ance | ance_dar)
+    pipeline refresh --run-dir <run> --config …           (the refresher alone, `refresh_command`)
 
-starts the `IndexRefresher` actor (index/refresher.py) on its own resources, hands the trainer
-a `VersionedNegatives` provider over the refresher's versions folder, and trains; the two are
-connected only through the checkpoint format (trainer -> refresher) and the version format
-(refresher -> trainer). If the refresher dies for good, training goes on with the last version
-and one warning; when training ends the refresher is stopped and its per-version record is
-added to the run's summary.json. `train.storage_path` and `ance.versions_dir` may be storage
-URIs (s3://, gs://): the refresher reads checkpoints from and publishes versions to them, and
-the trainer's provider polls them (pipeline/storage.py).
+    stage                            runs where                          writes
+    1 refresher start                an `IndexRefresher` actor            nothing yet (loads corpus, queries, qrels)
+                                     (index/refresher.py), own resources
+    2 training                       Ray Train (train/trainer.py) with    <storage>/<name>/step-*/ checkpoints,
+                                     a `VersionedNegatives` provider      model/, summary.json (+ refresher record)
+    3 refresh, every new checkpoint  the refresher, concurrently:         <versions>/v-NNNNNN/ (negatives + COMPLETE
+                                     encode corpus -> FAISS -> top-k ->   marker last), its record (dev metric,
+                                     negatives (judged positives out)     seconds) in the version
+    4 switch                         rank 0 polls the provider every      the version used, per batch, in the batch
+                                     `train.negatives_poll_every` steps   log and every checkpoint
+
+Config keys: the `ance:` section (data/negatives.RefresherConfig: refresh_every, versions_dir,
+corpus, queries, qrels, dev_qrels, dev_metric, top_k, negatives, factory, nprobe, batch_size,
+precision, keep_versions, poll_seconds, cpus, gpus, max_restarts, start_refresher), plus
+`train.*` (checkpoint_every defaults to ance.refresh_every), `data.*` and `loss.*`
+(losses/ance.py). The trainer and the refresher share only formats: the checkpoint format
+(trainer -> refresher) and the version format (refresher -> trainer); `train/` and `index/`
+never import each other. If the refresher dies for good, training goes on with the last
+version and one warning; when training ends the refresher is stopped and its per-version
+record is added to the run's summary.json. `train.storage_path` and `ance.versions_dir` may
+be storage URIs (s3://, gs://).
 """
 
 from __future__ import annotations
@@ -20,10 +33,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
-from .data.negatives import VersionedNegatives
-from .errors import ConfigError
-from .io_utils import write_json_atomic
-from .storage import RemotePath, is_uri, resolve
+from ..data.negatives import VersionedNegatives
+from ..errors import ConfigError
+from ..io_utils import write_json_atomic
+from ..storage import RemotePath, is_uri, resolve
 
 
 def _watch(handle, out: dict) -> None:
@@ -44,9 +57,9 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
     `callbacks` go to the trainer's Ray Train run (a Tune trial passes its report callback)."""
     import ray
 
-    from .index.refresher import start_refresher
-    from .ray_runtime import check_resources, init_ray
-    from .train.trainer import train
+    from ..index.refresher import start_refresher
+    from ..ray_runtime import check_resources, init_ray
+    from ..train.trainer import train
 
     s = job.section("ance")
     tc = job.train
@@ -71,7 +84,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
                         (tc.num_workers * tc.gpus_per_worker if tc.use_gpu else 0.0) + s.gpus)
         if isinstance(run_dir, RemotePath) or isinstance(versions, RemotePath) or \
                 len([n for n in ray.nodes() if n.get("Alive")]) > 1:
-            from .storage import check_writable_on_nodes
+            from ..storage import check_writable_on_nodes
 
             # before the refresher starts: the driver and every node (the refresher's among them) must
             # reach the run (checkpoints) and the versions folder; a clear error instead of a dead actor
@@ -102,7 +115,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
     if actor is not None:
         summary["refresher"] = {"settings": asdict(s), **watch}
         if isinstance(run_dir, RemotePath):
-            from .storage import write_json_atomic as write_remote
+            from ..storage import write_json_atomic as write_remote
 
             write_remote(run_dir / "summary.json", summary)
         else:
@@ -120,7 +133,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
 
 def refresh_command(run_dir: str | Path, job, once: bool = False, idle_exit_s: float = 600.0) -> list[dict]:
     """`pipeline refresh`: the refresher alone, against a run's checkpoint folder (another job, other GPUs)."""
-    from .index.refresher import run_refresher
+    from ..index.refresher import run_refresher
 
     s = job.section("ance")
     corpus = s.corpus or job.data.corpus

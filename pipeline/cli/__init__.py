@@ -1,0 +1,94 @@
+"""`pipeline` console script: verbs over the library (ingest, subset, encode, index, retrieve, evaluate,
+compare, sts, authorship, train, refresh, tune, demo, config show, info). `pipeline <verb> --help`
+lists the config keys the verb reads (pipeline/confdoc.py).
+
+Every verb takes `--config FILE` and trailing `section.key=value` overrides,
+e.g. `pipeline encode --corpus runs/c --out runs/e encode.num_actors=2 encode.cpus_per_actor=0.5`.
+
+The CLI is the roof: it parses arguments and calls the library; nothing in `pipeline/` imports it.
+One module per group of verbs:
+
+    corpus.py      ingest, subset
+    spine.py       encode, index, retrieve
+    evaluation.py  evaluate, compare, sts, authorship
+    training.py    train, refresh, tune, demo
+    tools.py       config show, info
+    common.py      --config/overrides, --batch-size/--fp16/--device
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import PipelineError
+from . import corpus, evaluation, spine, tools, training
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="pipeline", description="Dense retrieval on Ray: ingest, encode, index, "
+                                                                   "retrieve, evaluate, train, tune.")
+    parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in (corpus, spine, evaluation, training, tools):
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..runtime_env import setup_offline_env
+
+    setup_offline_env()
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        _attach_config_help(parser)  # generated from the config dataclasses, only when help is asked for
+    args = parser.parse_args(argv)
+    from ..ray_runtime import shutdown_local_ray
+
+    _exit_on_hangup()
+    try:
+        args.func(args)
+    except PipelineError as e:
+        from ..storage import redact
+
+        print(f"error: {redact(str(e))}", file=sys.stderr)  # no credential of a URI reaches the terminal
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        shutdown_local_ray()  # a local Ray this command started stops with it, however it ends
+    return 0
+
+
+def _attach_config_help(parser: argparse.ArgumentParser) -> None:
+    """Each verb's --help ends with the config keys it reads and their defaults (pipeline/confdoc.py)."""
+    from ..confdoc import example_override, verb_epilog
+
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for verb, sub in getattr(action, "choices", {}).items():
+            text = verb_epilog(verb)
+            if text:
+                sub.epilog = text
+                sub.formatter_class = argparse.RawDescriptionHelpFormatter
+            for a in sub._actions:  # the override example names one of this verb's own keys
+                if a.dest == "overrides" and example_override(verb):
+                    a.help = f"config overrides, e.g. {example_override(verb)} (keys below)"
+
+
+def _exit_on_hangup() -> None:
+    """SIGHUP (terminal closed) exits through Python, so atexit hooks stop a local Ray."""
+    import signal
+
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGHUP, lambda signum, frame: sys.exit(128 + signum))
+        except ValueError:  # not the main thread (e.g. main() called from a worker thread)
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m pipeline.cli` runs the console script."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

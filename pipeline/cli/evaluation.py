@@ -1,0 +1,211 @@
+"""`pipeline evaluate`, `compare`, `sts` and `authorship`: runs and models scored."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import PipelineError
+from .common import add_common_flags, add_config_args, device_flag, load_cfg
+
+def cmd_evaluate(args) -> None:
+    from ..eval.metrics import cutoffs_deeper_than, evaluate_files
+    from ..eval.runs import read_run
+    from ..eval.qa import qa_accuracy
+    from ..eval.report import format_table
+    from ..io_utils import check_output, write_json_atomic
+
+    extra = ["eval.per_query=true"] if args.per_query else []
+    extra += [f"eval.qa_match={args.match}"] if args.match else []
+    cfg = _eval_cfg(args, extra)
+    if args.json:
+        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
+    if bool(args.qrels) == bool(args.qa):
+        raise PipelineError("evaluate needs exactly one of --qrels (TREC/BEIR qrels) or --qa (DPR QA file, with --corpus)")
+    if args.qa and args.measures:
+        raise PipelineError("--measures applies to --qrels; --qa reports DPR top-k accuracy at eval.qa_ks")
+    if args.qrels and args.match:
+        raise PipelineError("--match applies to --qa (DPR answer matching), not to --qrels")
+    if args.qrels:
+        result = evaluate_files(args.run, args.qrels, cfg)
+    else:
+        if not args.corpus:
+            raise PipelineError("--qa needs --corpus (the ingested corpus the run retrieved from)")
+        from ..data.irds import queries_file, resolve
+
+        qa = resolve(args.qa)  # dpr-w100/natural-questions/dev: questions + answers, qids 0..N-1 as DPR's files
+        qa_path = queries_file(qa.id, "dpr-qa") if getattr(qa, "id", None) else args.qa
+        result = qa_accuracy(read_run(args.run), qa_path, args.corpus, cfg.qa_ks, cfg.qa_match)
+        if getattr(qa, "id", None):
+            result["qa"] = qa.id
+    meta_path = Path(str(args.run) + ".meta.json")
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        result["corpus"] = {"fingerprint": meta.get("corpus_fingerprint"), "variant": meta.get("variant"),
+                            "title_join": meta.get("title_join")}
+    print(format_table({Path(args.run).name: result["metrics"]}))
+    deep = cutoffs_deeper_than(result["metrics"], result["run_depth"]) if "run_depth" in result else []
+    if deep:
+        need = max(int(d.rsplit("@", 1)[1]) for d in deep)
+        print(f"WARNING: the run holds at most {result['run_depth']} documents per query; "
+              f"{', '.join(deep)} {'is' if len(deep) == 1 else 'are'} cut at that depth (retrieve with --top-k {need})")
+    q = result["queries"]
+    print("queries: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in q.items()))
+    if args.per_query and "per_query" in result:
+        for qid, vals in sorted(result["per_query"].items()):
+            print(qid + "\t" + "\t".join(f"{k}={v:.4f}" for k, v in vals.items()))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"[evaluate] wrote {args.json}")
+
+
+def _eval_cfg(args, extra: list[str] | None = None):
+    """The eval section, with --measures (ir-measures strings) over eval.measures."""
+    from dataclasses import replace
+
+    cfg = load_cfg(args, extra).eval
+    if getattr(args, "measures", None):
+        cfg = replace(cfg, measures=(args.measures,))  # validated here: a bad measure is a ConfigError
+    return cfg
+
+
+def cmd_compare(args) -> None:
+    from ..eval.compare import compare_runs, format_comparison
+    from ..io_utils import check_output, write_json_atomic
+
+    # `key.path=value` overrides among the positional runs (argparse cannot tell them apart)
+    is_override = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
+    args.overrides = list(args.overrides) + [r for r in args.runs if is_override.match(r)]
+    args.runs = [r for r in args.runs if not is_override.match(r)]
+    if not args.runs:
+        raise PipelineError("compare needs at least one run file")
+    cfg = _eval_cfg(args)
+    if args.json:
+        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
+    names = [Path(r).name for r in args.runs]
+    labels = names if len(set(names)) == len(names) else [str(r) for r in args.runs]
+    if len(set(labels)) != len(labels):
+        raise PipelineError("compare: the same run file is given twice")
+    result = compare_runs(dict(zip(labels, args.runs)), args.qrels, test=args.test, cfg=cfg,
+                          allow_mixed=args.allow_mixed, resamples=args.resamples, seed=args.seed)
+    print(format_comparison(result))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"[compare] wrote {args.json}")
+
+
+def cmd_sts(args) -> None:
+    """STS: Spearman and Pearson of cosine vs gold (pipeline/eval/sts.py)."""
+    from dataclasses import replace as _replace
+
+    from ..eval.sts import evaluate_sts, parse_scale, read_sts
+    from ..io_utils import check_output, write_json_atomic
+    from ..models import BiEncoder
+
+    if args.json:
+        check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
+    scale = parse_scale(args.scale)
+    cfg = load_cfg(args)
+    device = device_flag(args, "STS encoding") or "cpu"
+    read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
+    model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
+    if device != "cpu":
+        model = model.to(device).eval()
+    res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device,
+                       scale=scale)
+    print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
+          f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
+    if args.json:
+        write_json_atomic(args.json, {**res, "model": args.model or cfg.model.name_or_path})
+
+
+def cmd_authorship(args) -> None:
+    """`pipeline authorship split|evaluate|table`: ARR's steps other than training (recipes/arr.py)."""
+    from ..recipes import arr
+
+    if args.action == "split":
+        arr.split(args.input, args.out, args.config, args.overrides)
+    elif args.action == "evaluate":
+        splits = tuple(s.strip() for s in args.splits.split(",")) if args.splits else None
+        arr.evaluate(args.split, model=args.model, baseline=args.baseline, json_out=args.json,
+                     overwrite=args.overwrite, splits=splits, batch_size=args.batch_size,
+                     device=device_flag(args, "authorship evaluate") or "cpu", label=args.label)
+    else:
+        print(arr.table(args.results))
+
+
+def add_parsers(sub) -> None:
+    """The evaluate, sts, compare, authorship verbs."""
+    p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics")
+    p.add_argument("--run", required=True, help="a TREC run file")
+    p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test)")
+    p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy, or an ir_datasets identifier "
+                                "with answers (dpr-w100/natural-questions/dev)")
+    p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
+    p.add_argument("--per-query", action="store_true", help="also print (and write to --json) every query's values")
+    p.add_argument("--json", help="write the metrics as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
+    p.add_argument("--measures", help="ir-measures measures, e.g. \"AP nDCG@10 RR@10 R@1000 P@10 Judged@10\" "
+                                      "(= eval.measures; default RR@10 nDCG@10 AP@100 RR@100 R@k for eval.recall_ks)")
+    p.add_argument("--match", choices=("string", "regex"),
+                   help="--qa answer matching as DPR: string (token sequence) or regex (CuratedTREC) (= eval.qa_match)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("sts", help="STS pairs -> Spearman / Pearson of cosine similarity vs the gold score")
+    p.add_argument("--pairs", required=True, help="STS-benchmark CSV or TSV, SICK, or s1<TAB>s2<TAB>score")
+    p.add_argument("--model", help="model directory or minilm (default model.name_or_path)")
+    p.add_argument("--format", choices=("auto", "stsb-csv", "stsb-tsv", "sick", "tsv"), default="auto",
+                   help="the --pairs layout (auto: from its first line)")
+    p.add_argument("--scale", default="0:5", metavar="LO:HI",
+                   help="the gold scores' scale; a score outside it is an error naming its line (default 0:5, "
+                        "STS-benchmark; SICK's 1-5 fits)")
+    p.add_argument("--side", choices=("doc", "query"), default="doc", help="encode sentences as documents (default, "
+                                                                           "no query prompt) or as queries")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
+    add_common_flags(p, device="where the model runs")
+    p.add_argument("--json", help="write spearman, pearson, pairs as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace an STS JSON this tool wrote at --json")
+    add_config_args(p)
+    p.set_defaults(func=cmd_sts)
+    p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
+    p.add_argument("--qrels", required=True, help="qrels file or ir_datasets identifier")
+    p.add_argument("--measures", help="ir-measures measures (= eval.measures; default as evaluate)")
+    p.add_argument("--test", choices=("ttest", "randomization", "both"), default="ttest",
+                   help="paired t-test (scipy ttest_rel), paired randomization test (scipy permutation_test), or both")
+    p.add_argument("--resamples", type=int, default=10_000, help="randomization test resamples (exact when 2^queries <= this)")
+    p.add_argument("--seed", type=int, default=0, help="randomization test seed")
+    p.add_argument("--allow-mixed", "--allow-mixed-corpora", dest="allow_mixed", action="store_true",
+                   help="compare runs over different corpora anyway (a warning is printed above the table)")
+    p.add_argument("--json", help="write the comparison as JSON here")
+    p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
+    p.add_argument("--config", help="YAML config (its eval section applies)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set eval.rel_level=2 (also accepted among the run files)")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("authorship", help="ARR authorship data: cross-topic-open-set split, R@8/MRR evaluation, table")
+    acts = p.add_subparsers(dest="action", required=True)
+    s = acts.add_parser("split", help="records (CSV/JSONL/Parquet) -> train/val/cross_topic_test/same_topic_test")
+    s.add_argument("--input", required=True, help="records file, or `fortunes` for the bundled corpus")
+    s.add_argument("--out", required=True, help="split folder to write (train, val and the two test splits)")
+    s.add_argument("--config", help="YAML with an authorship: section")
+    s.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="e.g. authorship.author_fraction=0.1 authorship.text_column=body")
+    s.set_defaults(func=cmd_authorship)
+    e = acts.add_parser("evaluate", help="R@8 and MRR on the test splits (a model or a BOW/TF-IDF baseline)")
+    e.add_argument("--split", required=True, help="folder written by `authorship split`")
+    g = e.add_mutually_exclusive_group(required=True)
+    g.add_argument("--model", help="model folder (or `minilm` for zero-shot)")
+    g.add_argument("--baseline", choices=("bow", "tfidf"), help="a bag-of-words or TF-IDF baseline instead of a model")
+    e.add_argument("--json", help="write the result here")
+    e.add_argument("--overwrite", action="store_true", help="replace a result JSON this tool wrote at --json")
+    e.add_argument("--label", help="the table row (default: from the run's summary.json)")
+    e.add_argument("--splits", help="comma-separated (default cross_topic_test,same_topic_test; val allowed)")
+    e.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    e.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the model runs: cpu (default), cuda or auto (a GPU when one is visible here)")
+    e.set_defaults(func=cmd_authorship)
+    t = acts.add_parser("table", help="the paper-style table from result JSONs (mean over seeds, n per cell)")
+    t.add_argument("results", nargs="*", help="result JSONs of `authorship evaluate --json`")
+    t.set_defaults(func=cmd_authorship)

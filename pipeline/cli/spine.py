@@ -1,0 +1,137 @@
+"""`pipeline encode`, `index` and `retrieve`: the spine from a corpus to a TREC run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+from .common import add_common_flags, add_config_args, batch_override, device_flag, fp16_refused, load_cfg
+
+def cmd_encode(args) -> None:
+    from ..index.encode import encode_corpus
+
+    extra = [f"model.name_or_path={args.model}"] if args.model else []
+    extra += batch_override(args, "encode.batch_size")
+    device = device_flag(args, "encoding", cluster_ok=True)
+    if device == "cpu":
+        extra.append("encode.gpus_per_actor=0")
+    cfg = load_cfg(args, extra)
+    if device == "cuda" and cfg.encode.gpus_per_actor == 0:
+        cfg = load_cfg(args, extra + ["encode.gpus_per_actor=1"])
+    if args.fp16:
+        if cfg.encode.gpus_per_actor == 0:
+            raise fp16_refused("the encoder actors have no GPU", "--device cuda or encode.gpus_per_actor=1 gives them "
+                                "one; on CPU, encode.precision=bf16 or auto; float16 storage is encode.fp16=true")
+        cfg = load_cfg(args, extra + [f"encode.gpus_per_actor={cfg.encode.gpus_per_actor}", "encode.precision=fp16"])
+    encode_corpus(args.corpus, args.out, cfg)
+
+
+def cmd_index(args) -> None:
+    from ..index.faiss_index import build_index
+
+    extra = [f"index.factory={args.factory}"] if args.factory else []
+    if args.device:  # FAISS's own GPU check (index.use_gpu=yes without a FAISS GPU is an error naming the fix)
+        extra.append("index.use_gpu=" + {"cpu": "no", "cuda": "yes", "auto": "auto"}[args.device])
+    if args.pyserini and "://" in str(args.out):
+        raise ConfigError(f"--pyserini writes pyserini's layout into a local folder; --out {args.out} is a storage URI "
+                          "(build the index there without --pyserini, or to a local folder with it)")
+    build_index(args.embeddings, args.out, load_cfg(args, extra).index, overwrite=args.overwrite)
+    if args.pyserini:
+        from ..search import export_pyserini
+
+        export_pyserini(args.out)
+        print(f"[index] pyserini layout (index, docid) written beside index.faiss in {args.out}")
+
+
+def cmd_retrieve(args) -> None:
+    from ..index.retrieve import retrieve
+
+    extra = [f"retrieve.top_k={args.top_k}"] if args.top_k is not None else []
+    extra += batch_override(args, "retrieve.batch_size")
+    device = device_flag(args, "query encoding")
+    cfg = load_cfg(args, extra)
+    model_cfg = None
+    if args.model:
+        from dataclasses import replace
+
+        model_cfg = replace(cfg.model, name_or_path=args.model)
+    from ..data.irds import queries_file, resolve
+
+    queries = resolve(args.queries)  # an existing path wins over an ir_datasets identifier
+    irds_id = getattr(queries, "id", None)
+    model = _query_model_on(device, args.index, model_cfg) if device == "cuda" else None
+    meta = retrieve(args.index, queries_file(irds_id) if irds_id else args.queries, args.out, cfg,
+                    queries_format="tsv" if irds_id else args.queries_format, model_cfg=model_cfg,
+                    overwrite=args.overwrite, model=model)
+    if irds_id:  # the run's meta names the identifier, not the temporary file it was read through
+        from ..io_utils import write_json_atomic
+
+        write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries": irds_id, "queries_ir_datasets": irds_id})
+
+
+class _OnDevice:
+    """A BiEncoder whose `embed` runs on `device` (retrieve calls embed without one, i.e. on CPU)."""
+
+    def __init__(self, model, device: str):
+        self._model, self._device = model.to(device).eval(), device
+
+    def embed(self, texts, side, **kw):
+        return self._model.embed(texts, side, **{**kw, "device": self._device})
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def _query_model_on(device: str, index_dir, model_cfg):
+    """The query model retrieve would load (the index's, unless --model), placed on `device`."""
+    from ..index.retrieve import query_model_config
+    from ..models import BiEncoder
+
+    try:
+        meta = json.loads((Path(index_dir) / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # retrieve reports the unreadable index itself
+    return _OnDevice(BiEncoder.load(query_model_config(meta, model_cfg)), device)
+
+
+def add_parsers(sub) -> None:
+    """The encode, index, retrieve verbs."""
+    p = sub.add_parser("encode", help="Parquet corpus -> embedding shards (Ray Data, resumable)")
+    p.add_argument("--corpus", required=True, help="an ingested corpus folder (pipeline ingest)")
+    p.add_argument("--out", required=True, help="embeddings folder (local path, shared filesystem or s3://, gs:// "
+                                                "URI); a killed run re-run with the same --out redoes only missing shards")
+    p.add_argument("--model", help="model dir or 'minilm' (= model.name_or_path)")
+    add_common_flags(p, batch="texts per forward pass (= encode.batch_size)",
+                      fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
+                           "GPU actors, refused on CPU; vectors stay float32 (encode.fp16=true stores float16)",
+                      device="where the encoder actors run (= encode.gpus_per_actor: cpu 0, cuda 1)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_encode)
+    p = sub.add_parser("index", help="embedding shards -> FAISS index")
+    p.add_argument("--embeddings", required=True, help="an embeddings folder or URI (pipeline encode --out)")
+    p.add_argument("--out", required=True, help="index folder or URI to write")
+    p.add_argument("--factory", help="FAISS factory string (= index.factory), default Flat")
+    p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")
+    p.add_argument("--pyserini", action="store_true",
+                   help="also write pyserini's FaissSearcher layout (index + docid) into --out")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"),
+                   help="build the FAISS index on CPU or GPU (= index.use_gpu no|yes|auto; yes needs faiss-gpu)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_index)
+    p = sub.add_parser("retrieve", help="queries -> TREC run")
+    p.add_argument("--index", required=True, help="an index folder or URI (pipeline index --out)")
+    p.add_argument("--queries", required=True, help="queries file, or an ir_datasets identifier "
+                                                    "(e.g. msmarco-passage/dev/small; local files only)")
+    p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"),
+                   help="qid<TAB>text TSV, BEIR queries.jsonl, or DPR's question<TAB>[answers] (auto: .jsonl is "
+                        "BEIR, anything else TSV)")
+    p.add_argument("--out", required=True, help="TREC run file to write")
+    p.add_argument("--top-k", type=int, help="passages per query in the run (= retrieve.top_k, default 100)")
+    p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
+    add_common_flags(p, batch="queries per batch (= retrieve.batch_size)",
+                      device="where the query model runs (queries are encoded in the documents' precision, as "
+                             "recorded in the index)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_retrieve)

