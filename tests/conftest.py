@@ -1,4 +1,5 @@
-"""Shared fixtures: offline HF settings, a tiny random BERT, one local Ray per session."""
+"""Shared fixtures: offline HF settings, a tiny random BERT, the bundled FAQ ingested once, one local
+Ray per session. The builders they share with the tests are in fixtures.py."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def ray_session(tmp_path_factory):
                  _temp_dir=str(Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))))
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def faq(tmp_path_factory) -> Path:
+    """The bundled Python FAQ ingested once (BEIR layout: queries.tsv, qrels/{all,train,test}.trec).
+    Read-only for the tests: a test that changes a corpus copies it first."""
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.ingest import ingest
+
+    out = tmp_path_factory.mktemp("faq") / "corpus"
+    ingest([python_faq_dir()], "beir", out, progress=False)
+    return out

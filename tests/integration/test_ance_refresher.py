@@ -11,17 +11,9 @@ import time
 import pytest
 from listening import ListenWatch
 
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq_ance_it") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
 
 
 def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_model_dir, faq, tmp_path, monkeypatch):

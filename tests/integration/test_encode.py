@@ -5,13 +5,12 @@ whatever the block layout, and every resource shape either runs or is refused up
 from __future__ import annotations
 
 import json
-import random
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from encode_kills import watch_resume
+from fixtures import SimulatedKill, kill_after, random_collection, watch_resume
 
 from pipeline.config import load_config
 from pipeline.data.ingest import ingest
@@ -27,13 +26,9 @@ N = 300
 
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("enc")
-    rng = random.Random(1)
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     # lengths from 3 to 120 words: length sorting matters, order must come back
-    path = root / "collection.tsv"
-    path.write_text("".join(f"{i}\t{' '.join(rng.choice(words) for _ in range(rng.randint(3, 120)))}\n"
-                            for i in range(N)), encoding="utf-8")
+    path = tmp_path_factory.mktemp("enc") / "collection.tsv"
+    random_collection(path, N, seed=1)
     return path
 
 
@@ -46,22 +41,6 @@ def _all_pids(emb) -> list[str]:
     return [p for ids, _ in iter_shards(emb) for p in ids]
 
 
-class _Kill(Exception):
-    pass
-
-
-def _kill_after(monkeypatch, n: int) -> list[str]:
-    seen: list[str] = []
-
-    def report(name, rows):
-        seen.append(name)
-        if len(seen) == n:
-            raise _Kill(f"simulated kill after {n} shards")
-
-    monkeypatch.setattr(encode_mod, "_report_shard", report)
-    return seen
-
-
 def test_reingest_with_other_part_rows_is_reencoded_never_complete_with_missing_pids(
         ray_session, tiny_model_dir, collection, tmp_path, monkeypatch):
     """Issue 7: encode with 40-row parts, kill, re-ingest the same file with 100-row parts
@@ -69,8 +48,8 @@ def test_reingest_with_other_part_rows_is_reencoded_never_complete_with_missing_
     corpus, emb = tmp_path / "corpus", tmp_path / "emb"
     ingest([collection], "msmarco", corpus, part_rows=40, progress=False)
     cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1")
-    _kill_after(monkeypatch, 3)
-    with pytest.raises(_Kill):
+    kill_after(monkeypatch, 3)
+    with pytest.raises(SimulatedKill):
         encode_corpus(corpus, emb, cfg)
     old = completed_shards(emb)
     assert len(old) >= 3
@@ -101,8 +80,8 @@ def test_one_part_kill_keeps_finished_shards(ray_session, tiny_model_dir, collec
     corpus, emb = tmp_path / "corpus", tmp_path / "emb"
     ingest([collection], "msmarco", corpus, part_rows=N, progress=False)
     cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=2", "encode.shard_rows=40")
-    _kill_after(monkeypatch, 2)
-    with pytest.raises(_Kill):
+    kill_after(monkeypatch, 2)
+    with pytest.raises(SimulatedKill):
         encode_corpus(corpus, emb, cfg)
     kept = completed_shards(emb)
     assert 2 <= len(kept) < 8

@@ -7,13 +7,12 @@ workers cannot write to is refused before any work."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import gcs_emulator
 import pytest
 import s3_emulator
-from encode_kills import watch_resume
+from fixtures import GREEK, SimulatedKill, kill_after, random_collection, watch_resume
 from s3_emulator import uri
 
 from pipeline.config import load_config
@@ -28,19 +27,11 @@ pytestmark = pytest.mark.integration
 N = 240
 
 
-class _Kill(Exception):
-    pass
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("enc_uri")
-    rng = random.Random(2)
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
-    src = root / "collection.tsv"
-    src.write_text("".join(f"{i}\t{' '.join(rng.choice(words) for _ in range(rng.randint(3, 100)))}\n"
-                           for i in range(N)), encoding="utf-8")
-    ingest([src], "msmarco", root / "corpus", part_rows=120, progress=False)
+    random_collection(root / "collection.tsv", N, seed=2, words=GREEK[:10], max_words=100)
+    ingest([root / "collection.tsv"], "msmarco", root / "corpus", part_rows=120, progress=False)
     return root / "corpus"
 
 
@@ -56,15 +47,8 @@ def test_stage_encode_to_a_store_resumes_after_a_kill_and_indexes_from_the_uri(r
     emu = {"s3": s3_emulator, "gs": gcs_emulator}[store]
     out = emu.uri(emu.make_bucket(), "scifact/emb")
     cfg = _cfg(tiny_model_dir)
-    seen: list[str] = []
-
-    def report(name, rows):
-        seen.append(name)
-        if len(seen) == 2:
-            raise _Kill("simulated kill after 2 shards")
-
-    monkeypatch.setattr(encode_mod, "_report_shard", report)
-    with pytest.raises(_Kill):
+    kill_after(monkeypatch, 2)
+    with pytest.raises(SimulatedKill):
         encode_corpus(corpus, out, cfg)
     kept = completed_shards(out)
     assert len(kept) >= 2 and load_meta(out)["complete"] is False

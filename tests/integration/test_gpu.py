@@ -12,20 +12,12 @@ import numpy as np
 import pytest
 
 from pipeline.config import load_config
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 
 torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")]
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
 
 
 def _cfg(model_dir, *extra):

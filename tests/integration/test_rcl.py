@@ -11,20 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.recipes.rcl import run_rcl
 from pipeline.train.config import load_train_config
 from pipeline.train.methods.rcl import RegulatorTable
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq_rcl") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
 
 
 def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):

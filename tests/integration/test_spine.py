@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import random
-from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import kill_after, random_collection
 
 from pipeline.config import load_config
 from pipeline.data.ingest import ingest
@@ -25,17 +24,10 @@ WORDS = ("python list dict tuple set string integer float loop class object modu
          "function lambda generator iterator exception error file path thread process memory garbage").split()
 
 
-def _make_msmarco(path: Path, n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30))) for _ in range(n)]
-    path.write_text("".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
-    return texts
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    texts = _make_msmarco(root / "collection.tsv", 300)
+    texts = random_collection(root / "collection.tsv", 300, words=WORDS, min_words=8, max_words=30)
     # queries are the first words of some passages; qrels point at that passage
     qids = list(range(0, 300, 15))
     (root / "queries.tsv").write_text("".join(f"q{i}\t{' '.join(texts[i].split()[:6])}\n" for i in qids))
@@ -92,16 +84,11 @@ def test_resume_after_kill(ray_session, tiny_model_dir, corpus, tmp_path, monkey
     """A run killed after 3 shards, started again, encodes only the rest; every pid exactly once."""
     cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1")
     out = tmp_path / "emb"
-    seen = []
 
-    def dying_report(name, rows):
-        seen.append(name)
-        # the shard is on disk the moment its receipt reaches the driver
+    def on_disk(name):  # the shard is on disk the moment its receipt reaches the driver
         assert (out / f"{name}.done").exists() and (out / f"{name}.npy").exists()
-        if len(seen) == 3:
-            raise KeyboardInterrupt("simulated kill of the driver")
 
-    monkeypatch.setattr(encode_mod, "_report_shard", dying_report)
+    kill_after(monkeypatch, 3, KeyboardInterrupt, check=on_disk)
     with pytest.raises(KeyboardInterrupt):
         encode_corpus(corpus, out, cfg)
     kept = completed_shards(out)

@@ -10,8 +10,6 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.data.corpus import fetch_passages
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.index.encode import encode_corpus
 from pipeline.index.faiss_index import build_index
 from pipeline.index.shards import iter_shards
@@ -23,9 +21,7 @@ pytestmark = pytest.mark.integration
 st = pytest.importorskip("sentence_transformers")
 
 
-def test_trained_model_is_a_sentence_transformers_model(ray_session, tiny_model_dir, tmp_path):
-    faq = tmp_path / "faq"
-    ingest([python_faq_dir()], "beir", faq, progress=False)
+def test_trained_model_is_a_sentence_transformers_model(ray_session, tiny_model_dir, faq, tmp_path):
     job = load_train_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
         "model.query_prefix='query: '", "model.query_max_length=32", "model.doc_max_length=64",

@@ -7,31 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+from fixtures import dpr_job
 import torch
 from listening import ListenWatch
 
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import list_checkpoints
-from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
-
-
-def _job(tiny_model_dir, faq, storage, name, *extra):
-    return load_train_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "model.pooling=cls", "model.query_max_length=32",
-        "model.doc_max_length=64", f"data.corpus={faq}", "train.num_workers=2", "train.cpus_per_worker=0.5",
-        "train.batch_size=8", f"train.storage_path={storage}", f"train.name={name}", "train.report_every=1",
-        "optim.lr=1e-4", "train.seed=3", *extra])
 
 
 def _weights(run: Path) -> dict:
@@ -54,10 +38,10 @@ def test_kill_and_resume_matches_uninterrupted(ray_session, tiny_model_dir, faq,
     same step count, same batches in the same order (none lost or repeated), same weights."""
     common = ("loss.name=dar", "loss.n_perturb=2", "train.max_steps=6", "train.checkpoint_every=2",
               "train.log_batches=true", "train.keep_checkpoints=3")
-    ref = train(_job(tiny_model_dir, faq, tmp_path, "ref", *common), progress=False)
+    ref = train(dpr_job(tiny_model_dir, faq, tmp_path, "ref", *common), progress=False)
     assert ref["steps"] == 6 and ref["steps_per_epoch"] == 6 and ref["global_batch"] == 16
 
-    job = _job(tiny_model_dir, faq, tmp_path, "killed", *common, "train.fail_at_step=5")
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "killed", *common, "train.fail_at_step=5")
     with pytest.raises(Exception, match="simulated failure"):
         train(job, progress=False)
     assert [s for s, _ in list_checkpoints(tmp_path / "killed")] == [2, 4]
@@ -88,7 +72,7 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     from pipeline.index.validate import Validator
     from pipeline.models import BiEncoder
 
-    job = _job(tiny_model_dir, faq, tmp_path, "dpr", "train.epochs=4", "optim.lr=5e-4", "data.shuffle_window=64")
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "dpr", "train.epochs=4", "optim.lr=5e-4", "data.shuffle_window=64")
     # every socket of every process this 2-worker run starts (torch's store, gloo) listens on loopback only
     with ListenWatch(os.getpid()) as watch:
         summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=False)
@@ -109,7 +93,7 @@ def test_kill_right_after_a_checkpoint_resumes_from_it_and_trains_no_batch_twice
     the driver announces step-4 and the workers use step-4, so steps 1..6 each run exactly once."""
     common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
               "train.keep_checkpoints=5")
-    job = _job(tiny_model_dir, faq, tmp_path, "cut", *common, "train.fail_after_checkpoint=4")
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "cut", *common, "train.fail_after_checkpoint=4")
     with pytest.raises(Exception, match="simulated failure right after the checkpoint"):
         train(job, progress=False)
     assert [s for s, _ in list_checkpoints(tmp_path / "cut")][-1] == 4
@@ -121,7 +105,7 @@ def test_kill_right_after_a_checkpoint_resumes_from_it_and_trains_no_batch_twice
     # a changed loss config is refused, not resumed at a data position that means something else
     from pipeline.errors import PipelineError
 
-    other = _job(tiny_model_dir, faq, tmp_path, "cut", *common, "loss.temperature=0.5", "train.max_steps=8")
+    other = dpr_job(tiny_model_dir, faq, tmp_path, "cut", *common, "loss.temperature=0.5", "train.max_steps=8")
     with pytest.raises(PipelineError, match="loss_config"):
         train(other, progress=False)
 
@@ -171,7 +155,7 @@ def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_d
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
-    job = _job(tiny_model_dir, faq, tmp_path, "ance_like", *common, "train.fail_after_checkpoint=4")
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "ance_like", *common, "train.fail_after_checkpoint=4")
     with pytest.raises(Exception, match="simulated failure"):
         train(job, negatives_provider=_SwitchingProvider(root, faq), progress=False)
     # polls at steps 0 (v1), 2 (v1), 4 (v2): steps 1-4 used v1, the checkpoint of step 4 records v1

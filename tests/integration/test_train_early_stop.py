@@ -8,20 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import latest_checkpoint, read_state
 from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq_stop") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
 
 
 def _rank_steps(run: Path) -> dict[str, list[int]]:

@@ -8,26 +8,16 @@ import json
 
 import gcs_emulator
 import pytest
+from fixtures import dpr_job
 import s3_emulator
 import torch
 from s3_emulator import uri
 
 from pipeline import storage
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.models.checkpoint import list_checkpoints, read_state
-from pipeline.train.config import load_train_config
 from pipeline.train.trainer import train
 
 pytestmark = pytest.mark.integration
-
-
-def _job(tiny_model_dir, corpus, storage_path, name, *extra):
-    return load_train_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "model.pooling=cls", "model.query_max_length=32",
-        "model.doc_max_length=64", f"data.corpus={corpus}", "train.num_workers=2", "train.cpus_per_worker=0.5",
-        "train.batch_size=8", f"train.storage_path={storage_path}", f"train.name={name}", "train.report_every=1",
-        "optim.lr=1e-4", "train.seed=3", *extra])
 
 
 def _expected_batches(job, run_dir) -> dict[int, list]:
@@ -52,24 +42,23 @@ def _expected_batches(job, run_dir) -> dict[int, list]:
 
 
 @pytest.mark.parametrize("store", ["s3", "gs"])
-def test_object_store_kill_resume_export(ray_session, tiny_model_dir, tmp_path, store):
+def test_object_store_kill_resume_export(ray_session, tiny_model_dir, faq, tmp_path, store):
     """Killed right after its step-4 checkpoint on s3:// (gs://), resumed (reading the examples from
     the store this time): steps 1..6 each trained once, on the batches an uninterrupted run takes;
     the optimizer continued (6 steps); the final model and summary are on the store."""
-    corpus = tmp_path / "corpus"
-    ingest([python_faq_dir()], "beir", corpus, progress=False)
+    corpus = faq
     emu = {"s3": s3_emulator, "gs": gcs_emulator}[store]
     root = emu.uri(emu.make_bucket(), "runs")
     common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
               "train.keep_checkpoints=2")
-    job = _job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4")
+    job = dpr_job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4")
     with pytest.raises(Exception, match="simulated failure right after the checkpoint"):
         train(job, progress=False)
     run = storage.resolve(root) / "s3run"
     assert [s for s, _ in list_checkpoints(run)] == [2, 4]
     assert (run / "examples" / "examples.json").exists() and not (run / "summary.json").exists()
 
-    resumed = train(_job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4",
+    resumed = train(dpr_job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4",
                          "data.materialize=never"), progress=False)
     assert resumed["resumed_from"].startswith(f"{store}://") and "step-00000004" in resumed["resumed_from"]
     assert resumed["steps"] == 6 and resumed["final_metrics"]["train_steps_run"] == 2
@@ -107,7 +96,7 @@ def test_object_store_kill_resume_export(ray_session, tiny_model_dir, tmp_path, 
 def test_missing_bucket_fails_before_training(tiny_model_dir, tmp_path):
     from pipeline.errors import ConfigError
 
-    job = _job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "x")
+    job = dpr_job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "x")
     with pytest.raises(ConfigError, match=r"storage s3://no-such-bucket-here/runs/x.*the driver.*bucket does not exist"):
         train(job, progress=False)
 
@@ -116,7 +105,7 @@ def test_ance_refuses_a_missing_bucket_before_its_refresher_starts(ray_session, 
     from pipeline.recipes.ance import run_ance
     from pipeline.errors import ConfigError
 
-    job = _job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "a", "loss.name=ance",
+    job = dpr_job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "a", "loss.name=ance",
                "train.num_workers=1", "train.cpus_per_worker=1", "ance.cpus=0.5")
     with pytest.raises(ConfigError, match=r"storage s3://no-such-bucket-here/runs/a.*bucket does not exist"):
         run_ance(job, progress=False)

@@ -24,20 +24,12 @@ import pytest
 import yaml
 from listening import ListenWatch
 
-from pipeline.data.ingest import ingest
-from pipeline.data.bundled import python_faq_dir
 from pipeline.train.config import load_train_config
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faq") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
 
 
 def _events(out: Path) -> list[dict]:

@@ -59,15 +59,6 @@ def test_ance_config_section_and_bad_values():
 # --------------------------------------------------------------------------- the refresher, without Ray
 
 
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    from pipeline.data.ingest import ingest
-    from pipeline.data.bundled import python_faq_dir
-
-    out = tmp_path_factory.mktemp("faq_ance") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
-
 
 def _checkpoint(run_dir, step, model):
     from pipeline.models.checkpoint import finalize_checkpoint

@@ -9,15 +9,6 @@ from s3_emulator import make_bucket, uri
 from pipeline import storage
 
 
-@pytest.fixture(scope="module")
-def faq(tmp_path_factory):
-    from pipeline.data.ingest import ingest
-    from pipeline.data.bundled import python_faq_dir
-
-    out = tmp_path_factory.mktemp("faq_ance_s3") / "corpus"
-    ingest([python_faq_dir()], "beir", out, progress=False)
-    return out
-
 
 def _upload_checkpoint(tmp_path, run, step, model, cut: bool = False):
     """A checkpoint as Ray would persist it; `cut`: state.json there but a listed file missing."""

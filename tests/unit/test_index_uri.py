@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
+from fixtures import random_embeddings
 from s3_emulator import make_bucket, uri
 
 from pipeline.config import IndexConfig
 from pipeline.data.ingest import ingest
-from pipeline.data.manifest import load_manifest
 from pipeline.errors import InputError
 from pipeline.io_utils import OutputError
-from pipeline.index.encode import plan_shards
 from pipeline.index.faiss_index import LoadedIndex, build_index, local_index_dir
-from pipeline.index.shards import write_shard
 from pipeline.storage import resolve
 
 
@@ -28,20 +25,7 @@ def emb(tmp_path):
     raw.write_text("".join(f"{i}\tpassage number {i}\n" for i in range(10)))
     corpus = tmp_path / "corpus"
     ingest([raw], "msmarco", corpus, part_rows=6, progress=False)
-    manifest = load_manifest(corpus)
-    out = tmp_path / "emb"
-    out.mkdir()
-    specs = plan_shards(corpus, manifest, 4)
-    rng = np.random.default_rng(0)
-    for s in specs:
-        pids = pq.read_table(corpus / s["part"], columns=["pid"]).column("pid").to_pylist()[s["start"]:s["end"]]
-        write_shard(out, s, pids, rng.standard_normal((len(pids), 8)).astype("float32"))
-    (out / "embeddings.json").write_text(json.dumps({
-        "corpus": str(corpus), "corpus_fingerprint": manifest["fingerprint"], "variant": manifest["variant"],
-        "title_join": manifest["title_join"], "rows": 10, "parts": 2, "model": {"path": "/models/x"},
-        "model_config": {}, "dim": 8, "dtype": "float32", "precision": "fp32", "shard_rows": 4,
-        "shards": len(specs), "shard_names": [s["name"] for s in specs], "complete": True}))
-    return out
+    return random_embeddings(corpus, tmp_path / "emb")
 
 
 def test_an_index_on_s3_equals_the_local_one_and_is_read_back_from_the_uri(emb, tmp_path, monkeypatch):

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
+from fixtures import random_embeddings
 
 from pipeline.cli import main
 from pipeline.config import IndexConfig
 from pipeline.data.ingest import ingest
-from pipeline.data.manifest import load_manifest
-from pipeline.index.encode import plan_shards
 from pipeline.index.faiss_index import build_index
-from pipeline.index.shards import write_shard
 from pipeline.info import describe
 from pipeline.models.checkpoint import finalize_checkpoint
 
@@ -29,19 +25,7 @@ def project(tmp_path):
     corpus = tmp_path / "proj"
     ingest([raw], "msmarco", corpus, part_rows=6, queries=tmp_path / "q.tsv", qrels={"dev": tmp_path / "qrels.tsv"},
            progress=False)
-    manifest = load_manifest(corpus)
-    emb = corpus / "emb"
-    emb.mkdir()
-    specs = plan_shards(corpus, manifest, 4)
-    rng = np.random.default_rng(0)
-    for s in specs:
-        pids = pq.read_table(corpus / s["part"], columns=["pid"]).column("pid").to_pylist()[s["start"]:s["end"]]
-        write_shard(emb, s, pids, rng.standard_normal((len(pids), 8)).astype("float32"))
-    meta = {"corpus": str(corpus), "corpus_fingerprint": manifest["fingerprint"], "variant": manifest["variant"],
-            "title_join": manifest["title_join"], "rows": 10, "parts": 2, "model": {"path": "/models/x"},
-            "model_config": {}, "dim": 8, "dtype": "float32", "precision": "fp32", "shard_rows": 4,
-            "shards": len(specs), "shard_names": [s["name"] for s in specs], "complete": True}
-    (emb / "embeddings.json").write_text(json.dumps(meta))
+    emb = random_embeddings(corpus, corpus / "emb")
     build_index(emb, corpus / "index", IndexConfig(), progress=False)
     (corpus / "run.trec").write_text("1 Q0 3 1 2.0 t\n1 Q0 4 2 1.0 t\n2 Q0 4 1 3.0 t\n")
     assert main(["evaluate", "--run", str(corpus / "run.trec"), "--qrels", str(tmp_path / "qrels.tsv"),
