@@ -14,7 +14,8 @@ import torch
 
 from pipeline.config import EncodeConfig, ModelConfig
 from pipeline.errors import ConfigError, ResourceError
-from pipeline.index.encode import read_slice, resolve_shape
+from pipeline.index.encode import resolve_shape
+from pipeline.index.encode_workers import read_slice
 from pipeline.index.shards import (completed_shards, pids_digest, plan_part, verify_shards, write_shard)
 from pipeline.models import BiEncoder
 from pipeline.models.precision import cpu_has_bf16, resolve_precision

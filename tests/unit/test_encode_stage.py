@@ -16,7 +16,8 @@ import torch
 
 from pipeline.config import EncodeConfig, ModelConfig
 from pipeline.errors import ResourceError
-from pipeline.index.encode import ShardEncoder, TokenizeSpec, resolve_shape, resolve_tokenize, tokenize_shards
+from pipeline.index.encode import resolve_shape, resolve_tokenize
+from pipeline.index.encode_workers import ShardEncoder, TokenizeSpec, tokenize_shards
 from pipeline.index.shards import (completed_shards, iter_shards, load_meta, location, npy_shape, plan_part, remove_shard,
                                    shard_shapes, stray_files, verify_shards, write_json, write_shard)
 from pipeline.models import BiEncoder
@@ -83,7 +84,7 @@ def _part(tmp_path, n=40):
 
 
 def _batch(spec: dict) -> dict:
-    from pipeline.index.encode import SPEC_KEYS
+    from pipeline.index.encode_workers import SPEC_KEYS
 
     return {k: np.array([spec[k]]) for k in SPEC_KEYS}
 
