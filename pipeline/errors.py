@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class PipelineError(Exception):
     """Base class for errors that the CLI prints without a traceback."""
@@ -27,3 +29,17 @@ class ConfigError(PipelineError):
 
 class ResourceError(PipelineError):
     """The cluster or machine lacks what the step asks for (CPUs, GPUs, memory)."""
+
+
+def worker_error(e: BaseException) -> PipelineError | None:
+    """The PipelineError a worker raised, from the exception Ray hands the driver (or None)."""
+    cause: BaseException | None = e
+    seen: set[int] = set()
+    while cause is not None and not isinstance(cause, PipelineError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    if isinstance(cause, PipelineError):
+        return PipelineError(str(cause))
+    # Ray does not pickle __cause__: the worker's error survives only in the message text
+    found = re.findall(r"pipeline\.errors\.\w+: ([^\n]+)", str(e))
+    return PipelineError(found[-1].strip()) if found else None

@@ -56,6 +56,32 @@ def list_versions(root) -> list[int]:
     return sorted(out)
 
 
+STATUS_FILE = "refresher.json"  # the refresher's health, rewritten after every attempt (and by the driver
+                                # when the actor has died for good); the provider reads it
+
+
+def write_status(root, status: dict) -> None:
+    """Replace `<root>/refresher.json` (atomically; one object on a store)."""
+    root = _location(root)
+    body = json.dumps(status, indent=2, sort_keys=True, default=str) + "\n"
+    if isinstance(root, RemotePath):
+        (root / STATUS_FILE).write_text(body)
+        return
+    from ..io_utils import write_text_atomic
+
+    root.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(root / STATUS_FILE, body)
+
+
+def read_status(root) -> dict:
+    """The refresher's last status ({} when it has written none)."""
+    path = _location(root) / STATUS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def publish_version(root: str | Path, version: int, negatives: dict[str, list[str]], meta: dict,
                     keep: int = 0) -> Path:
     """Write version `version` (data, meta, then the marker) and keep only the newest `keep` (0 = all)."""
@@ -120,7 +146,8 @@ class RefresherConfig:
     corpus: str | None = None                # default data.corpus
     queries: str | None = None               # training queries; default <corpus>/queries.tsv
     qrels: str | None = None                 # training qrels; default <corpus>/qrels/train.trec
-    dev_qrels: str | None = None             # for the per-version dev metric (None: no dev metric)
+    dev_queries: str | None = None           # the dev queries' own file (MS MARCO: queries.dev.small.tsv);
+    dev_qrels: str | None = None             # with dev_qrels: the per-version dev metric (None: no dev metric)
     dev_metric: str = "RR@10"
     top_k: int = 200                         # retrieved per training query
     negatives: int = 20                      # sampled from the top-k after removing judged positives
@@ -134,11 +161,25 @@ class RefresherConfig:
     poll_seconds: float = 2.0                # how often the refresher looks for a newer checkpoint
     cpus: float = 1.0                        # the refresher actor's resources
     gpus: float = 0.0
-    max_restarts: int = 3
+    max_restarts: int = 3                    # a dead actor is restarted this often (then it has failed for good)
+    refresh_retries: int = 2                 # a refresh that raises is retried this often, then its checkpoint skipped
+    retry_backoff_s: float = 5.0             # first retry after this long, doubling
+    # the run fails (exit 2) when no version was published for this many refresh intervals, or
+    # the refresher failed for good; 0 = never for lateness. `continue` trains on, saying on
+    # every report line that the negatives are stale and since when
+    max_missed_refreshes: int = 3
+    on_refresher_failure: str = "fail"
 
     def __post_init__(self):
         from ..errors import ConfigError
 
+        if self.on_refresher_failure not in ("fail", "continue"):
+            raise ConfigError(f"ance.on_refresher_failure must be fail or continue, got {self.on_refresher_failure!r}")
+        if self.max_missed_refreshes < 0 or self.refresh_retries < 0 or self.retry_backoff_s < 0:
+            raise ConfigError("ance.max_missed_refreshes, ance.refresh_retries and ance.retry_backoff_s must be >= 0")
+        if self.dev_qrels and not self.dev_queries:
+            raise ConfigError("ance.dev_qrels needs ance.dev_queries: the dev queries' own file (the training "
+                              "queries file is never assumed to hold them; on MS MARCO it does not)")
         for key in ("top_k", "negatives", "keep_versions", "batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"ance.{key} must be >= 1, got {getattr(self, key)}")
@@ -172,16 +213,55 @@ class VersionedNegatives:
     """Negatives provider over a versions folder; picklable, so it can be handed to Ray workers.
 
     `latest_version()` is cheap (a directory listing) and is what the trainer polls;
-    `load(v)` reads one version and looks its passage texts up in the corpus.
+    `load(v)` reads one version and looks its passage texts up in the corpus (the trainer runs
+    it in the background); `health(step)` says whether the producer keeps up (see there).
     """
 
-    def __init__(self, root: str | Path, corpus_dir: str | Path):
+    def __init__(self, root: str | Path, corpus_dir: str | Path, refresh_every: int = 0,
+                 max_missed_refreshes: int = 0, on_failure: str = "fail"):
         self.root = str(root) if is_uri(str(root)) else str(Path(root).resolve())
         self.corpus_dir = str(Path(corpus_dir).resolve())
+        self.refresh_every, self.max_missed, self.on_failure = refresh_every, max_missed_refreshes, on_failure
 
     def latest_version(self) -> int | None:
         versions = list_versions(self.root)
         return versions[-1] if versions else None
+
+    def health(self, step: int) -> dict:
+        """{} while the producer keeps up. When it has failed for good (the refresher's status says
+        `dead`), or no version has come for `max_missed_refreshes` refresh intervals (the newest
+        version is from checkpoint step B and `step >= B + (max_missed + 1) * refresh_every`; B = 0
+        before the first), {"error": why} with on_failure `fail`, {"stale": why} with `continue`."""
+        status = read_status(self.root)
+        latest = self.latest_version()
+        base, since = 0, "the start"
+        if latest is not None:
+            try:
+                meta = json.loads((version_dir(self.root, latest) / "meta.json").read_text())
+            except (OSError, ValueError):
+                meta = {}
+            base = int(meta.get("checkpoint_step") or 0)
+            since = f"v{latest} (from step {base})"
+        dead = status.get("state") == "dead"
+        overdue = bool(self.max_missed and self.refresh_every
+                       and step >= base + (self.max_missed + 1) * self.refresh_every)
+        if not (dead or overdue):
+            return {}
+        err = status.get("last_error") or {}
+        said = (f"; last error at version {err.get('version')} from checkpoint step {err.get('checkpoint_step')}: "
+                f"{err.get('error')}" if err else "")
+        log = f"; log: {status['log']}" if status.get("log") else ""
+        if dead:
+            why = f"the index refresher has failed for good ({status.get('reason', 'its actor died')}){said}{log}"
+        else:
+            why = (f"no negatives version for {self.max_missed} refresh intervals of {self.refresh_every} steps "
+                   f"(step {step}, newest: {since}; refresher state {status.get('state', 'unknown')}, "
+                   f"{status.get('failures', 0)} failed refreshes{said}){log}")
+        if self.on_failure == "continue":
+            return {"stale": f"negatives stale since {since}: {why}"}
+        return {"error": f"ANCE: {why}. Training on stale or in-batch negatives is not ANCE; set "
+                         "ance.on_refresher_failure=continue to go on anyway (every report line then says so), "
+                         "or raise ance.max_missed_refreshes for a slow refresher"}
 
     def load(self, version: int) -> NegativesVersion:
         from .corpus import fetch_passages

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
-from ..errors import PipelineError, ResourceError
+from ..errors import PipelineError, ResourceError, worker_error
 from ..storage import RemotePath
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, layout_matches, location, plan_part, remove_shard,
@@ -359,17 +359,3 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
             batches.close()
         bar.close()
     return failure
-
-
-def worker_error(e: BaseException) -> PipelineError | None:
-    """The PipelineError a worker raised, from the exception Ray hands the driver (or None)."""
-    cause: BaseException | None = e
-    seen: set[int] = set()
-    while cause is not None and not isinstance(cause, PipelineError) and id(cause) not in seen:
-        seen.add(id(cause))
-        cause = cause.__cause__ or getattr(cause, "cause", None)
-    if isinstance(cause, PipelineError):
-        return PipelineError(str(cause))
-    # Ray does not pickle __cause__: the worker's error survives only in the message text
-    found = re.findall(r"pipeline\.errors\.\w+: ([^\n]+)", str(e))
-    return PipelineError(found[-1].strip()) if found else None

@@ -15,8 +15,15 @@ with hard links so checkpoint rotation cannot delete it mid-read, and for it:
    only the newest `keep_versions`. Embeddings live only in the actor's memory: nothing of a
    refresh but its negatives (a few MB) reaches the disk.
 
-A restarted actor (`max_restarts`) resumes after its last published version. `run_refresher`
-is the same loop without Ray (`pipeline refresh`, a separate job on other GPUs).
+A refresh that raises (a bad checkpoint, an encode error, an empty dev run) is logged with its
+version and checkpoint (`<versions>/refresher.log`), retried `ance.refresh_retries` times with a
+doubling backoff, then its checkpoint is given up and the next one taken; every attempt rewrites
+`<versions>/refresher.json`, the status the trainer's provider reads (data/negatives.py: the run
+fails, or says on every report line that its negatives are stale, when no version comes for
+`ance.max_missed_refreshes` refresh intervals). A restarted actor (`max_restarts`) resumes after
+its last published version and first removes the checkpoint pins a crashed one left. Dev queries
+come from `ance.dev_queries`, never from the training queries. `run_refresher` is the same loop
+without Ray (`pipeline refresh`, a separate job on other GPUs).
 
 The run folder and the versions folder may be storage URIs (s3://, gs://; pipeline/storage.py):
 a remote checkpoint is "pinned" by downloading it to a local temporary folder (and checked
@@ -39,7 +46,7 @@ import numpy as np
 
 from ..config import EvalConfig, ModelConfig
 from ..data.manifest import join_title, load_manifest
-from ..data.negatives import RefresherConfig, list_versions, publish_version, version_dir
+from ..data.negatives import RefresherConfig, list_versions, publish_version, version_dir, write_status
 from ..data.readers import load_qrels, load_queries
 from ..errors import PipelineError
 from ..models.checkpoint import list_checkpoints, read_state
@@ -135,9 +142,14 @@ class Refresh:
         self.qids = sorted(q for q in self.judged if self.judged[q])
         self.qtexts = [queries[q] for q in self.qids]
         self.dev = None
-        if cfg.dev_qrels:
+        if cfg.dev_qrels:  # the dev queries come from their own file, never from the training queries
             dev = load_qrels(cfg.dev_qrels)
-            self.dev = (dev, {q: queries[q] for q in dev if q in queries})
+            dev_texts = load_queries(cfg.dev_queries)
+            lost = [q for q in dev if q not in dev_texts]
+            if lost:
+                raise PipelineError(f"ance.dev_qrels {cfg.dev_qrels}: {len(lost)} of its {len(dev)} queries are not in "
+                                    f"ance.dev_queries {cfg.dev_queries}, e.g. {sorted(lost)[:3]}")
+            self.dev = (dev, {q: dev_texts[q] for q in dev})
         self.pids: list[str] = []
         self.texts: list[str] = []
         import pyarrow.parquet as pq
@@ -157,6 +169,23 @@ class Refresh:
                                  .get("checkpoint_step", -1))
         self.history: list[dict] = []
         self.skipped = 0
+        self.failures = 0            # refreshes that raised (each retry counts)
+        self.tries: dict[int, int] = {}  # checkpoint step -> failed attempts
+        self.retry_at = 0.0
+        self.last_error: dict | None = None
+        self.attempt: dict | None = None  # the version and checkpoint being refreshed now
+        local = not isinstance(self.root, RemotePath) and not isinstance(self.run_dir, RemotePath)
+        import hashlib
+        import tempfile
+
+        tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+        self.pin_root = self.root / PIN_DIR if local else Path(tempfile.gettempdir()) / f"pipeline-refresher-pins-{tag}"
+        # a restarted refresher owns no pin any more: each pinned a full checkpoint (optimizer state
+        # included), so what a crashed one left goes now and disk stays bounded after crashes too
+        shutil.rmtree(self.pin_root, ignore_errors=True)
+        self.log_path = (self.root / "refresher.log" if not isinstance(self.root, RemotePath)
+                         else Path(tempfile.gettempdir()) / f"pipeline-refresher-{tag}.log")
+        self._status("starting")
 
     def newest(self) -> tuple[int, Path] | None:
         found = list_checkpoints(self.run_dir)
@@ -169,21 +198,68 @@ class Refresh:
             return None
         step, ckpt = newest
         self.skipped += sum(1 for s, _ in list_checkpoints(self.run_dir) if self.last_step < s < step)
-        if isinstance(ckpt, RemotePath) or isinstance(self.root, RemotePath):
-            import tempfile
-
-            pin_root = Path(tempfile.gettempdir()) / "pipeline-refresher-pins"  # pins are local copies
-        else:
-            pin_root = self.root / PIN_DIR
-        pin = pin_checkpoint(ckpt, pin_root)
+        pin = pin_checkpoint(ckpt, self.pin_root)
         if pin is None:
             return None  # rotated away while pinning: the next poll takes the newer one
+        self.attempt = {"version": self.version + 1, "checkpoint_step": step, "checkpoint": str(ckpt)}
         try:
             meta = self.refresh(pin / "model", step, str(ckpt))
         finally:
             shutil.rmtree(pin, ignore_errors=True)
         self.last_step = step
         return meta
+
+    def step_safely(self) -> dict | None:
+        """`step_once`, surviving an exception inside one refresh (a bad checkpoint, an encode error,
+        an empty dev run): the error is logged with its version and checkpoint, the refresh retried
+        `refresh_retries` times with a doubling backoff, then that checkpoint is given up and the
+        next one taken. Every attempt rewrites the status the trainer's provider reads."""
+        if time.time() < self.retry_at:
+            return None
+        self.attempt = None
+        try:
+            rec = self.step_once()
+        except Exception as e:  # noqa: BLE001 — one refresh failing must not end the refresher
+            import traceback
+
+            where = self.attempt or {"version": self.version + 1, "checkpoint_step": None, "checkpoint": None}
+            step = where["checkpoint_step"]
+            self.failures += 1
+            tries = self.tries[step] = self.tries.get(step, 0) + 1
+            self.last_error = {**where, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:500]}",
+                               "attempt": tries, "at": time.time()}
+            give_up = tries > self.cfg.refresh_retries
+            if give_up and step is not None:
+                self.last_step = max(self.last_step, step)  # go on with the next checkpoint
+            wait = 0.0 if give_up else self.cfg.retry_backoff_s * 2 ** (tries - 1)
+            self.retry_at = time.time() + wait
+            what = "giving this checkpoint up" if give_up else f"retrying in {wait:g}s"
+            line = (f"[refresh] version {where['version']} from checkpoint step {step} ({where['checkpoint']}) failed "
+                    f"(attempt {tries} of {self.cfg.refresh_retries + 1}): {self.last_error['error']}; {what}")
+            print(line, flush=True)
+            self._log(line + "\n" + traceback.format_exc())
+            self._status("retrying" if not give_up else "skipped-checkpoint")
+            return None
+        if rec is not None:
+            self.tries.pop(rec["checkpoint_step"], None)
+            self._status("ok")
+        return rec
+
+    def _log(self, text: str) -> None:
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + text.rstrip() + "\n")
+        except OSError:
+            pass
+
+    def _status(self, state: str) -> None:
+        try:
+            write_status(self.root, {"state": state, "latest_version": self.version, "failures": self.failures,
+                                     "last_error": self.last_error, "log": str(self.log_path),
+                                     "pid": os.getpid(), "updated": time.time()})
+        except OSError as e:  # the status is advisory; the versions themselves are what counts
+            self._log(f"cannot write the status: {e}")
 
     def refresh(self, model_dir: Path, step: int, source: str) -> dict:
         import faiss
@@ -254,7 +330,7 @@ class IndexRefresher:
         """Refresh until `stop()` (or `idle_exit_s` without a new checkpoint)."""
         last = time.time()
         while not self._stop.is_set():
-            if self.state.step_once() is not None:
+            if self.state.step_safely() is not None:
                 last = time.time()
             elif idle_exit_s is not None and time.time() - last > idle_exit_s:
                 break
@@ -267,7 +343,8 @@ class IndexRefresher:
     def status(self) -> dict:
         return {"versions": list(self.state.history), "latest_version": self.state.version,
                 "last_checkpoint_step": self.state.last_step, "skipped_checkpoints": self.state.skipped,
-                "pid": os.getpid()}
+                "failed_refreshes": self.state.failures, "last_error": self.state.last_error,
+                "log": str(self.state.log_path), "pid": os.getpid()}
 
 
 def start_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path):
@@ -287,7 +364,7 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
     state = Refresh(run_dir, cfg, corpus_dir)
     done, last = [], time.time()
     while True:
-        rec = state.step_once()
+        rec = state.step_safely()
         if rec is not None:
             done.append(rec)
             last = time.time()
@@ -297,10 +374,17 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
                       f"{dev} -> {state.root}", flush=True)
             if once:
                 return done
-        elif once and state.newest() is None:
-            raise PipelineError(f"{run_dir}: no complete checkpoint to refresh from")
         elif once:
-            return done  # the newest checkpoint already has its version
+            newest = state.newest()
+            if newest is None:
+                raise PipelineError(f"{run_dir}: no complete checkpoint to refresh from")
+            if state.last_error and state.last_step >= newest[0]:  # tried and given up
+                raise PipelineError(f"the refresh from checkpoint step {state.last_error['checkpoint_step']} failed "
+                                    f"{state.last_error['attempt']} time(s): {state.last_error['error']} "
+                                    f"(log: {state.log_path})")
+            if not state.last_error:
+                return done  # the newest checkpoint already has its version
+            # else: a failed attempt waits for its retry
         elif time.time() - last > idle_exit_s:
             return done
         time.sleep(cfg.poll_seconds)

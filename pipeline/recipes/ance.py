@@ -34,21 +34,29 @@ from pathlib import Path
 from typing import Callable
 
 from ..data.negatives import VersionedNegatives
-from ..errors import ConfigError
+from ..errors import ConfigError, PipelineError, worker_error
 from ..io_utils import write_json_atomic
 from ..storage import RemotePath, is_uri, resolve
 
 
-def _watch(handle, out: dict) -> None:
-    """Wait on the refresher's run(); record how it ended (one warning if it died for good)."""
+def _watch(handle, out: dict, versions) -> None:
+    """Wait on the refresher's run(); when it dies for good, say so in the status the trainer's
+    provider reads: the run then fails at its next poll (or, with on_refresher_failure=continue,
+    says on every report line that its negatives are stale)."""
     import ray
+
+    from ..data.negatives import read_status, write_status
 
     try:
         out["status"] = ray.get(handle)
-    except Exception as e:  # restarts exhausted: training continues on the last version
+    except Exception as e:  # restarts exhausted
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        print(f"[ance] WARNING: the index refresher stopped for good ({out['error']}); training continues with "
-              "the last published negatives version", flush=True)
+        print(f"[ance] the index refresher stopped for good ({out['error']})", flush=True)
+        try:
+            write_status(versions, {**read_status(versions), "state": "dead",
+                                    "reason": f"its actor died after its restarts: {out['error']}"})
+        except OSError:
+            pass
 
 
 def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, callbacks: list | None = None) -> dict:
@@ -74,7 +82,13 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
         else run_dir / "negatives"
     s = replace(s, versions_dir=str(versions), corpus=str(Path(corpus).resolve()),
                 queries=s.queries or job.data.queries, qrels=s.qrels or job.data.qrels)
-    provider = VersionedNegatives(versions, corpus)
+    if not s.dev_qrels and job.validation.dev_split and job.validation.qrels:
+        # the refresher's per-version dev metric on the run's dev split (held-out training queries)
+        s = replace(s, dev_qrels=job.validation.qrels,
+                    dev_queries=job.validation.queries or str(Path(corpus) / "queries.tsv"))
+    provider = VersionedNegatives(versions, corpus, refresh_every=tc.checkpoint_every,
+                                  max_missed_refreshes=s.max_missed_refreshes if s.start_refresher else 0,
+                                  on_failure=s.on_refresher_failure)
     actor, watch = None, {}
     if s.start_refresher:
         init_ray(replace(job.ray, dashboard=True))
@@ -93,9 +107,13 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
         actor = start_refresher(run_dir, s, s.corpus)
-        ray.get(actor.status.remote())  # constructed: its corpus and queries are loaded, its errors surface here
+        try:  # constructed: corpus, training and dev queries loaded and checked; errors surface here
+            ray.get(actor.status.remote())
+        except Exception as e:
+            ray.kill(actor)
+            raise worker_error(e) or PipelineError(f"the index refresher could not start: {e}") from None
         handle = actor.run.remote()
-        thread = threading.Thread(target=_watch, args=(handle, watch), daemon=True)
+        thread = threading.Thread(target=_watch, args=(handle, watch, versions), daemon=True)
         thread.start()
         if progress:
             print(f"[ance] index refresher started ({s.cpus:g} CPU, {s.gpus:g} GPU): newest checkpoint every "

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import storage as st
+from ..errors import PipelineError
 from ..models import BiEncoder
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
@@ -246,19 +247,48 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             print(f"[train] WARNING: negatives version {resume_state['negatives_version']} of the checkpoint "
                   f"cannot be loaded ({e}); polling for the newest", flush=True)
 
+    # A newer version is loaded (read + its passage texts looked up) in a background thread while
+    # the steps go on, and swapped in at the first poll at which every rank has it: the same step
+    # on every rank, and no step waits for a load.
+    loader: dict = {}  # {"version", "future", "t0"} of the version loading on this rank
+    load_pool = None
+    negatives_note: str | None = None  # set while the provider says its negatives are stale (and why)
+
     def poll_negatives() -> None:
-        nonlocal negatives
+        nonlocal negatives, negatives_note, load_pool
         if provider is None:
             return
-        t0 = time.time()
+        health = provider.health(step) if rank == 0 and hasattr(provider, "health") else {}
         newest = provider.latest_version() if rank == 0 else None
-        newest = _all_gather_object(newest, world)[0]
-        if newest is not None and (negatives is None or newest > negatives.version):
-            negatives = provider.load(newest)
-            negatives_log.append({"version": newest, "at_step": step,
-                                  "checkpoint_step": negatives.meta.get("checkpoint_step"),
-                                  "dev_metric": negatives.meta.get("dev_metric"),
-                                  "load_seconds": round(time.time() - t0, 3)})
+        health, newest = _all_gather_object((health, newest), world)[0]
+        if health.get("error"):
+            raise PipelineError(health["error"])  # the run fails with the producer's last error, never silently
+        negatives_note = health.get("stale")
+        if loader:
+            ready = all(_all_gather_object(loader["future"].done(), world))
+            if ready:
+                try:
+                    loaded, problem = loader["future"].result(), None
+                except Exception as e:  # e.g. pruned meanwhile: say so, take the newest at the next poll
+                    loaded, problem = None, f"{type(e).__name__}: {e}"
+                problems = [p for p in _all_gather_object(problem, world) if p]
+                if problems:
+                    if rank == 0:
+                        print(f"[train] WARNING: negatives version {loader['version']} could not be loaded "
+                              f"({problems[0]}); polling for the newest", flush=True)
+                else:
+                    negatives = loaded
+                    negatives_log.append({"version": negatives.version, "at_step": step,
+                                          "checkpoint_step": negatives.meta.get("checkpoint_step"),
+                                          "dev_metric": negatives.meta.get("dev_metric"),
+                                          "load_seconds": round(time.time() - loader["t0"], 3)})
+                loader.clear()
+        if not loader and newest is not None and (negatives is None or newest > negatives.version):
+            if load_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                load_pool = ThreadPoolExecutor(1, thread_name_prefix="negatives-load")
+            loader.update(version=newest, future=load_pool.submit(provider.load, newest), t0=time.time())
 
     stat_keys: set[str] = set()
     window: dict[str, float] = {}
@@ -280,6 +310,8 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                 metrics["negatives_staleness"] = step - int(negatives.meta["checkpoint_step"])
             if negatives.meta.get("dev_metric") is not None:
                 metrics["refresher_dev_metric"] = float(negatives.meta["dev_metric"])
+        if negatives_note:
+            metrics["negatives_note"] = negatives_note
         metrics.update(extra or {})
         if rank == 0 and n_window:
             history.append({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
@@ -398,6 +430,8 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                        "(train.fail_after_checkpoint)")
             if last or stopped:
                 break
+    if load_pool is not None:
+        load_pool.shutdown(wait=False, cancel_futures=True)
     if batch_log is not None:
         upload_batch_log()
         batch_log.close()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import to_dict
-from ..errors import ConfigError, PipelineError
+from ..errors import ConfigError, PipelineError, worker_error
 from ..io_utils import atomic_path, sha256_files, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
@@ -265,6 +265,8 @@ def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
     if "negatives_version" in rec:
         parts.append(f"negatives v{int(rec['negatives_version'])}"
                      + (f" (stale {int(rec['negatives_staleness'])})" if "negatives_staleness" in rec else ""))
+    if rec.get("negatives_note"):
+        parts.append(f"WARNING {rec['negatives_note']}")
     lines = ["  ".join(parts)]
     val = {k: v for k, v in rec.items() if k.startswith("val_") and k not in ("val_metric", "val_seconds")}
     if val:
@@ -388,6 +390,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
         if queue is not None:
             queue.shutdown()
     if "error" in box:
-        raise box["error"]
+        raise worker_error(box["error"]) or box["error"]
     if box["result"].error:
-        raise box["result"].error
+        # a worker's PipelineError (e.g. ANCE's refresher failed) is one error line, not Ray's wrapper
+        raise worker_error(box["result"].error) or box["result"].error

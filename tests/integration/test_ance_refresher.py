@@ -1,5 +1,7 @@
 """ANCE on local Ray: the refresher publishes versions while training runs, the trainer switches
-to them, a killed refresher is restarted (training never stops), and every version is complete."""
+to them, a killed refresher is restarted (training never stops), and every version is complete;
+training and dev queries live in files of their own. A refresher whose every refresh fails ends
+the run with its error, or (on_refresher_failure: continue) every report line says so."""
 
 from __future__ import annotations
 
@@ -14,6 +16,19 @@ from listening import ListenWatch
 
 pytestmark = pytest.mark.integration
 
+
+
+def _split_queries(faq, tmp_path):
+    """The FAQ's training queries and dev (here: its test) queries, each in a file of its own."""
+    from pipeline.data.readers import load_qrels, load_queries
+
+    texts = load_queries(faq / "queries.tsv")
+    out = []
+    for name, split in (("train_queries.tsv", "train"), ("dev_queries.tsv", "test")):
+        qids = sorted(load_qrels(faq / "qrels" / f"{split}.trec"))
+        (tmp_path / name).write_text("".join(f"{q}\t{texts[q]}\n" for q in qids))
+        out.append(tmp_path / name)
+    return out
 
 
 def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_model_dir, faq, tmp_path, monkeypatch):
@@ -47,9 +62,12 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
             ray.kill(handles[0], no_restart=False)  # a crash: Ray restarts the actor
 
     threading.Thread(target=kill_after_first_version, daemon=True).start()
+    train_q, dev_q = _split_queries(faq, tmp_path)
     job = load_train_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
         "model.query_max_length=32", "model.doc_max_length=64", f"data.corpus={faq}", "data.hard_negatives=1",
+        f"data.queries={train_q}", f"ance.dev_queries={dev_q}",
+        "ance.max_missed_refreshes=0",  # kills and restarts here: lateness is not what this test is about
         "loss.name=ance", "loss.in_batch_negatives=true", "train.num_workers=1", "train.cpus_per_worker=1",
         "train.batch_size=8", "train.max_steps=40", "train.report_every=4", "train.negatives_poll_every=2",
         "train.step_sleep_s=0.5",
@@ -87,3 +105,44 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
         meta = json.loads((folder / "meta.json").read_text())
         assert 0.0 <= meta["dev_metric"] <= 1.0
     assert len(list_versions(versions)) <= 2  # keep_versions
+
+
+def _failing_job(tiny_model_dir, faq, tmp_path, name, *extra):
+    from pipeline.train.config import load_train_config
+
+    # IVF with 4096 lists cannot be trained on the FAQ's 176 passages: every refresh raises
+    return load_train_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
+        "model.query_max_length=32", "model.doc_max_length=64", f"data.corpus={faq}", "data.hard_negatives=1",
+        "loss.name=ance", "train.num_workers=1", "train.cpus_per_worker=1", "train.batch_size=8",
+        "train.max_steps=24", "train.report_every=2", "train.negatives_poll_every=2", f"train.storage_path={tmp_path}",
+        f"train.name={name}", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
+        "ance.cpus=1", "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.factory=IVF4096,Flat",
+        "ance.refresh_retries=1", "ance.retry_backoff_s=0", "ance.max_missed_refreshes=2", *extra])
+
+
+def test_a_refresher_that_always_fails_ends_the_run_with_its_error(ray_session, tiny_model_dir, faq, tmp_path):
+    """No version ever comes, so the run fails at the first poll at or after step (2 + 1) x 4 = 12,
+    whatever the timing, naming the refresher's last error and its log (exit 2 through the CLI)."""
+    from pipeline.errors import PipelineError
+    from pipeline.recipes.ance import run_ance
+
+    with pytest.raises(PipelineError) as err:
+        run_ance(_failing_job(tiny_model_dir, faq, tmp_path, "fails"), progress=False)
+    msg = str(err.value)
+    assert "no negatives version for 2 refresh intervals of 4 steps" in msg, msg
+    assert "refresher.log" in msg and "on_refresher_failure=continue" in msg
+    assert "Traceback" not in msg and len(msg.splitlines()) == 1
+
+
+def test_with_continue_every_report_line_says_the_negatives_are_stale(ray_session, tiny_model_dir, faq, tmp_path,
+                                                                      capsys):
+    from pipeline.recipes.ance import run_ance
+
+    summary = run_ance(_failing_job(tiny_model_dir, faq, tmp_path, "goes_on", "ance.on_refresher_failure=continue"))
+    assert summary["steps"] == 24 and summary["negatives_versions"] == []
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[train] goes_on step ")]
+    steps = {int(ln.split()[3].split("/")[0]): ln for ln in lines if "validation" not in ln}
+    late = [s for s in steps if s >= 14]  # the poll at step 12 saw it; reports from 14 on carry the note
+    assert late and all("WARNING negatives stale since the start: no negatives version" in steps[s] for s in late)
+

@@ -95,7 +95,7 @@ def test_refresher_takes_the_newest_checkpoint_and_never_a_positive(run, faq):
     run_dir, model = run
     for step in (2, 4, 6):  # three arrive at once: only the newest is refreshed
         _checkpoint(run_dir, step, model)
-    r = Refresh(run_dir, _cfg(dev_qrels=str(faq / "qrels" / "test.trec")), faq)
+    r = Refresh(run_dir, _cfg(dev_qrels=str(faq / "qrels" / "test.trec"), dev_queries=str(faq / "queries.tsv")), faq)
     rec = r.step_once()
     assert rec["version"] == 1 and rec["checkpoint_step"] == 6 and r.skipped == 2
     assert 0.0 <= rec["dev_metric"] <= 1.0
@@ -123,7 +123,8 @@ def test_refresher_takes_the_newest_checkpoint_and_never_a_positive(run, faq):
     # a restarted refresher resumes after its last version
     again = Refresh(run_dir, _cfg(), faq)
     assert (again.version, again.last_step) == (3, 10) and again.step_once() is None
-    assert not list((run_dir / "negatives" / ".pins").iterdir())  # pins released
+    pins = run_dir / "negatives" / ".pins"
+    assert not pins.exists() or not list(pins.iterdir())  # pins released
 
 
 def test_pinned_checkpoint_survives_rotation(run):
@@ -214,3 +215,111 @@ def test_ance_negatives_before_a_version_and_for_queries_a_version_lacks():
     ctx.negatives = NegativesVersion(1, {}, {"q1": ["n1", "n2"]})
     got = method.negatives_for(row, ctx)  # q9 is not in the version and has none of its own
     assert len(got) == 2 and set(got) <= {"n1", "n2"} and ctx.stats == {"negatives_fallback": 1}
+
+
+def test_subset_keeps_the_dev_positives_and_names_its_source_variant(faq, tmp_path):
+    from pipeline.data.manifest import load_manifest
+    from pipeline.data.readers import load_qrels, load_queries
+    from pipeline.data.subset import make_subset
+
+    import pyarrow.parquet as pq
+
+    dev_q = tmp_path / "dev_queries.tsv"  # the dev queries in their own file
+    test_qrels = load_qrels(faq / "qrels" / "test.trec")
+    all_q = load_queries(faq / "queries.tsv")
+    dev_q.write_text("".join(f"{q}\t{all_q[q]}\n" for q in sorted(test_qrels)))
+    rec = make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub", passages=120,
+                      train_queries=30, seed=2, progress=False, dev_queries=dev_q, dev_qrels=faq / "qrels" / "test.trec")
+    m = load_manifest(tmp_path / "sub")
+    assert m["variant"] == "beir-python_faq-subset" and rec["source_variant"] == "beir-python_faq"
+    pids = {p for part in m["parts"] for p in pq.read_table(tmp_path / "sub" / part["file"])["pid"].to_pylist()}
+    dev_pos = {d for docs in test_qrels.values() for d, r in docs.items() if r >= 1}
+    assert len(pids) == 120 and dev_pos <= pids  # every dev positive kept
+    assert load_qrels(tmp_path / "sub" / "qrels" / "dev.trec").keys() == test_qrels.keys()
+    assert rec["dev_queries"] == len(test_qrels) and rec["training_pairs"] >= 30
+    assert set(load_queries(tmp_path / "sub" / "queries.tsv")) == set(rec["queries"]) | set(test_qrels)
+
+    bad = tmp_path / "other.tsv"
+    bad.write_text("zz1\tnothing\n")
+    with pytest.raises(PipelineError, match="none of its .* queries is in --dev-queries"):
+        make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub2", passages=120,
+                    train_queries=30, progress=False, dev_queries=bad, dev_qrels=faq / "qrels" / "test.trec")
+    with pytest.raises(PipelineError, match="more than the corpus's 176"):
+        make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub3", passages=10_000,
+                    train_queries=30, progress=False)
+    with pytest.raises(PipelineError, match="--dev-queries and --dev-qrels go together"):
+        make_subset(faq, faq / "queries.tsv", faq / "qrels" / "train.trec", tmp_path / "sub4", passages=120,
+                    train_queries=30, progress=False, dev_qrels=faq / "qrels" / "test.trec")
+
+
+# --------------------------------------------------------------------------- the refresher when a refresh fails
+
+
+def test_a_refresh_that_raises_is_retried_then_its_checkpoint_given_up_and_the_status_says_so(run, faq, monkeypatch):
+    from pipeline.data.negatives import VersionedNegatives, list_versions, read_status
+    from pipeline.index.refresher import Refresh
+
+    run_dir, model = run
+    _checkpoint(run_dir, 4, model)
+    r = Refresh(run_dir, _cfg(refresh_retries=1, retry_backoff_s=0), faq)
+    calls = []
+
+    def broken(model_dir, step, source):
+        calls.append(step)
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(r, "refresh", broken)
+    assert r.step_safely() is None and r.step_safely() is None  # the first try and its one retry
+    assert calls == [4, 4] and r.last_step == 4  # given up: the next checkpoint is taken
+    st = read_status(run_dir / "negatives")
+    assert st["state"] == "skipped-checkpoint" and st["failures"] == 2
+    assert st["last_error"]["version"] == 1 and st["last_error"]["checkpoint_step"] == 4
+    assert "illegal memory access" in st["last_error"]["error"] and "step-00000004" in st["last_error"]["checkpoint"]
+    assert "RuntimeError" in (run_dir / "negatives" / "refresher.log").read_text()  # the traceback, logged
+
+    # the provider: no version for max_missed refresh intervals -> the run's error, or (continue) a stale note
+    strict = VersionedNegatives(run_dir / "negatives", faq, refresh_every=4, max_missed_refreshes=2)
+    assert strict.health(11) == {}
+    err = strict.health(12)["error"]
+    assert "no negatives version for 2 refresh intervals of 4 steps (step 12, newest: the start" in err
+    assert "illegal memory access" in err and "refresher.log" in err and "on_refresher_failure=continue" in err
+    lenient = VersionedNegatives(run_dir / "negatives", faq, refresh_every=4, max_missed_refreshes=2,
+                                 on_failure="continue")
+    assert lenient.health(12)["stale"].startswith("negatives stale since the start: no negatives version")
+
+    # a refresh that fails once and then works: the next checkpoint gives version 1, the status is ok
+    monkeypatch.undo()
+    _checkpoint(run_dir, 8, model)
+    rec = r.step_safely()
+    assert rec["version"] == 1 and rec["checkpoint_step"] == 8 and list_versions(run_dir / "negatives") == [1]
+    assert read_status(run_dir / "negatives")["state"] == "ok"
+    assert strict.health(12) == {} and strict.health(19) == {} and "error" in strict.health(20)  # 8 + (2 + 1) * 4
+
+
+def test_a_dead_refresher_fails_the_run_at_once(run, faq):
+    from pipeline.data.negatives import VersionedNegatives, write_status
+
+    run_dir, _ = run
+    write_status(run_dir / "negatives", {"state": "dead", "reason": "its actor died after its restarts: OOM"})
+    p = VersionedNegatives(run_dir / "negatives", faq, refresh_every=100, max_missed_refreshes=3)
+    assert "the index refresher has failed for good (its actor died after its restarts: OOM)" in p.health(1)["error"]
+    assert VersionedNegatives(run_dir / "negatives", faq).health(1)["error"]  # dead means dead, lateness aside
+
+
+def test_a_restarted_refresher_clears_stale_pins_and_dev_queries_come_from_their_own_file(run, faq, tmp_path):
+    from pipeline.index.refresher import Refresh
+
+    run_dir, model = run
+    stale = run_dir / "negatives" / ".pins" / "step-00000002-deadbeef" / "model"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"x" * 1000)  # what a crashed refresher left pinned
+    Refresh(run_dir, _cfg(), faq)
+    assert not (run_dir / "negatives" / ".pins").exists()
+
+    with pytest.raises(ConfigError, match="ance.dev_qrels needs ance.dev_queries"):
+        _cfg(dev_qrels=str(faq / "qrels" / "test.trec"))
+    half = tmp_path / "dev.tsv"
+    half.write_text("".join(line + "\n" for line in (faq / "queries.tsv").read_text().splitlines()[:5]))
+    with pytest.raises(PipelineError, match=r"ance.dev_qrels .*: \d+ of its \d+ queries are not in ance.dev_queries"):
+        Refresh(run_dir, _cfg(dev_qrels=str(faq / "qrels" / "test.trec"), dev_queries=str(half)), faq)
+

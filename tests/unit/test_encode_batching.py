@@ -193,7 +193,7 @@ def test_bad_encode_values_are_config_errors(override):
 
 def test_a_workers_pipeline_error_reaches_the_driver_as_one():
     from pipeline.errors import PipelineError
-    from pipeline.index.encode import worker_error
+    from pipeline.errors import worker_error
 
     class Wrapped(Exception):  # what Ray hands the driver: the cause only as text
         pass
