@@ -46,7 +46,7 @@ def cmd_subset(args) -> None:
     from ..data.subset import make_subset
 
     make_subset(args.corpus, args.queries, args.qrels, args.out, args.passages, args.train_queries, seed=args.seed,
-                overwrite=args.overwrite)
+                overwrite=args.overwrite, dev_queries=args.dev_queries, dev_qrels=args.dev_qrels)
 
 
 def add_parsers(sub) -> None:
@@ -82,6 +82,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--passages", type=int, required=True, help="passages in the subset (the sampled queries' "
                                                                  "positives first, then random passages)")
     p.add_argument("--train-queries", type=int, required=True, help="training queries to sample")
+    p.add_argument("--dev-queries", help="the dev queries' own file (MS MARCO: queries.dev.small.tsv); with --dev-qrels")
+    p.add_argument("--dev-qrels", help="the dev judgements: every dev positive is kept in the subset (qrels/dev.trec), "
+                                       "so a dev metric on the subset means something")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", required=True, help="subset corpus folder to write (new or empty)")
     p.add_argument("--overwrite", action="store_true", help="replace a subset this command wrote at --out")

@@ -31,9 +31,14 @@ DEFAULT_TITLE_JOIN = {
 
 
 def check_variant(variant: str) -> str:
+    """A known variant, a `beir-<name>`, or `<variant>-subset` (pipeline subset of one: the source's
+    variant, e.g. the titled flag of MS MARCO, survives in the name)."""
     if variant in VARIANTS_FIXED or (variant.startswith("beir-") and len(variant) > 5):
         return variant
-    raise PipelineError(f"unknown corpus variant {variant!r}; use one of {', '.join(VARIANTS_FIXED)} or beir-<name>")
+    if variant.endswith("-subset") and variant.removesuffix("-subset") in VARIANTS_FIXED:
+        return variant
+    raise PipelineError(f"unknown corpus variant {variant!r}; use one of {', '.join(VARIANTS_FIXED)}, beir-<name> "
+                        "or <variant>-subset")
 
 
 def check_title_join(join: str) -> str:
