@@ -10,6 +10,7 @@ from .common import add_common_flags, add_config_args, batch_override, device_fl
 def cmd_train(args) -> None:
     from ..index.validate import make_validator
     from ..train.config import load_train_config
+    from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
 
     extra = batch_override(args, "train.batch_size")
@@ -22,6 +23,8 @@ def cmd_train(args) -> None:
             raise fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=bf16 "
                                 "or auto")
         job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
+    if job.loss.name != "rcl":  # RCL splits its own dev share (rcl.dev_split)
+        job = apply_dev_split(job)  # validation.dev_split: held-out training queries, before the validator
     if job.loss.name in ("ance", "ance_dar"):
         from ..recipes.ance import run_ance
 

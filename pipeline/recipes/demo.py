@@ -56,22 +56,23 @@ def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str,
 def _train(method: str, corpus: Path, out: Path) -> dict:
     """Train (or, when its run is complete, reuse: train.resume=auto) one demo model.
 
-    Validation on the test split every 6 steps gives the curves of the report (it is not
-    used to select anything: the last step's model is evaluated)."""
+    Validation on the dev split (held-out training queries) every 6 steps gives the curves of
+    the report; nothing is selected on it (the last step's model is evaluated on the test split)."""
     from ..index.validate import Validator
     from ..train.config import load_train_config
+    from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
 
     cfg_path = REPO / "jobs" / "configs" / f"{method}.yaml"
     if not cfg_path.exists():
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
-    test_qrels = corpus / "qrels" / "test.trec"
-    job = load_train_config(cfg_path, [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}",
-                                       f"validation.corpus={corpus}", f"validation.qrels={test_qrels}",
-                                       "train.eval_every=6", "train.report_every=6"])
+    # the curves validate on a seeded 10 % of the training queries held out (validation.dev_split),
+    # never on the test split the table reports
+    job = apply_dev_split(load_train_config(cfg_path, [
+        f"data.corpus={corpus}", f"train.storage_path={out / 'train'}", "validation.corpus=null",
+        "validation.qrels=null", "validation.dev_split=0.1", "train.eval_every=6", "train.report_every=6"]))
     v = job.validation
-    return train(job, validate_fn=Validator(str(corpus), v.queries, str(test_qrels), v.metric, v.top_k, v.batch_size,
-                                            job.eval))
+    return train(job, validate_fn=Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval))
 
 
 def _plot(histories: dict[str, list[dict]], path: Path, metric: str) -> None:

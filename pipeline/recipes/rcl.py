@@ -287,10 +287,9 @@ def _entropy_jobs(job, init_model: str, root: Path, cpus: float | None = None) -
 
 def split_dev(job, root: Path):
     """`rcl.dev_split`: a seeded share of the training queries becomes the dev split; the job then
-    trains on the rest (`data.qrels`) and validates on the dev queries (`validation.*`)."""
-    import random
-
-    from ..data.readers import load_qrels
+    trains on the rest (`data.qrels`) and validates on the dev queries (`validation.*`); the same
+    split as `validation.dev_split` (train/dev_split.py), written to `<root>/split/`."""
+    from ..train.dev_split import write_dev_split
 
     s = job.section("rcl")
     if not s.dev_split or s.pairs:  # rcl.pairs: the pairs' own dev share (data/sentence_pairs.py)
@@ -298,26 +297,11 @@ def split_dev(job, root: Path):
     if job.data.source != "qrels" or not job.data.corpus:
         raise ConfigError("rcl.dev_split needs data.source=qrels with data.corpus")
     corpus = Path(job.data.corpus)
-    src = Path(job.data.qrels or corpus / "qrels" / "train.trec")
-    qrels = load_qrels(src)
-    qids = sorted(qrels)
-    random.Random(job.train.seed).shuffle(qids)
-    n_dev = max(1, round(s.dev_split * len(qids)))
-    if n_dev >= len(qids):
-        raise ConfigError(f"rcl.dev_split={s.dev_split} leaves no training query ({len(qids)} in {src})")
-    dev, train = set(qids[:n_dev]), set(qids[n_dev:])
-    out = root / "split"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, keep in (("train.trec", train), ("dev.trec", dev)):
-        lines = [f"{q} 0 {d} {r}" for q in sorted(keep) for d, r in sorted(qrels[q].items())]
-        text = "\n".join(lines) + "\n"
-        if not (out / name).exists() or (out / name).read_text() != text:
-            from ..io_utils import write_text_atomic
-
-            write_text_atomic(out / name, text)
-    return replace(job, data=replace(job.data, qrels=str(out / "train.trec")),
+    train, dev = write_dev_split(Path(job.data.qrels or corpus / "qrels" / "train.trec"), s.dev_split,
+                                 job.train.seed, root / "split", "rcl.dev_split")
+    return replace(job, data=replace(job.data, qrels=str(train)),
                    validation=replace(job.validation, corpus=str(corpus), queries=job.data.queries,
-                                      qrels=str(out / "dev.trec")))
+                                      qrels=str(dev)))
 
 
 def anisotropy_of(job, models: dict[str, str], root: Path, n: int) -> dict[str, float]:

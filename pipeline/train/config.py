@@ -84,6 +84,13 @@ class ValidationConfig:
     metric: str = "MRR@10"                  # the one reported as `val_metric` (for Tune)
     top_k: int = 100
     batch_size: int = 64
+    # > 0: a seeded share of the training queries, held out of training, is the dev split the run
+    # validates (and a sweep selects) on, instead of `qrels` (train/dev_split.py)
+    dev_split: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.dev_split < 1:
+            raise ConfigError(f"validation.dev_split must be in [0, 1), got {self.dev_split}")
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,9 @@ def reported_metrics(job) -> tuple[list[str], str]:
             return names + _spine_metrics(job) + best, ""
         return names, (" (RCL's final model is validated on rcl.sts_dev, validation.corpus or the rcl.dev_split "
                        "dev queries)")
-    if job.validation.corpus:
+    if job.validation.corpus or (job.validation.dev_split and job.data.corpus):
         return names + _spine_metrics(job), ""
-    return names, " (validation metrics need validation.corpus in the base config)"
+    return names, " (validation metrics need validation.dev_split or validation.corpus in the base config)"
 
 
 # --------------------------------------------------------------------------- resources
@@ -226,9 +226,12 @@ def run_job(job, callbacks: list) -> dict:
     """Train `job` as `pipeline train` would (cli/training.cmd_train's dispatch), reporting to Tune through
     `callbacks` (Ray Train callbacks: the runner's StepReport)."""
     from ..index.validate import make_validator
+    from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
 
     kind = kind_of(job)
+    if kind != "rcl":  # validation.dev_split: the trial validates on held-out training queries
+        job = apply_dev_split(job)
     if kind == "ance":
         return run_ance_trial(job, make_validator(job), callbacks)
     if kind == "rcl":

@@ -331,7 +331,9 @@ def test_shipped_training_configs_load():
         assert job.loss.name in method_names()
     nq = load_train_config(configs[0].parent / "dar_nq.yaml")
     assert (nq.loss.similarity, nq.loss.temperature, nq.model.pooling, nq.train.epochs) == ("dot", 1.0, "cls", 25)
-    assert nq.train.batch_size * nq.train.num_workers == 32 and nq.data.hard_negatives == 1
+    # the DAR paper's main table: in-batch negatives only (appendix B.1); Table 6 adds one BM25 negative
+    assert nq.train.batch_size * nq.train.num_workers == 32 and nq.data.hard_negatives == 0
+    assert load_train_config(configs[0].parent / "dar_nq_hn.yaml").data.hard_negatives == 1
 
 
 def test_method_sections_are_typed_and_round_trip(monkeypatch):
