@@ -7,14 +7,29 @@ Perturbation (released-code form, the default): n dropout masks (Bernoulli p,
 
     L = 1/(n+1) Σ_{m=0..n} L_total(Q, D^(m)),   L_total = (1-w) L_nll + w L_mix
 
-Interpolation (mixup with soft labels): for local query i with positive d_i and a
-negative column k, λ_ik ~ U[0, 1]; since s is linear, scoring the mixed vector
-λ d_i + (1-λ) d_k equals mixing the scores:
+The 1/(1-p) rescaling of inverted dropout matters only for `similarity: dot` (it keeps the
+expected dot product). Under `similarity: cos` every document vector, and every mixed vector
+below, is L2-normalised before it is scored, so the factor cancels: a copy is scored exactly as
+the unscaled masked vector `d * mask` would be (tested). The same code serves both.
 
-    z_ik  = (λ_ik s(q_i, d_i) + (1-λ_ik) s(q_i, d_k) - μ_k) / mix_scale
+Interpolation (mixup with soft labels): for local query i with positive d_i and a
+negative column k, λ_ik ~ U[0, 1], the mixed document d̃_ik = λ_ik d_i + (1-λ_ik) d_k
+(both from the same copy D^(m)) is scored against q_i:
+
+    z_ik  = (s(q_i, d̃_ik) - μ_k) / mix_scale
     L_mix = 1/K Σ_k mean_i BCE(σ(z_ik), λ_ik)
 
-with μ_k the mean of the 2B scores involved in column k (B positives, B negatives).
+with μ_k the mean of the 2B scores involved in column k (B scores s(q_i, d_i), B scores
+s(q_i, d_k)). How s(q_i, d̃_ik) is computed depends on the score function:
+
+- `dot`: s is linear in d, so s(q, λ d_i + (1-λ) d_k) = λ s(q, d_i) + (1-λ) s(q, d_k): the
+  scores are mixed (the released code's form; the numbers are those of the score matrix).
+- `cos`: cos(q, ·) is not linear in d (the mixed vector has its own norm), so mixing the
+  scores would be a different quantity. The VECTORS are mixed and the mix is scored:
+  s(q_i, d̃_ik) = cos(q_i, d̃_ik) / τ = (q̂_i · d̃_ik) / (‖d̃_ik‖ τ), ‖d̃_ik‖ floored at 1e-12 as
+  F.normalize does. It is computed from the dot products q̂·d and d·d (`mixed_cos_scores`),
+  never materialising the (B, K, D) mixes.
+
 Which column is "the k-th negative of query i" (`mix_grouping`):
 
 - `drop_positive` (default; released code, `BiEncoderMixupNllLoss`): the k-th column of
@@ -26,8 +41,12 @@ Which column is "the k-th negative of query i" (`mix_grouping`):
 - `shift`: the k-th cyclic shift over the G global positives (column (pos_i + k) mod G,
   k = 1..G-1; K = G-1); hard negatives are never mixed.
 
-`mix_detach_negatives=True` cuts the gradient through s(q_i, d_k), as the released
-code does. Validation (training=False) is deterministic: no copies, no λ, L = L_nll.
+`mix_detach_negatives=True` cuts the gradient through the negative, as the released code
+does: under `dot` s(q_i, d_k) is a constant (the released code's detached tensor); under
+`cos` the negative's part of the mixed score, q̂_i·d_k, and d_k itself (in ‖d̃_ik‖) are
+constants, so the gradient reaches q_i and d_i only, as under `dot`. In both, the negatives'
+scores in μ_k are constants too. Validation (training=False) is deterministic: no copies,
+no λ, L = L_nll.
 
 Identities: n = 0 and w = 0 gives DPR's L_nll exactly.
 Under DDP the NLL sees the all-gathered batch exactly; the mix term, like the released
@@ -89,8 +108,40 @@ def n_mix_columns(n_pos: int, n_cols: int, cfg: DARConfig) -> int:
     return max(n_cols - 1, 0)
 
 
-def mix_loss(s: torch.Tensor, pos_idx: torch.Tensor, n_pos: int, lam: torch.Tensor, cfg: DARConfig) -> torch.Tensor:
-    """L_mix from a (B, N) score matrix; `lam` is (B, K) with λ for each (query, mix column)."""
+NORM_EPS = 1e-12  # F.normalize's floor on a vector's norm
+
+
+def mixed_cos_scores(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, neg_cols: torch.Tensor,
+                     lam: torch.Tensor, cfg: DARConfig) -> torch.Tensor:
+    """(B, K) cos(q_i, λ_ik d_{pos_i} + (1-λ_ik) d_{neg_ik}) / τ, the mixed VECTOR scored.
+
+    Uses q̂·m = λ q̂·d_i + (1-λ) q̂·d_k and ‖m‖² = λ² d_i·d_i + 2λ(1-λ) d_i·d_k + (1-λ)² d_k·d_k,
+    so only (B, N) products are formed. With `mix_detach_negatives`, q̂·d_k and d_k are constants.
+    """
+    qn = F.normalize(q, dim=-1)                                        # (B, D)
+    d_pos = docs[pos_idx]                                              # (B, D)
+    d_neg = docs.detach() if cfg.mix_detach_negatives else docs        # (N, D)
+    q_pos = (qn * d_pos).sum(-1, keepdim=True)                         # (B, 1)
+    q_neg = (qn @ d_neg.T).gather(1, neg_cols)                         # (B, K)
+    if cfg.mix_detach_negatives:
+        q_neg = q_neg.detach()
+    pp = (d_pos * d_pos).sum(-1, keepdim=True)                         # (B, 1)
+    pk = (d_pos @ d_neg.T).gather(1, neg_cols)                         # (B, K)
+    kk = (d_neg * d_neg).sum(-1)[neg_cols]                             # (B, K)
+    num = lam * q_pos + (1 - lam) * q_neg
+    sq = lam * lam * pp + 2 * lam * (1 - lam) * pk + (1 - lam) * (1 - lam) * kk
+    norm = sq.clamp_min(NORM_EPS * NORM_EPS).sqrt()                    # max(‖m‖, eps), as F.normalize
+    return num / norm / cfg.tau
+
+
+def mix_loss(s: torch.Tensor, pos_idx: torch.Tensor, n_pos: int, lam: torch.Tensor, cfg: DARConfig,
+             q: torch.Tensor | None = None, docs: torch.Tensor | None = None) -> torch.Tensor:
+    """L_mix from a (B, N) score matrix; `lam` is (B, K) with λ for each (query, mix column).
+
+    Under `similarity: cos` the mixed vectors are scored (module docstring), so `q` (B, D) and
+    `docs` (N, D), the vectors `s` was computed from, are required; under `dot` the scores are
+    mixed and `q`/`docs` are not used.
+    """
     B = s.shape[0]
     if n_pos < 2 or lam.shape[1] == 0:
         return s.new_zeros(())
@@ -101,7 +152,13 @@ def mix_loss(s: torch.Tensor, pos_idx: torch.Tensor, n_pos: int, lam: torch.Tens
     if cfg.mix_detach_negatives:
         neg = neg.detach()
     mu = (pos.sum() + neg.sum(0)) / (2 * B)  # (K,): mean of the 2B scores per column
-    z = (lam * pos.unsqueeze(1) + (1 - lam) * neg - mu.unsqueeze(0)) / cfg.mix_scale
+    if cfg.similarity == "cos":
+        if q is None or docs is None:
+            raise ValueError("mix_loss under similarity=cos scores the mixed vectors: pass q and docs")
+        mixed = mixed_cos_scores(q, docs, pos_idx, neg_cols, lam, cfg)
+    else:  # dot: s is linear in d, so the mixed vector's score is the mix of the scores
+        mixed = lam * pos.unsqueeze(1) + (1 - lam) * neg
+    z = (mixed - mu.unsqueeze(0)) / cfg.mix_scale
     bce = F.binary_cross_entropy_with_logits(z, lam, reduction="none")  # (B, K)
     return bce.mean(0).mean()  # mean over i, then 1/K Σ_k
 
@@ -135,7 +192,7 @@ def dar_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: DA
         nll = nll_fn(s)
         if w > 0:
             lam = torch.rand((q.shape[0], K), generator=generator, device=q.device, dtype=s.dtype)
-            mix = mix_loss(s, pos_idx, G, lam, cfg)
+            mix = mix_loss(s, pos_idx, G, lam, cfg, q=q, docs=d)
         else:
             mix = s.new_zeros(())
         total = total + (1 - w) * nll + w * mix

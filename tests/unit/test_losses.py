@@ -105,10 +105,21 @@ def ref_nll(q, docs, pos_idx, cfg):
     return total / q.shape[0]
 
 
+def _s_mixed_vector(qv, dp, dn, lam, cfg, detach_neg=False):
+    """cos(q, λ d_p + (1-λ) d_n) / τ written out: mix the vectors, normalise the mix, score it.
+    With detach_neg, d_n and q̂·d_n are constants (the gradient reaches q and d_p only)."""
+    qh = qv / qv.norm()
+    m = lam * dp + (1 - lam) * (dn.detach() if detach_neg else dn)
+    if not detach_neg:
+        return (qh * (m / m.norm())).sum() / cfg.tau
+    return (lam * (qh * dp).sum() + (1 - lam) * (qh * dn).sum().detach()) / m.norm() / cfg.tau
+
+
 def ref_mix(q, docs, pos_idx, G, lam, cfg, detach_neg=False):
     """METHODS.md §2: for each shift k=1..G-1, negative of query i is column (pos_idx[i]+k) % G;
-    μ_k = mean of the 2B scores {s(q_i,d_i)} ∪ {s(q_i,d_neg)}; z = (λ s_pos + (1-λ) s_neg - μ_k)/scale;
-    BCE(σ(z), λ); mean over i, then mean over k."""
+    μ_k = mean of the 2B scores {s(q_i,d_i)} ∪ {s(q_i,d_neg)}; z = (s_mix - μ_k)/scale with
+    s_mix = λ s_pos + (1-λ) s_neg under dot (= the mixed vector's score) and the mixed vector's
+    cosine under cos; BCE(σ(z), λ); mean over i, then mean over k."""
     B = q.shape[0]
     per_k = []
     for k in range(1, G):
@@ -120,7 +131,12 @@ def ref_mix(q, docs, pos_idx, G, lam, cfg, detach_neg=False):
         bces = []
         for i in range(B):
             lam_ik = lam[i, k - 1]
-            z = (lam_ik * pos[i] + (1 - lam_ik) * neg[i] - mu) / cfg.mix_scale
+            if cfg.similarity == "cos":
+                s_mix = _s_mixed_vector(q[i], docs[int(pos_idx[i])], docs[(int(pos_idx[i]) + k) % G], lam_ik, cfg,
+                                        detach_neg)
+            else:
+                s_mix = lam_ik * pos[i] + (1 - lam_ik) * neg[i]
+            z = (s_mix - mu) / cfg.mix_scale
             sig = 1 / (1 + torch.exp(-z))
             bces.append(-(lam_ik * torch.log(sig) + (1 - lam_ik) * torch.log(1 - sig)))
         per_k.append(sum(bces) / B)
@@ -192,11 +208,151 @@ def test_mix_loss_matches_loop_reference(sim):
     q, docs = _rand_case(B=4, n_hard=2, seed=1)
     pos_idx = torch.arange(4)
     lam = torch.rand((4, 3), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    got = mix_loss(scores(q, docs, cfg), pos_idx, 4, lam, cfg)
+    vectors = {"q": q, "docs": docs} if sim == "cos" else {}  # cos scores the mixed vectors
+    got = mix_loss(scores(q, docs, cfg), pos_idx, 4, lam, cfg, **vectors)
     want = ref_mix(q, docs, pos_idx, 4, lam, cfg)
     assert got.item() == pytest.approx(want.item(), rel=1e-12, abs=1e-12)
     for a, b in zip(_grads(got, q, docs), _grads(want, q, docs)):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+def _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form):
+    """The default grouping (drop_positive, hard negatives mixed) written out. vector_form: the
+    mixed vector λ d_i + (1-λ) d_k is normalised and scored; else the two scores are mixed."""
+    B, N = q.shape[0], docs.shape[0]
+    cols = [[c for c in range(N) if c != int(pos_idx[i])] for i in range(B)]
+    K = N - 1
+    total = 0.0
+    for k in range(K):
+        pos = [_s(q[i], docs[int(pos_idx[i])], cfg) for i in range(B)]
+        neg = [_s(q[i], docs[cols[i][k]], cfg) for i in range(B)]
+        mu = (sum(pos) + sum(neg)) / (2 * B)
+        for i in range(B):
+            lam_ik = lam[i, k]
+            if vector_form:
+                m = lam_ik * docs[int(pos_idx[i])] + (1 - lam_ik) * docs[cols[i][k]]
+                s_mix = (q[i] / q[i].norm() * (m / m.norm())).sum() / cfg.tau if cfg.similarity == "cos" \
+                    else (q[i] * m).sum() / cfg.tau
+            else:
+                s_mix = lam_ik * pos[i] + (1 - lam_ik) * neg[i]
+            z = (s_mix - mu) / cfg.mix_scale
+            sig = 1 / (1 + torch.exp(-z))
+            total = total - (lam_ik * torch.log(sig) + (1 - lam_ik) * torch.log(1 - sig)) / B
+    return total / K
+
+
+def test_mix_cos_scores_the_normalised_mixed_vector():
+    """Under cos the mix term is cos(q_i, λ d_i + (1-λ) d_k)/τ: the mixed vector normalised, then scored."""
+    cfg = DARConfig(name="dar", similarity="cos", temperature=0.2, mix_scale=3.0)  # default grouping
+    q, docs = _rand_case(B=3, n_hard=2, D=6, seed=21)
+    pos_idx = torch.arange(3)
+    lam = torch.rand((3, 4), generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+    got = mix_loss(scores(q, docs, cfg), pos_idx, 3, lam, cfg, q=q, docs=docs)
+    want = _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form=True)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(_grads(got, q, docs), _grads(want, q, docs)):
+        assert torch.allclose(a, b, atol=1e-12)
+    # the per-entry mixed scores, against F.normalize of the mixed vector
+    neg_cols = dar_mod.mix_columns(pos_idx, 3, docs.shape[0], cfg)
+    mixed = dar_mod.mixed_cos_scores(q, docs, pos_idx, neg_cols, lam, cfg)
+    for i in range(3):
+        for k in range(4):
+            m = lam[i, k] * docs[i] + (1 - lam[i, k]) * docs[neg_cols[i, k]]
+            s = torch.nn.functional.normalize(q[i], dim=0) @ torch.nn.functional.normalize(m, dim=0) / cfg.tau
+            assert mixed[i, k].item() == pytest.approx(s.item(), rel=1e-12)
+    # the scale of a document cancels under cos (1/(1-p) of inverted dropout, too)
+    assert mix_loss(scores(q, 3.0 * docs, cfg), pos_idx, 3, lam, cfg, q=q, docs=3.0 * docs).item() == \
+        pytest.approx(got.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mix_cos_is_not_score_mixing(seed):
+    """Fails on the score-mixing form under cos: on random vectors the two forms differ, and the
+    code gives the vector form."""
+    cfg = DARConfig(name="dar", similarity="cos", temperature=0.1)
+    q, docs = _rand_case(B=4, n_hard=2, D=8, seed=30 + seed)
+    pos_idx = torch.arange(4)
+    lam = torch.rand((4, 5), generator=torch.Generator().manual_seed(40 + seed), dtype=torch.float64)
+    got = mix_loss(scores(q, docs, cfg), pos_idx, 4, lam, cfg, q=q, docs=docs).item()
+    vector_form = _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form=True).item()
+    score_form = _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form=False).item()
+    assert abs(vector_form - score_form) > 1e-3 * abs(score_form)  # the forms differ under cos
+    assert got == pytest.approx(vector_form, rel=1e-12)
+    assert got != pytest.approx(score_form, rel=1e-6)
+    # entry by entry: cos of the mix differs from the mix of the cosines
+    s = scores(q, docs, cfg)
+    neg_cols = dar_mod.mix_columns(pos_idx, 4, docs.shape[0], cfg)
+    mixed = dar_mod.mixed_cos_scores(q, docs, pos_idx, neg_cols, lam, cfg)
+    score_mixed = lam * s[torch.arange(4), pos_idx].unsqueeze(1) + (1 - lam) * s.gather(1, neg_cols)
+    assert ((mixed - score_mixed).abs() > 1e-6).float().mean() > 0.9
+
+
+def test_mix_cos_needs_the_vectors():
+    cfg = DARConfig(name="dar", similarity="cos")
+    q, docs = _rand_case(B=2, n_hard=0)
+    with pytest.raises(ValueError, match="pass q and docs"):
+        mix_loss(scores(q, docs, cfg), torch.arange(2), 2, torch.rand(2, 1, dtype=torch.float64), cfg)
+
+
+def test_mix_dot_vector_and_score_forms_agree():
+    """Under dot, scoring the mixed vector equals mixing the scores (s is linear): both forms agree."""
+    cfg = DARConfig(name="dar", similarity="dot", temperature=0.7, mix_scale=5.0)
+    q, docs = _rand_case(B=3, n_hard=3, D=7, seed=50)
+    pos_idx = torch.arange(3)
+    lam = torch.rand((3, 5), generator=torch.Generator().manual_seed(51), dtype=torch.float64)
+    got = mix_loss(scores(q, docs, cfg), pos_idx, 3, lam, cfg)
+    assert torch.equal(got, mix_loss(scores(q, docs, cfg), pos_idx, 3, lam, cfg, q=q, docs=docs))  # vectors unused
+    vector_form = _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form=True)
+    score_form = _mix_by_hand(q, docs, pos_idx, lam, cfg, vector_form=False)
+    assert vector_form.item() == pytest.approx(score_form.item(), rel=1e-12)
+    assert got.item() == pytest.approx(vector_form.item(), rel=1e-12)
+    for a, b in zip(_grads(got, q, docs), _grads(vector_form, q, docs)):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_mix_cos_detach_negatives_cuts_the_negative(detach):
+    """Under cos with mix_detach_negatives: the gradient reaches q and the positives only."""
+    cfg = DARConfig(name="dar", similarity="cos", **SHIFT, temperature=0.3, mix_detach_negatives=detach)
+    q, docs = _rand_case(B=3, n_hard=0, D=5, seed=60)
+    lam = torch.rand((3, 2), generator=torch.Generator().manual_seed(61), dtype=torch.float64)
+    got = mix_loss(scores(q, docs, cfg), torch.arange(3), 3, lam, cfg, q=q, docs=docs)
+    want = ref_mix(q, docs, torch.arange(3), 3, lam, cfg, detach_neg=detach)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    for a, b in zip(_grads(got, q, docs), _grads(want, q, docs)):
+        assert torch.allclose(a, b, atol=1e-12)
+    # one query (positive docs[0], mix negatives docs[1], docs[2]): with detach, its negatives get no gradient
+    q1 = q[:1].detach().requires_grad_()
+    d1 = docs.detach().clone().requires_grad_()
+    m = mix_loss(scores(q1, d1, cfg), torch.tensor([0]), 3, lam[:1], cfg, q=q1, docs=d1)
+    (g,) = torch.autograd.grad(m, d1)
+    assert (g[0].abs().sum() > 0).item()
+    assert (torch.count_nonzero(g[1:]) == 0) == detach
+
+
+def test_dar_cos_dropout_rescaling_cancels():
+    """Under cos, the 1/(1-p) of inverted dropout cancels: DAR equals the reference built from the
+    unscaled masked copies d * mask. Under dot it does not."""
+    B, G, n_hard, D, n, p = 3, 3, 2, 6, 3, 0.3
+    q, docs = _rand_case(B=B, G=G, n_hard=n_hard, D=D, seed=70)
+    pos_idx = torch.arange(B)
+    for sim in ("cos", "dot"):
+        cfg = DARConfig(name="dar", **SHIFT, similarity=sim, temperature=0.5, n_perturb=n, dropout_p=p,
+                        mix_weight=0.3, mix_scale=4.0)
+        torch.manual_seed(7)
+        loss, _ = dar_loss(q, docs, pos_idx, cfg, n_pos=G)
+        torch.manual_seed(7)
+        masks = [torch.rand(docs.shape) for _ in range(n)]
+        copies = [docs] + [docs * (u >= p).to(docs.dtype) for u in masks]  # no 1/(1-p)
+        total = 0.0
+        for dm in copies:
+            lam = torch.rand((B, G - 1), dtype=torch.float64)
+            total = total + 0.7 * ref_nll(q, dm, pos_idx, cfg) + 0.3 * ref_mix(q, dm, pos_idx, G, lam, cfg)
+        want = total / (n + 1)
+        if sim == "cos":
+            assert loss.item() == pytest.approx(want.item(), rel=1e-10)
+        else:
+            assert loss.item() != pytest.approx(want.item(), rel=1e-6)
 
 
 def test_mix_loss_sharded_queries_use_shifts_over_global_positives():
