@@ -7,12 +7,35 @@ batch of `N = world * n` texts (gathered, rank-major), and the local rows are co
 
     eq. 1  p_ij = exp(s_ij / τ) / Σ_{k≠i} exp(s_ik / τ)        (s = cosine; the same for G, H, F)
     eq. 2  B = mean of b_ab over same-author pairs a ≠ b         (H = TF-IDF; one scalar per batch)
-    eq. 3  S_ij = p_ij^(1−B) / Σ_k p_ik^(1−B)                   (`scaling: normalized`, rows sum to 1)
-           S_ij = p_ij^(1−B) / (Σ_k p_ik)^(1−B)                 (`scaling: released_code`)
+    eq. 3  S_ij = p_ij^(1−B) / Σ_{k≠i} p_ik^(1−B)               (`scaling: normalized`, the default;
+                                                                 rows sum to 1)
+           S_ij = p_ij^(1−B) / (Σ_k p_ik)^(1−B)                 (`scaling: released_code`, below)
     eq. 4  L = mean_i −Σ_{j≠i} S_ij log f_ij
 
-B is defined as 0 when a batch holds no same-author pair (then S = p: plain distillation),
-and such batches are counted (`no_pair`).
+`scaling: released_code` computes what the authors' released code computes
+(github.com/jitkapat/TopicReg, authorship/ensemble_modules.py, DistanceRegularizedEncoderCL.step):
+there the teacher's probabilities keep the self column -- each p_ij, j = i included, is
+exp(s_ij / τ) over the sum with k ≠ i -- and the row sum Σ_k p_ik runs over every column, self
+included; only afterwards is the self column of S masked out of eq. 4. The normaliser of p cancels
+in p_ij / Σ_k p_ik, so S_ij = q_ij^(1−B) with q the softmax of s_i / τ over the whole row, self
+included (computed so, in log space: finite where the released code's exp overflows). These S
+rows do not sum to 1: the self column (cos = 1, the row's largest score) takes most of q at the
+usual τ, so they typically sum to well below 1 -- the released code's loss scale, not a
+distribution. B and f are as in eq. 2 and eq. 1 in both modes.
+
+B is defined as 0 when a batch holds no same-author pair (then S = p under `normalized`: plain
+distillation), and such batches are counted (`no_pair`).
+
+The MLL base model (`arr_mll`) has two heads (`loss.mll_head`):
+
+    released  (default) the released baseline: the authors' SentenceClassifier is a Hugging Face
+              AutoModelForSequenceClassification, i.e. for a BERT tower (MiniLM is one) the
+              first token's last hidden state -> dense + tanh (the BERT pooler, trained) ->
+              dropout -> linear with bias; plain cross-entropy, no temperature
+    pooled    our variant: a bias-free linear head on the model's pooled vector (L2-normalised
+              when the model normalises), logits / τ
+
+Either way the saved model retrieves with its mean-pooled vector (the head is not saved).
 """
 
 from __future__ import annotations
@@ -24,6 +47,9 @@ import torch
 import torch.nn.functional as F
 
 from .base import LossConfig
+
+MLL_HEADS = ("released", "pooled")
+SCALINGS = ("normalized", "released_code")
 
 
 @dataclass(frozen=True)
@@ -37,14 +63,25 @@ class SupConConfig(LossConfig):
 
 @dataclass(frozen=True)
 class MLLConfig(LossConfig):
-    """`arr_mll`: cross-entropy of an author classifier on the pooled vectors.
+    """`arr_mll`: cross-entropy of an author classifier.
 
-    logits = classifier(vector) / temperature (the vector is the model's output, L2-normalised
-    when the model normalises, so a temperature makes the softmax sharp enough to learn)."""
+    `mll_head: released` (default): the released baseline's head on the first token's hidden
+    state, logits used as they are (no temperature: `temperature` is not read).
+    `mll_head: pooled`: logits = classifier(vector) / temperature (the vector is the model's
+    output, L2-normalised when the model normalises, so a temperature makes the softmax sharp
+    enough to learn)."""
 
     name: str = "arr_mll"
     similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: float | None = 0.05
+    temperature: float | None = 0.05          # mll_head: pooled only
+    mll_head: Literal["released", "pooled"] = "released"
+
+    def validate(self) -> None:
+        super().validate()
+        from ..errors import ConfigError
+
+        if self.mll_head not in MLL_HEADS:
+            raise ConfigError(f"loss.mll_head must be one of {', '.join(MLL_HEADS)}, got {self.mll_head!r}")
 
 
 @dataclass(frozen=True)
@@ -63,8 +100,8 @@ class ARRConfig(LossConfig):
 
         if self.bias_temperature is not None and self.bias_temperature <= 0:
             raise ConfigError("loss.bias_temperature must be > 0")
-        if self.scaling not in ("normalized", "released_code"):
-            raise ConfigError(f"loss.scaling must be normalized or released_code, got {self.scaling!r}")
+        if self.scaling not in SCALINGS:
+            raise ConfigError(f"loss.scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
 
 
 def _self_mask(n: int, N: int, offset: int, device) -> torch.Tensor:
@@ -101,17 +138,37 @@ def topic_bias(b_probs: torch.Tensor, authors: torch.Tensor) -> tuple[torch.Tens
     return b_probs[same].mean().detach(), count
 
 
-def scale(p: torch.Tensor, B: torch.Tensor | float, offset: int = 0, mode: str = "normalized") -> torch.Tensor:
-    """Eq. 3 (rows sum to 1) or the released code's variant (divides by (Σ_k p_ik)^(1−B))."""
+def _exponent(B: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
+    return 1.0 - (B.to(like.device, like.dtype) if isinstance(B, torch.Tensor)
+                  else torch.tensor(float(B), device=like.device, dtype=like.dtype))
+
+
+def scale(p: torch.Tensor, B: torch.Tensor | float, offset: int = 0) -> torch.Tensor:
+    """Eq. 3, `scaling: normalized`: S_ij = p_ij^(1−B) / Σ_{k≠i} p_ik^(1−B); own column 0, rows sum to 1."""
     n, N = p.shape
     own = _self_mask(n, N, offset, p.device)
-    e = 1.0 - (B if isinstance(B, torch.Tensor) else torch.tensor(float(B), device=p.device))
-    powered = torch.where(own, torch.zeros_like(p), p.clamp_min(0).pow(e))
-    if mode == "released_code":
-        return powered / p.sum(-1, keepdim=True).pow(e)
-    if mode != "normalized":
-        raise ValueError(f"unknown scaling {mode!r}")
+    powered = torch.where(own, torch.zeros_like(p), p.clamp_min(0).pow(_exponent(B, p)))
     return powered / powered.sum(-1, keepdim=True)
+
+
+def released_code_scale(scores: torch.Tensor, B: torch.Tensor | float, offset: int = 0) -> torch.Tensor:
+    """Eq. 3 as the released code computes it, from the teacher's scores s / τ (n, N):
+    S_ij = p_ij^(1−B) / (Σ_k p_ik)^(1−B) with the self column kept in p and in the row sum,
+    = q_ij^(1−B), q = softmax over the whole row (self included). Own column 0 (eq. 4 skips it)."""
+    n, N = scores.shape
+    log_q = torch.log_softmax(scores.float(), dim=-1)
+    S = (_exponent(B, log_q) * log_q).exp()
+    return S.masked_fill(_self_mask(n, N, offset, scores.device), 0.0)
+
+
+def teacher_targets(scores: torch.Tensor, B: torch.Tensor | float, offset: int = 0,
+                    mode: str = "normalized") -> torch.Tensor:
+    """S of eq. 3 from the teacher's scores s / τ (n local rows, N columns), per `loss.scaling`."""
+    if mode == "normalized":
+        return scale(inbatch_probs(scores, offset), B, offset)
+    if mode == "released_code":
+        return released_code_scale(scores, B, offset)
+    raise ValueError(f"unknown scaling {mode!r}; expected one of {', '.join(SCALINGS)}")
 
 
 def distill_loss(S: torch.Tensor, log_f: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -140,7 +197,7 @@ def supcon_loss(z: torch.Tensor, z_all: torch.Tensor, labels_all: torch.Tensor, 
 
 
 def mll_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The author classifier's cross-entropy (multiclass log loss)."""
+    """The author classifier's cross-entropy (multiclass log loss) of the logits as given."""
     return F.cross_entropy(logits.float(), labels)
 
 
@@ -150,10 +207,11 @@ def arr_distill(f: torch.Tensor, f_all: torch.Tensor, g_all: torch.Tensor, h_sim
     cosine similarities of H; authors (N,). -> {loss, B, pairs, agreement, S, p_g, log_f}."""
     n = f.shape[0]
     with torch.no_grad():
-        p_g = inbatch_probs(cosine(g_all[offset:offset + n], g_all) / tau, offset)
+        s_g = cosine(g_all[offset:offset + n], g_all) / tau
+        p_g = inbatch_probs(s_g, offset)
         b = inbatch_probs(h_sim.float() / tau_h, 0)
         B, pairs = topic_bias(b, authors)
-        S = scale(p_g, B, offset, scaling)
+        S = teacher_targets(s_g, B, offset, scaling)
     log_f = inbatch_log_probs(cosine(f, f_all) / tau, offset)
     loss = distill_loss(S, log_f, offset)
     agreement = (log_f.detach().argmax(-1) == p_g.argmax(-1)).float().mean()
@@ -167,7 +225,8 @@ def supcon_batch_loss(batch: dict, cfg: SupConConfig, training: bool = True, gen
 
 
 def mll_batch_loss(batch: dict, cfg: MLLConfig, training: bool = True, generator=None):
-    logits = batch["logits"] / cfg.tau
+    """batch["logits"]: the head's output. `released`: used as they are; `pooled`: divided by τ."""
+    logits = batch["logits"] / cfg.tau if cfg.mll_head == "pooled" else batch["logits"]
     loss = mll_loss(logits, batch["labels"])
     acc = (logits.detach().argmax(-1) == batch["labels"]).float().mean()
     return loss, {"mll": loss.detach(), "train_acc": acc}

@@ -130,6 +130,82 @@ def test_arr_mll_step_trains_its_head(split_dir, tmp_path, tiny_model_dir):
     assert model.heads["classifier"].weight.grad is not None and "train_acc" in terms
 
 
+def _capture_hidden(model):
+    """A hook on the document tower keeping its last hidden state (gradient retained)."""
+    seen = {}
+
+    def keep(module, args, output):
+        output.last_hidden_state.retain_grad()
+        seen["hidden"] = output.last_hidden_state
+
+    return seen, model.doc_encoder.register_forward_hook(keep)
+
+
+def test_arr_mll_released_head_is_trained_on_the_first_token(split_dir, tmp_path, tiny_model_dir):
+    """The default head is the released baseline's: BERT pooler (dense + tanh, from the tower's
+    pretrained pooler) + dropout + linear with bias on hidden[:, 0], cross-entropy without τ."""
+    from pipeline.models import BiEncoder
+    from pipeline.train.methods.arr import ReleasedMLLHead, train_authors
+
+    job = resolve_job(_job("arr_mll", split_dir, tmp_path, tiny_model_dir), progress=False)
+    assert job.loss.mll_head == "released"
+    method = get_method("arr_mll")
+    model = BiEncoder.load(job.model)
+    model.heads = torch.nn.ModuleDict(method.heads(job, model))
+    head = model.heads["classifier"]
+    assert isinstance(head, ReleasedMLLHead) and head.bias is not None
+    assert head.out_features == len(train_authors(split_dir)) and head.in_features == model.doc_encoder.config.hidden_size
+    assert torch.equal(head.dense.weight, model.doc_encoder.pooler.dense.weight)  # from the pretrained pooler
+    assert head.dropout.p == model.doc_encoder.config.hidden_dropout_prob
+    head_input = {}
+    pre = head.register_forward_pre_hook(lambda module, args: head_input.update(x=args[0]))
+    seen, hook = _capture_hidden(model)
+    model.eval()  # dropout off: the logits can be recomputed
+    rows = _rows(split_dir, job, method, tmp_path)
+    ctx = _ctx(job)
+    out = method.forward(model, rows, ctx)
+    hook.remove()
+    pre.remove()
+    assert not model.doc_encoder._forward_hooks  # the method removed its own hook
+    hidden = seen["hidden"]
+    assert torch.equal(head_input["x"], hidden[:, 0].float())  # the head reads the first token
+    loss, terms = method.loss(method.assemble(out, ctx), job.loss)
+    logits = torch.tanh(hidden[:, 0] @ head.dense.weight.T + head.dense.bias) @ head.weight.T + head.bias
+    labels = torch.tensor([r["author"] for r in rows])
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits, labels), atol=1e-6)  # no temperature
+    loss.backward()
+    # the gradient reaches the encoder through the first token only
+    assert hidden.grad[:, 0].abs().sum() > 0 and torch.count_nonzero(hidden.grad[:, 1:]) == 0
+    assert head.weight.grad is not None and head.bias.grad is not None and head.dense.weight.grad is not None
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.doc_encoder.encoder.parameters())
+    assert "train_acc" in terms
+
+
+def test_arr_mll_pooled_head_is_the_previous_computation(split_dir, tmp_path, tiny_model_dir):
+    """`loss.mll_head: pooled`: a bias-free linear head on the pooled (normalised) vector, logits / τ."""
+    from pipeline.models import BiEncoder
+
+    job = resolve_job(_job("arr_mll", split_dir, tmp_path, tiny_model_dir, ["loss.mll_head=pooled"]), progress=False)
+    method = get_method("arr_mll")
+    model = BiEncoder.load(job.model)
+    model.heads = torch.nn.ModuleDict(method.heads(job, model))
+    head = model.heads["classifier"]
+    assert type(head) is torch.nn.Linear and head.bias is None and head.in_features == model.dim
+    model.eval()
+    rows = _rows(split_dir, job, method, tmp_path)
+    seen, hook = _capture_hidden(model)
+    loss, _ = _one_step(method, job, model, rows)
+    hook.remove()
+    with torch.no_grad():
+        tok = model.tokenize([r["text"] for r in rows], "doc")
+        z = model(None, tok)[1]
+    labels = torch.tensor([r["author"] for r in rows])
+    want = torch.nn.functional.cross_entropy((z @ head.weight.T) / job.loss.tau, labels)
+    assert job.loss.tau == 0.05 and torch.allclose(loss, want, atol=1e-5)
+    loss.backward()
+    assert torch.count_nonzero(seen["hidden"].grad[:, 1:]) > 0  # mean pooling: every token gets gradient
+
+
 def test_arr_step_teacher_frozen_and_no_gradient_into_it(split_dir, tmp_path, tiny_model_dir):
     from pipeline.models import BiEncoder
     from pipeline.models.tiny import build_tiny_bert

@@ -2,7 +2,10 @@
 
     arr_cl   step A with SupCon (positives = same author, τ 0.07)         -> G
     arr_mll  step A with an author classifier (a trainable head, checkpointed,
-             not saved with the encoder; retrieval uses the pooled vectors) -> G
+             not saved with the encoder; retrieval uses the pooled vectors) -> G.
+             `loss.mll_head: released` (default) is the released baseline's head on the
+             first token (see ReleasedMLLHead); `pooled` a bias-free head on the pooled
+             vector, logits / τ
     arr      steps B + C: F (from the pretrained encoder) distilled from the frozen G,
              its in-batch probabilities rescaled by the TF-IDF topic bias of the batch
 
@@ -53,6 +56,50 @@ class AuthorshipSettings:
     def validate(self) -> None:
         if self.m < 2:
             raise ConfigError(f"authorship.m must be >= 2 (a text needs a same-author partner), got {self.m}")
+
+
+class ReleasedMLLHead(torch.nn.Linear):
+    """The released MLL baseline's classifier (the authors' SentenceClassifier is Hugging Face's
+    AutoModelForSequenceClassification; for a BERT tower, BertForSequenceClassification's head):
+
+        first token's last hidden state -> dense + tanh (BERT's pooler) -> dropout -> linear + bias
+
+    The dense layer starts from the tower's pretrained pooler when it has one (as from_pretrained
+    loads it) and is trained with the head; dropout is the tower's `classifier_dropout`, else its
+    `hidden_dropout_prob` (as Hugging Face picks it); new weights are drawn N(0, initializer_range)
+    with zero biases (Hugging Face's init). Exact for BERT-architecture towers (MiniLM, BERT);
+    another architecture gets this same BERT form, not its own Hugging Face head.
+
+    It *is* the output layer (`weight`, `bias`, `out_features`: the author count), with the
+    pooler's dense layer and the dropout in front."""
+
+    def __init__(self, hidden: int, n_classes: int, dropout: float = 0.1, init_std: float = 0.02,
+                 pooler_dense: torch.nn.Linear | None = None):
+        super().__init__(hidden, n_classes, bias=True)
+        self.dense = torch.nn.Linear(hidden, hidden)
+        self.dropout = torch.nn.Dropout(dropout)
+        with torch.no_grad():
+            for layer in (self, self.dense):
+                layer.weight.normal_(0.0, init_std)
+                layer.bias.zero_()
+            if pooler_dense is not None and tuple(pooler_dense.weight.shape) == (hidden, hidden):
+                self.dense.weight.copy_(pooler_dense.weight)
+                if pooler_dense.bias is not None:
+                    self.dense.bias.copy_(pooler_dense.bias)
+
+    @classmethod
+    def for_tower(cls, tower, n_classes: int) -> "ReleasedMLLHead":
+        config = tower.config
+        dropout = getattr(config, "classifier_dropout", None)
+        if dropout is None:
+            dropout = getattr(config, "hidden_dropout_prob", 0.1)
+        pooler = getattr(tower, "pooler", None)
+        dense = getattr(pooler, "dense", None)
+        return cls(int(config.hidden_size), n_classes, float(dropout), float(getattr(config, "initializer_range", 0.02)),
+                   dense if isinstance(dense, torch.nn.Linear) else None)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.dropout(torch.tanh(self.dense(first))))
 
 
 def _fp32(t: torch.Tensor) -> torch.Tensor:
@@ -207,20 +254,39 @@ class ARRContrastive(AuthorshipMethod):
 
 @register
 class ARRClassifier(AuthorshipMethod):
+    """`loss.mll_head: released`: ReleasedMLLHead on the first token's last hidden state (read
+    from the document tower's output during the model's own forward, so DDP sees one forward);
+    `pooled`: a bias-free linear head on the pooled vector. Retrieval reads the pooled vector."""
+
     name = "arr_mll"
-    description = "ARR step A, MLL: author classifier on the pooled vectors (METHODS.md §4)"
+    description = "ARR step A, MLL: author classifier (released: first-token head; pooled: on the pooled vectors)"
     config_cls = MLLConfig
     loss_fn = staticmethod(mll_batch_loss)
     terms = ("mll", "train_acc")
 
     def heads(self, job, model) -> dict:
         n = len(train_authors(self._settings(job).split))
-        return {"classifier": torch.nn.Linear(model.dim, n, bias=False)}
+        if job.loss.mll_head == "pooled":
+            return {"classifier": torch.nn.Linear(model.dim, n, bias=False)}
+        return {"classifier": ReleasedMLLHead.for_tower(model.doc_encoder, n)}
 
     def forward(self, model, rows: list[dict], ctx: StepContext) -> dict:
-        out = super().forward(model, rows, ctx)
         base = model.module if hasattr(model, "module") else model
-        out["logits"] = base.heads["classifier"](_fp32(out["z"]))
+        if ctx.job.loss.mll_head == "pooled":
+            out = super().forward(model, rows, ctx)
+            out["logits"] = base.heads["classifier"](_fp32(out["z"]))
+            return out
+        seen = {}
+
+        def keep_hidden(module, args, output):
+            seen["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+        hook = base.doc_encoder.register_forward_hook(keep_hidden)
+        try:
+            out = super().forward(model, rows, ctx)
+        finally:
+            hook.remove()
+        out["logits"] = base.heads["classifier"](_fp32(seen["hidden"][:, 0]))
         return out
 
     def assemble(self, out: dict, ctx: StepContext) -> dict:
