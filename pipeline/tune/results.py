@@ -11,6 +11,19 @@
 
 The best trial is chosen among trials that ran to their last step when there are any (an
 early-stopped trial's metric is from fewer steps), by its last reported metric.
+
+With replicates (`search.replicate_key: train.seed`), trials whose swept values differ only in
+the replicate key form one configuration, and the sweep selects configurations, not trials:
+
+    best         the configuration with the best mean over its replicates, among those whose every
+                 replicate ran to its last step (when there are any; else among those with any
+                 result), ties to the one with more replicates
+    results.md   first a table by configuration -- mean ± sd over the replicates (sample sd, n - 1),
+                 n, and each replicate's value -- then the trials; the best configuration's trials
+                 are bold
+    results_by_config.csv   that table as CSV
+    best.yaml    the best configuration, its replicate key left at the base config's value (the
+                 header lists the mean ± sd and each replicate's value)
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +131,157 @@ def best_trial(recs: list[TrialRecord], mode: str) -> TrialRecord | None:
     return max(pool, key=lambda r: (sign * r.metric, r.steps))
 
 
+@dataclass
+class ConfigGroup:
+    """One configuration of a sweep with replicates: its trials under each replicate value."""
+
+    params: dict                                   # the swept values, the replicate key left out
+    key: str                                       # the replicate key, e.g. train.seed
+    trials: dict = field(default_factory=dict)     # replicate value (repr) -> TrialRecord
+    values: dict = field(default_factory=dict)     # replicate value (repr) -> the value itself
+    expected: tuple = ()                           # the replicate values the sweep runs (repr)
+
+    def scored(self) -> dict:
+        """replicate (repr) -> metric, for the replicates with a metric (errors left out)."""
+        return {v: r.metric for v, r in self.trials.items() if r.metric is not None and r.status != "error"}
+
+    @property
+    def n(self) -> int:
+        return len(self.scored())
+
+    @property
+    def mean(self) -> float | None:
+        vals = list(self.scored().values())
+        return statistics.fmean(vals) if vals else None
+
+    @property
+    def sd(self) -> float | None:
+        """The sample standard deviation over the replicates (None below 2)."""
+        vals = list(self.scored().values())
+        return statistics.stdev(vals) if len(vals) >= 2 else None
+
+    @property
+    def complete(self) -> bool:
+        """Every expected replicate ran to its last step and reported the metric."""
+        return bool(self.expected) and all(
+            v in self.trials and self.trials[v].status == "terminated" and self.trials[v].metric is not None
+            for v in self.expected)
+
+    @property
+    def steps(self) -> int:
+        return min((r.steps for r in self.trials.values()), default=0)
+
+    def label(self) -> str:
+        return f"mean over {self.key} ({self.n} of {len(self.expected)} trials)"
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self.params.items()) or "(no other swept key)"
+
+
+def group_replicates(recs: list[TrialRecord], keys: list[str], replicate_key: str,
+                     replicate_values: list | None = None) -> list[ConfigGroup]:
+    """Trials whose values of `keys` differ only in `replicate_key` -> one group each, in the
+    order their first trial appears. `replicate_values` are the values the sweep runs (space order;
+    default: every value seen). A replicate run twice keeps its finished run (else its latest)."""
+    others = [k for k in keys if k != replicate_key]
+    values = list(replicate_values) if replicate_values is not None else \
+        list({repr(r.params.get(replicate_key)): r.params.get(replicate_key) for r in recs}.values())
+    expected = tuple(dict.fromkeys(repr(v) for v in values))
+    groups: dict[tuple, ConfigGroup] = {}
+    for r in recs:
+        gk = tuple(repr(r.params.get(k)) for k in others)
+        g = groups.get(gk)
+        if g is None:
+            g = groups[gk] = ConfigGroup(params={k: r.params.get(k) for k in others}, key=replicate_key,
+                                         expected=expected)
+        v = r.params.get(replicate_key)
+        old = g.trials.get(repr(v))
+        if old is None or (r.status == "terminated", r.metric is not None, r.steps) >= \
+                (old.status == "terminated", old.metric is not None, old.steps):
+            g.trials[repr(v)] = r
+            g.values[repr(v)] = v
+    for g in groups.values():  # replicates in the sweep's order, unexpected ones after
+        order = list(expected) + sorted(set(g.trials) - set(expected))
+        g.trials = {v: g.trials[v] for v in order if v in g.trials}
+    return list(groups.values())
+
+
+def best_group(groups: list[ConfigGroup], mode: str) -> ConfigGroup | None:
+    """The best mean over replicates, among complete configurations when there are any."""
+    scored = [g for g in groups if g.n]
+    pool = [g for g in scored if g.complete] or scored
+    if not pool:
+        return None
+    sign = 1 if mode == "max" else -1
+    return max(pool, key=lambda g: (sign * g.mean, g.n))
+
+
+def _order_groups(groups: list[ConfigGroup], mode: str) -> list[ConfigGroup]:
+    sign = -1 if mode == "max" else 1
+    return sorted(groups, key=lambda g: (not g.complete, g.mean is None, sign * g.mean if g.mean is not None else 0.0))
+
+
+def _mean_sd(g: ConfigGroup) -> str:
+    if g.mean is None:
+        return ""
+    return f"{_fmt(g.mean)} ± {_fmt(g.sd)}" if g.sd is not None else f"{_fmt(g.mean)} (n={g.n})"
+
+
+def group_rows(groups: list[ConfigGroup], keys: list[str], metric: str, mode: str) -> tuple[list[str], list[list]]:
+    """The by-configuration table: swept values, mean, sd, n, complete, each replicate's metric."""
+    if not groups:
+        return [], []
+    key = groups[0].key
+    others = [k for k in keys if k != key]
+    reps = list(dict.fromkeys([*groups[0].expected, *[v for g in groups for v in g.trials]]))
+    shown = {v: next((g.values[v] for g in groups if v in g.values), v) for v in reps}
+    header = [*others, f"{metric}_mean", f"{metric}_sd", "n", "complete",
+              *[f"{key}={_fmt(shown[v])}" for v in reps], "trials"]
+    rows = []
+    for g in _order_groups(groups, mode):
+        cells = []
+        for v in reps:
+            r = g.trials.get(v)
+            cells.append(None if r is None else (r.metric if r.metric is not None and r.status != "error" else None))
+        rows.append([*[g.params.get(k) for k in others], g.mean, g.sd, g.n, g.complete, *cells,
+                     " ".join(r.trial for r in g.trials.values())])
+    return header, rows
+
+
+def _replicate_cell(r: TrialRecord | None) -> str:
+    if r is None:
+        return "not run"
+    if r.status == "error" or r.metric is None:
+        return r.status
+    return _fmt(r.metric) + ("" if r.status == "terminated" else f" ({r.status})")
+
+
+def group_markdown(groups: list[ConfigGroup], keys: list[str], metric: str, mode: str,
+                   best: ConfigGroup | None) -> list[str]:
+    key = groups[0].key
+    others = [k for k in keys if k != key]
+    reps = list(dict.fromkeys([*groups[0].expected, *[v for g in groups for v in g.trials]]))
+    shown = {v: next((g.values[v] for g in groups if v in g.values), v) for v in reps}
+    header = [*others, f"{metric} mean ± sd", "n", *[f"{key}={_fmt(shown[v])}" for v in reps]]
+    lines = [f"## By configuration: mean ± sd over {key}", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for g in _order_groups(groups, mode):
+        cells = [_fmt(g.params.get(k)) for k in others] + [_mean_sd(g), f"{g.n}/{len(g.expected)}"]
+        cells += [_replicate_cell(g.trials.get(v)) for v in reps]
+        if g is best:
+            cells = [f"**{c}**" if c else c for c in cells]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    n_complete = sum(g.complete for g in groups)
+    lines += ["", f"{len(groups)} configurations x {len(groups[0].expected)} values of {key} "
+              f"({n_complete} with every replicate finished); sd is the sample sd over the replicates (n - 1)"
+              + (f"; best by the mean over {key}"
+                 + (" among complete configurations" if best.complete else
+                    " (no configuration has every replicate finished: among those with results)")
+                 + f": **{best.describe()}**, {metric} {_mean_sd(best)} (n={best.n})" if best else "")
+              + ".", ""]
+    return lines
+
+
 def _order(recs: list[TrialRecord], mode: str) -> list[TrialRecord]:
     sign = -1 if mode == "max" else 1
 
@@ -144,17 +309,30 @@ def table_rows(recs: list[TrialRecord], keys: list[str], metric: str, mode: str)
     return header, rows
 
 
-def write_table(out: Path, recs: list[TrialRecord], keys: list[str], metric: str, mode: str,
-                best: TrialRecord | None) -> None:
-    from ..io_utils import write_text_atomic
-
-    header, rows = table_rows(recs, keys, metric, mode)
+def _csv(header: list[str], rows: list[list]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(header)
     for row in rows:
         w.writerow(["" if v is None else v for v in row])
-    write_text_atomic(out / "results.csv", buf.getvalue())
+    return buf.getvalue()
+
+
+def write_table(out: Path, recs: list[TrialRecord], keys: list[str], metric: str, mode: str,
+                best: TrialRecord | None, groups: list[ConfigGroup] | None = None,
+                best_config: ConfigGroup | None = None, warning: str = "") -> None:
+    """results.csv / results.md; with replicate groups, results_by_config.csv and the
+    by-configuration table first (`best` is then None and the best configuration's trials are bold)."""
+    from ..io_utils import write_text_atomic
+
+    header, rows = table_rows(recs, keys, metric, mode)
+    write_text_atomic(out / "results.csv", _csv(header, rows))
+    top: list[str] = []
+    bold = {best.trial} if best is not None else set()
+    if groups:
+        write_text_atomic(out / "results_by_config.csv", _csv(*group_rows(groups, keys, metric, mode)))
+        top = group_markdown(groups, keys, metric, mode, best_config) + ["## Trials", ""]
+        bold = {r.trial for r in best_config.trials.values()} if best_config is not None else set()
     md_header = [h for h in header if h != "error"] + (["error"] if any(r.error for r in recs) else [])
     lines = ["| " + " | ".join(md_header) + " |", "|" + "---|" * len(md_header)]
     for row in rows:
@@ -165,7 +343,7 @@ def write_table(out: Path, recs: list[TrialRecord], keys: list[str], metric: str
             text = _fmt(v).replace("|", "\\|").replace("\n", " ")
             if h == "error" and len(text) > 80:
                 text = text[:77] + "..."
-            if best is not None and cells["trial"] == best.trial and h in ("trial", metric):
+            if cells["trial"] in bold and h in ("trial", metric):
                 text = f"**{text}**"
             shown.append(text)
         lines.append("| " + " | ".join(shown) + " |")
@@ -173,8 +351,10 @@ def write_table(out: Path, recs: list[TrialRecord], keys: list[str], metric: str
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     note = (f"\n{len(recs)} trials ({summary}); {metric} ({mode}) is the last value each trial reported"
             + (f"; best: **{best.trial}** ({metric} {_fmt(best.metric)} at step {best.steps})" if best else "")
+            + (f"; bold: the trials of the best configuration ({best_config.describe()})" if best_config else "")
             + ".\n")
-    write_text_atomic(out / "results.md", "\n".join(lines) + "\n" + note)
+    head = [f"> **WARNING**: {warning}", ""] if warning else []
+    write_text_atomic(out / "results.md", "\n".join(head + top + lines) + "\n" + note)
 
 
 def _numeric(values) -> bool:
@@ -268,6 +448,27 @@ def best_config_yaml(cfg, best: TrialRecord, metric: str, mode: str) -> str:
     return head + dump_job(job)
 
 
+def best_group_yaml(cfg, group: ConfigGroup, metric: str, mode: str) -> str:
+    """The best configuration's full training config; its replicate key stays the base config's."""
+    from ..train.config import dump_job
+    from .space import load_job, set_key, trial_data
+
+    data = trial_data(cfg, group.params)
+    base_job = load_job(cfg.base_data(), "base")
+    data = set_key(data, "train.name", f"{base_job.train.name}-best")
+    job = load_job(data, f"best configuration {group.describe()}")
+    per = ", ".join(f"{group.key}={_fmt(group.values[v])}: {_fmt(m)} ({group.trials[v].trial})"
+                    for v, m in group.scored().items())
+    head = (f"# Best configuration of the sweep {cfg.output} ({cfg.config_path or 'inline'}) by the mean over "
+            f"{group.key}: {metric} {_mean_sd(group)} ({mode}, n={group.n}"
+            + ("" if group.complete else f" of {len(group.expected)}, not every replicate finished") + ")\n"
+            + f"# {group.describe()}\n# per replicate: {per}\n"
+            + f"# {group.key} is left at the base config's value; the replicates ran "
+            + ", ".join(_fmt(group.values.get(v, v)) for v in group.expected) + "\n"
+            + "#   pipeline train --config <this file>\n")
+    return head + dump_job(job)
+
+
 def write_results(cfg, events_path: Path, metric: str, mode: str) -> dict:
     """All outputs of the sweep folder from its event log; returns a short summary."""
     from ..io_utils import write_json_atomic, write_text_atomic
@@ -275,16 +476,48 @@ def write_results(cfg, events_path: Path, metric: str, mode: str) -> dict:
     out = Path(cfg.output)
     recs = trial_records(read_events(events_path), metric)
     keys = [p.key for p in cfg.space]
-    best = best_trial(recs, mode)
-    write_table(out, recs, keys, metric, mode, best)
+    rkey = getattr(cfg.search, "replicate_key", None)
+    groups = chosen = None
+    if rkey:
+        param = next((p for p in cfg.space if p.key == rkey), None)
+        groups = group_replicates(recs, keys, rkey, list(param.values) if param is not None else None)
+        chosen = best_group(groups, mode)
+        best = None
+    else:
+        best = best_trial(recs, mode)
+    warning = ""
+    if getattr(cfg.search, "allow_test_selection", False):
+        from .space import is_test_split, load_job, selection_split
+
+        key, spec = selection_split(load_job(cfg.base_data(), "base"))
+        if is_test_split(spec):
+            warning = (f"this sweep selected on a test split ({key}={spec}; search.allow_test_selection: true): "
+                       "the best trial's numbers on that split are not a held-out estimate")
+    write_table(out, recs, keys, metric, mode, best, groups, chosen, warning)
     plots = write_plots(out, recs, list(cfg.space), metric)
     summary = {"trials": len(recs), "statuses": {s: sum(r.status == s for r in recs) for s in STATUSES},
                "metric": metric, "mode": mode, "best": None,
-               "files": ["results.csv", "results.md", *[str(p.relative_to(out)) for p in plots]]}
+               "files": ["results.csv", "results.md", *(["results_by_config.csv"] if groups else []),
+                         *[str(p.relative_to(out)) for p in plots]]}
     if best is not None:
         write_text_atomic(out / "best.yaml", best_config_yaml(cfg, best, metric, mode))
         summary["best"] = {"trial": best.trial, "params": best.params, "metric": best.metric, "steps": best.steps}
         summary["files"].append("best.yaml")
+    if chosen is not None:
+        write_text_atomic(out / "best.yaml", best_group_yaml(cfg, chosen, metric, mode))
+        summary["best"] = {"trial": chosen.label(), "params": chosen.params, "metric": chosen.mean, "sd": chosen.sd,
+                           "n": chosen.n, "complete": chosen.complete, "steps": chosen.steps,
+                           "replicate_key": rkey,
+                           "replicates": [{rkey: chosen.values[v], "trial": chosen.trials[v].trial, "metric": m}
+                                          for v, m in chosen.scored().items()]}
+        summary["files"].append("best.yaml")
+    if groups is not None:
+        summary["replicate_key"] = rkey
+        summary["configurations"] = [
+            {"params": g.params, "mean": g.mean, "sd": g.sd, "n": g.n, "complete": g.complete,
+             "replicates": [{rkey: g.values[v], "trial": r.trial, "status": r.status, "metric": r.metric}
+                            for v, r in g.trials.items()]}
+            for g in _order_groups(groups, mode)]
     write_json_atomic(out / "summary.json", {**summary, "trials_detail": [
         {"trial": r.trial, "status": r.status, "params": r.params, "metric": r.metric, "steps": r.steps,
          "total_steps": r.total_steps, "wall_s": round(r.wall_s, 1), "error": r.error} for r in recs]})

@@ -292,8 +292,11 @@ def count_trials(cfg: SweepConfig) -> int:
 # --------------------------------------------------------------------------- the sweep
 
 def sweep_identity(cfg: SweepConfig) -> dict:
+    search = to_dict(cfg.search)
+    if search.get("replicate_key") is None:  # unset: the identity of sweeps started before the key existed
+        search.pop("replicate_key", None)
     return {"base": cfg.base_data(), "space": [[p.key, p.kind, list(p.values)] for p in cfg.space],
-            "search": to_dict(cfg.search)}
+            "search": search}
 
 
 def _check_output(out: Path, resume: bool, cfg: SweepConfig) -> None:

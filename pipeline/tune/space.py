@@ -10,8 +10,17 @@
       train.seed: {randint: [0, 1000]}  # as Tune: the upper bound is excluded
     search: {searcher: grid, num_samples: 1, metric: val_metric, mode: max,
              scheduler: asha, grace_period: 10, reduction_factor: 2, max_t: 0,
-             max_concurrent_trials: 0, seed: 0}
+             max_concurrent_trials: 0, seed: 0, replicate_key: null}
     output: runs/tune/dar
+
+`search.replicate_key: train.seed` makes one swept key a replicate, not a hyperparameter: trials
+that differ only in it are one configuration, the best configuration is the one with the best
+mean over its replicates, and results.md reports mean ± sd per configuration and each replicate's
+value (results.py). It needs the grid searcher (every configuration under every replicate value,
+listed in the space), num_samples 1, and `scheduler: none`: ASHA ranks every trial that reaches a
+rung against all others, across replicates (a lucky seed would stop another seed's run of a better
+configuration, and a configuration would keep some replicates and lose others), so with
+replicates every trial runs to its last step.
 
 Everything here runs without Ray: a space key that is not a training config key, a value
 the training config refuses, a metric the trainer does not report and a searcher that
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +60,11 @@ class SearchConfig:
     max_concurrent_trials: int = 0                 # 0 = as many as the cluster holds
     seed: int = 0
     trial_cpus: float = 0.1                        # the per-trial driver (the workers ask their own)
+    # a space key whose values are replicates (e.g. train.seed): select by the mean over them
+    replicate_key: str | None = None
+    # a sweep never selects on a test split (validation qrels named `test`, or an ir_datasets test
+    # split); true is the only way past, and results.md then says so
+    allow_test_selection: bool = False
 
     def validate(self) -> None:
         if self.num_samples < 1:
@@ -62,6 +77,8 @@ class SearchConfig:
             raise ConfigError("search.max_t and search.max_concurrent_trials must be >= 0 (0 = automatic)")
         if self.trial_cpus < 0:
             raise ConfigError(f"search.trial_cpus must be >= 0, got {self.trial_cpus}")
+        if self.replicate_key is not None and not str(self.replicate_key).strip():
+            raise ConfigError("search.replicate_key must name a space key (e.g. train.seed) or be null")
 
 
 @dataclass(frozen=True)
@@ -253,6 +270,8 @@ def validate_sweep(cfg: SweepConfig):
     from .drivers import check_space
 
     check_space(cfg, base)
+    check_replicates(cfg)
+    check_not_test_split(cfg, base)
     if s.scheduler == "asha":
         max_t = s.max_t or base.train.max_steps
         if not max_t:
@@ -267,6 +286,69 @@ def validate_sweep(cfg: SweepConfig):
             raise ConfigError(f"train.eval_every={base.train.eval_every} is above search.grace_period="
                               f"{s.grace_period}: ASHA's first rung would see no {metric}")
     return base
+
+
+_TEST_NAME = re.compile(r"(^|[^a-z])test([^a-z]|$)", re.IGNORECASE)
+
+
+def is_test_split(spec: str | None) -> bool:
+    """A qrels/pairs file whose name names the test split (test.trec, qrels.test.tsv, sts-test.csv),
+    or an ir_datasets identifier whose split is test (beir/scifact/test)."""
+    if not spec:
+        return False
+    return bool(_TEST_NAME.search(str(spec).rstrip("/").rsplit("/", 1)[-1]))
+
+
+def selection_split(base) -> tuple[str, str | None]:
+    """(the config key, the file) a sweep over `base` selects on, as the trial's validator reads it."""
+    v = base.validation
+    if base.loss.name == "rcl":
+        s = base.section("rcl")
+        if getattr(s, "sts_dev", None):
+            return "rcl.sts_dev", s.sts_dev
+        if s.dev_split and not s.pairs:
+            return "rcl.dev_split", None
+    if v.dev_split:
+        return "validation.dev_split", None
+    if v.corpus:  # the Validator's default qrels: <corpus>/qrels/test.trec
+        return "validation.qrels", v.qrels or str(Path(v.corpus) / "qrels" / "test.trec")
+    return "validation", None
+
+
+def check_not_test_split(cfg: SweepConfig, base) -> None:
+    """Refuse a sweep that would select on a test split, naming the key to set."""
+    key, spec = selection_split(base)
+    if not is_test_split(spec) or cfg.search.allow_test_selection:
+        return
+    fix = ("rcl.dev_split (a held-out share of the training queries) or an STS dev file" if key == "rcl.sts_dev"
+           else "validation.dev_split: 0.1 (a seeded share of the training queries, held out) or a dev qrels file")
+    raise ConfigError(f"the sweep would select on a test split ({key}={spec}); set {fix} in the base config. "
+                      "search.allow_test_selection: true is the only way past (results.md then says so)")
+
+
+def check_replicates(cfg: SweepConfig) -> None:
+    """`search.replicate_key`: a listed space key, every configuration under every value, no ASHA."""
+    s = cfg.search
+    key = s.replicate_key
+    if key is None:
+        return
+    param = next((p for p in cfg.space if p.key == key), None)
+    if param is None:
+        raise ConfigError(f"search.replicate_key={key!r} is not a key of space ({', '.join(p.key for p in cfg.space)}); "
+                          f"list the replicates there, e.g. space: {{{key}: {{grid: [0, 43, 314]}}}}")
+    if param.kind not in ("grid", "choice"):
+        raise ConfigError(f"search.replicate_key={key}: space.{key} must list its replicate values (grid), "
+                          f"not draw them ({param.kind})")
+    if s.searcher != "grid":
+        raise ConfigError(f"search.replicate_key={key} needs search.searcher=grid (every configuration under every "
+                          f"value of {key}), got {s.searcher}")
+    if s.num_samples != 1:
+        raise ConfigError(f"search.replicate_key={key} with search.num_samples={s.num_samples}: the grid would run "
+                          f"each {key} value {s.num_samples} times; list the replicates in space.{key} instead")
+    if s.scheduler != "none":
+        raise ConfigError(f"search.replicate_key={key} with search.scheduler={s.scheduler}: ASHA compares every trial "
+                          f"with all others, across {key} values, and would stop some replicates of a configuration "
+                          "but not others; set search.scheduler: none (every trial runs to its last step)")
 
 
 def check_inputs(cfg: SweepConfig) -> None:

@@ -24,7 +24,7 @@ ARR = {"model": {"name_or_path": "minilm"}, "authorship": {"split": "runs/arr/sp
 ANCE = {"model": {"name_or_path": "minilm"}, "data": {"source": "qrels", "corpus": "runs/c"},
         "loss": {"name": "ance"},
         "train": {"max_steps": 24, "eval_every": 4, "num_workers": 1, "cpus_per_worker": 0.9},
-        "validation": {"corpus": "runs/c", "metric": "RR@10"},
+        "validation": {"dev_split": 0.1, "metric": "RR@10"},
         "ance": {"refresh_every": 4, "top_k": 20, "negatives": 5, "cpus": 1.0}}
 
 
@@ -32,7 +32,7 @@ def _rcl(tiny: Path | str, **rcl) -> dict:
     return {"model": {"name_or_path": str(tiny), "pooling": "mean"}, "data": {"source": "qrels", "corpus": "runs/c"},
             "loss": {"name": "rcl", "similarity": "cos"},
             "train": {"max_steps": 12, "eval_every": 3, "num_workers": 1, "cpus_per_worker": 0.5},
-            "validation": {"corpus": "runs/c", "metric": "AP@100"},
+            "validation": {"corpus": "runs/c", "qrels": "runs/c/qrels/dev.trec", "metric": "AP@100"},
             "rcl": {"entropy_lambdas": [0.01, 0.02], "entropy_cpus_per_worker": 0.2,
                     "encode": {"num_actors": 1, "cpus_per_actor": 0.5}, **rcl}}
 
@@ -227,7 +227,8 @@ def test_trials_dispatch_as_pipeline_train(tmp_path, tiny_model_dir, monkeypatch
     started = {}
     monkeypatch.setattr(drivers, "run_ance_trial",
                         lambda job, v, callbacks: started.update(job=job.train.name, v=type(v).__name__, cb=callbacks))
-    drivers.run_job(trial_job(ANCE, {}, str(tmp_path), "ance_t"), [cb])
+    named_dev = {**ANCE, "validation": {"corpus": "runs/c", "qrels": "runs/c/qrels/dev.trec", "metric": "RR@10"}}
+    drivers.run_job(trial_job(named_dev, {}, str(tmp_path), "ance_t"), [cb])  # (a dev split would read the qrels)
     assert started == {"job": "ance_t", "v": "str", "cb": [cb]}
 
 

@@ -21,7 +21,7 @@ BASE = {
     "data": {"corpus": "runs/c"},
     "loss": {"name": "dar", "n_perturb": 3},
     "train": {"max_steps": 20, "eval_every": 5, "num_workers": 1, "cpus_per_worker": 0.9},
-    "validation": {"corpus": "runs/c", "metric": "MRR@10"},
+    "validation": {"dev_split": 0.1, "metric": "MRR@10"},  # held-out training queries, never a test split
 }
 
 
@@ -256,7 +256,7 @@ def test_shipped_sweeps_load(name, searcher, n, monkeypatch):
     cfg = load_sweep_config(repo / "jobs" / "configs" / name)
     assert cfg.search.searcher == searcher and count_trials(cfg) == n
     job = trial_job(cfg.base_data(), {p.key: p.candidates()[0] for p in cfg.space}, "/tmp/s", "t")
-    assert job.train.max_steps == 48 and job.train.eval_every == 12 and job.validation.corpus
+    assert job.train.max_steps == 48 and job.train.eval_every == 12 and job.validation.dev_split
 
 
 def test_a_trial_interrupted_and_resumed_counts_both_runs():
@@ -324,3 +324,31 @@ def test_trial_reports_its_runs_final_metrics_after_the_run_returns(monkeypatch,
     name, resume, n, callbacks = runs[0]
     assert (name, resume, n) == ("t0", "auto", 5) and isinstance(callbacks[0], StepReport)
     assert reported == [{"step": 20, "loss": 0.3, "val_metric": 0.61, "total_steps": 20}]
+
+
+@pytest.mark.parametrize("validation, rejected", [
+    ({"corpus": "runs/c"}, "validation.qrels=runs/c/qrels/test.trec"),            # the Validator's default
+    ({"corpus": "runs/c", "qrels": "runs/c/qrels/test.trec"}, "validation.qrels=runs/c/qrels/test.trec"),
+    ({"corpus": "runs/c", "qrels": "qrels.test.tsv"}, "validation.qrels=qrels.test.tsv"),
+    ({"corpus": "runs/c", "qrels": "beir/scifact/test"}, "validation.qrels=beir/scifact/test"),
+    ({"corpus": "runs/c", "qrels": "runs/c/qrels/dev.trec"}, None),
+    ({"corpus": "runs/c", "qrels": "msmarco-passage/dev/small"}, None),
+    ({"dev_split": 0.1}, None),
+])
+def test_a_sweep_never_selects_on_a_test_split(tmp_path, validation, rejected):
+    base = {**BASE, "validation": {**validation, "metric": "MRR@10"}}
+    if rejected is None:
+        sweep(tmp_path, base=base)
+        return
+    with pytest.raises(ConfigError, match="would select on a test split") as err:
+        sweep(tmp_path, base=base)
+    assert rejected in str(err.value) and "validation.dev_split" in str(err.value)
+    assert "search.allow_test_selection: true" in str(err.value)
+    cfg = sweep(tmp_path, base=base, search={"allow_test_selection": True})  # asked for: allowed, and said
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    (out / "events.jsonl").write_text(json.dumps({"event": "start", "trial": "t0", "params": {"loss.n_perturb": 3},
+                                                  "time": 1}) + "\n")
+    write_results(cfg, out / "events.jsonl", "val_metric", "max")
+    assert "WARNING**: this sweep selected on a test split" in (out / "results.md").read_text()
+
