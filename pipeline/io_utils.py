@@ -361,3 +361,18 @@ def sha256_files(paths) -> str:
         h.update(p.name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet (deepest first): what a mkdir(parents=True) creates."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_empty_dirs(created: list[Path]) -> None:
+    """Remove the folders a failed step created (`missing_dirs` before it ran) that hold nothing:
+    no file anywhere below them. A folder holding a file is kept, and so is everything else."""
+    if not created:
+        return
+    for folder, _, _ in sorted(os.walk(created[-1]), key=lambda w: -len(Path(w[0]).parts)):
+        with contextlib.suppress(OSError):
+            Path(folder).rmdir()  # fails, and is kept, when it holds a file

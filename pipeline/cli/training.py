@@ -24,6 +24,9 @@ def cmd_train(args) -> None:
                                 "or auto")
         job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
     if job.loss.name != "rcl":  # RCL splits its own dev share (rcl.dev_split)
+        from ..models import BiEncoder
+
+        BiEncoder.load(job.model)  # a model that cannot load is refused before the split is written
         job = apply_dev_split(job)  # validation.dev_split: held-out training queries, before the validator
     if job.loss.name in ("ance", "ance_dar"):
         from ..recipes.ance import run_ance

@@ -35,7 +35,7 @@ from typing import Callable
 
 from ..data.negatives import VersionedNegatives
 from ..errors import ConfigError, PipelineError, worker_error
-from ..io_utils import write_json_atomic
+from ..io_utils import missing_dirs, remove_empty_dirs, write_json_atomic
 from ..storage import RemotePath, is_uri, resolve
 
 
@@ -104,6 +104,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
             # reach the run (checkpoints) and the versions folder; a clear error instead of a dead actor
             for loc in {str(run_dir): run_dir, str(versions): versions}.values():
                 check_writable_on_nodes(loc)
+        created = [] if isinstance(run_dir, RemotePath) else missing_dirs(run_dir)
+        had_config = (run_dir / "config.yaml").exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").touch(exist_ok=True)  # the refresher's "is a training run" check
         actor = start_refresher(run_dir, s, s.corpus)
@@ -111,6 +113,12 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
             ray.get(actor.status.remote())
         except Exception as e:
             ray.kill(actor)
+            if not had_config and not isinstance(run_dir, RemotePath):  # leave no empty run folder behind
+                (run_dir / "config.yaml").unlink(missing_ok=True)
+                for leftover in (versions / "refresher.json", versions / "refresher.log"):
+                    if isinstance(versions, Path):
+                        leftover.unlink(missing_ok=True)
+                remove_empty_dirs(created)
             raise worker_error(e) or PipelineError(f"the index refresher could not start: {e}") from None
         handle = actor.run.remote()
         thread = threading.Thread(target=_watch, args=(handle, watch, versions), daemon=True)

@@ -16,10 +16,8 @@ anything runs, the driver and every Ray node write, read back and delete a probe
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import shutil
 import threading
 import time
@@ -29,7 +27,7 @@ from typing import Callable
 
 from ..config import to_dict
 from ..errors import ConfigError, PipelineError, worker_error
-from ..io_utils import atomic_path, sha256_files, write_json_atomic, write_text_atomic
+from ..io_utils import atomic_path, missing_dirs, remove_empty_dirs, sha256_files, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath
@@ -160,24 +158,14 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
         work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
         return _train(job, method, storage, run_dir, work, remote, validate_fn, progress, negatives_provider,
                       callbacks)
-    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    created = missing_dirs(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         return _train(job, method, storage, run_dir, run_dir, remote, validate_fn, progress, negatives_provider,
                       callbacks)
     except BaseException:
-        _remove_empty(created)  # a run that failed before writing anything leaves no empty folder behind
+        remove_empty_dirs(created)  # a run that failed before writing anything leaves no empty folder behind
         raise
-
-
-def _remove_empty(created: list[Path]) -> None:
-    """Remove the folders this run created that hold nothing (no file anywhere below them)."""
-    if not created:
-        return
-    top = created[-1]
-    for folder, _, _ in sorted(os.walk(top), key=lambda w: -len(Path(w[0]).parts)):
-        with contextlib.suppress(OSError):
-            Path(folder).rmdir()  # fails, and is kept, when it holds a file
 
 
 def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, validate_fn, progress: bool,

@@ -74,7 +74,7 @@ def reported_metrics(job) -> tuple[list[str], str]:
                        "dev queries)")
     if job.validation.corpus or (job.validation.dev_split and job.data.corpus):
         return names + _spine_metrics(job), ""
-    return names, " (validation metrics need validation.dev_split or validation.corpus in the base config)"
+    return names, " (validation metrics need validation.corpus or validation.dev_split in the base config)"
 
 
 # --------------------------------------------------------------------------- resources

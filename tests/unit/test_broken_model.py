@@ -79,8 +79,7 @@ def test_sts_and_encode_name_the_folder_and_the_problem(broken, corpus, tmp_path
 def test_train_names_the_folder_and_leaves_no_run_folder(broken, corpus, tmp_path, capsys, name):
     folder, reason = broken[name], BREAKS[name][1]
     storage = tmp_path / "runs" / "train"
-    assert main(["train", "--config", DPR_YAML, f"data.corpus={corpus}", f"validation.corpus={corpus}",
-                 f"validation.qrels={corpus}/qrels/test.trec", f"model.name_or_path={folder}",
+    assert main(["train", "--config", DPR_YAML, f"data.corpus={corpus}", f"model.name_or_path={folder}",
                  f"train.storage_path={storage}", "train.num_workers=1"]) == 2
     _one_error_line(capsys, folder, reason)
     assert not (tmp_path / "runs").exists()
@@ -96,8 +95,8 @@ def test_a_train_that_fails_building_its_examples_removes_only_the_folders_it_ma
     shutil.copytree(corpus, bad)
     (bad / "qrels" / "train.trec").write_text("q1 0 1 1\nq7 0 2 1\n")
     storage = tmp_path / "runs" / "new" / "train"
-    assert main(["train", "--config", DPR_YAML, f"data.corpus={bad}", f"validation.corpus={bad}",
-                 f"validation.qrels={bad}/qrels/test.trec", f"model.name_or_path={tiny_model_dir}",
+    assert main(["train", "--config", DPR_YAML, f"data.corpus={bad}", "validation.dev_split=0",
+                 f"validation.corpus={bad}", f"validation.qrels={bad}/qrels/test.trec", f"model.name_or_path={tiny_model_dir}",
                  "model.pooling=mean", f"train.storage_path={storage}", "train.num_workers=1"]) == 2
     err = capsys.readouterr().err
     assert "q7" in err and "Traceback" not in err, err
