@@ -87,6 +87,9 @@ class ValidationConfig:
     # > 0: a seeded share of the training queries, held out of training, is the dev split the run
     # validates (and a sweep selects) on, instead of `qrels` (train/dev_split.py)
     dev_split: float = 0.0
+    # the split's seed, apart from train.seed: every trial of a sweep (whatever its seed) and every
+    # method validates on the same held-out queries
+    dev_seed: int = 0
 
     def __post_init__(self):
         if not 0 <= self.dev_split < 1:

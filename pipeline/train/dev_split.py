@@ -4,7 +4,8 @@ The pair methods (DPR, DAR, ANCE) select and early-stop on what `validation.*` n
 `validation.dev_split: 0.1` that is a seeded 10 % of the training queries (`data.qrels`, default
 `<corpus>/qrels/train.trec`), held out of training, instead of a split the numbers are reported
 on. The split is written to `<storage_path>/<name>/split/{train,dev}.trec` (rewritten only when
-it changes; the same seed gives the same split, so a resumed run trains on the same examples)
+it changes). Its seed is `validation.dev_seed` (0), not `train.seed`: every trial of a sweep and
+every method sees the same held-out queries, and a resumed run trains on the same examples
 and the job then trains on `split/train.trec` and validates on `split/dev.trec` against the
 training corpus and queries. RCL's `rcl.dev_split` uses the same split (recipes/rcl.py).
 """
@@ -59,7 +60,7 @@ def apply_dev_split(job):
     run_dir = st.resolve(job.train.storage_path) / job.train.name
     out = (st.staging_dir(run_dir) if isinstance(run_dir, st.RemotePath) else run_dir) / "split"
     train, dev = write_dev_split(Path(job.data.qrels or corpus / "qrels" / "train.trec"), v.dev_split,
-                                 job.train.seed, out, "validation.dev_split")
+                                 v.dev_seed, out, "validation.dev_split")
     return replace(job, data=replace(job.data, qrels=str(train)),
                    validation=replace(v, corpus=str(v.corpus or corpus), queries=v.queries or job.data.queries,
                                       qrels=str(dev)))
