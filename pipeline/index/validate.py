@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from .. import progress
 from ..config import EvalConfig
 from ..data.irds import is_identifier
 from ..data.manifest import join_title, load_manifest
@@ -51,14 +52,24 @@ class Validator:
         queries = {q: t for q, t in load_queries(self.queries).items() if q in qrels}
         index = faiss.IndexFlatIP(model.dim)
         pids: list[str] = []
+        n_docs = int(manifest["rows"])
+        chunk = max(self.batch_size * 16, 256)  # progress after every chunk (the sink prints every few s)
         with torch.no_grad():
+            progress.update("encoding passages", 0, n_docs)
             for part in manifest["parts"]:
                 t = pq.read_table(self.corpus / part["file"])
                 texts = [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
-                index.add(model.embed(texts, "doc", batch_size=self.batch_size, device=device))
+                for s in range(0, len(texts), chunk):
+                    index.add(model.embed(texts[s:s + chunk], "doc", batch_size=self.batch_size, device=device))
+                    progress.update("encoding passages", index.ntotal, n_docs)
                 pids.extend(t["pid"].to_pylist())
             qids = list(queries)
-            qv = model.embed([queries[q] for q in qids], "query", batch_size=self.batch_size, device=device)
+            qv = np.zeros((0, model.dim), dtype=np.float32)
+            progress.update("encoding queries", 0, len(qids))
+            for s in range(0, len(qids), chunk):
+                qv = np.concatenate([qv, model.embed([queries[q] for q in qids[s:s + chunk]], "query",
+                                                     batch_size=self.batch_size, device=device)])
+                progress.update("encoding queries", len(qv), len(qids))
         scores, ids = index.search(np.ascontiguousarray(qv, dtype=np.float32), min(self.top_k, len(pids)))
         with tempfile.TemporaryDirectory() as tmp:
             run_path = Path(tmp) / "val.trec"

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import progress
 from .. import storage as st
 from ..errors import PipelineError
 from ..models import BiEncoder
@@ -294,16 +295,20 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     window: dict[str, float] = {}
     n_window, t_window = 0, time.time()
     t_start, step_start = time.time(), step
+    # seconds spent validating and checkpointing: not training, so never in a steps/s (a window's
+    # share in win_excluded, the run's in excluded)
+    excluded = {"validation": 0.0, "checkpoint": 0.0}
+    win_excluded = 0.0
 
     def report(extra: dict | None = None, checkpoint: bool = False, stopped_early: bool = False):
-        nonlocal window, n_window, t_window
+        nonlocal window, n_window, t_window, win_excluded
         gathered = _all_gather_object((window, n_window, sorted(stat_keys)), world)
         metrics = reduce_window([g[0] for g in gathered], [g[1] for g in gathered],
                                 {k for g in gathered for k in g[2]})
-        elapsed = time.time() - t_start
+        elapsed = time.time() - t_start - excluded["validation"] - excluded["checkpoint"]
         rate = (step - step_start) / max(elapsed, 1e-9)
         metrics.update({"step": step, "epoch": step / spe, "lr": scheduler.get_last_lr()[0],
-                        "steps_per_s": n_window / max(time.time() - t_window, 1e-9)})
+                        "steps_per_s": n_window / max(time.time() - t_window - win_excluded, 1e-9)})
         if negatives is not None:
             metrics["negatives_version"] = negatives.version
             if negatives.meta.get("checkpoint_step") is not None:
@@ -318,10 +323,19 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         if rank == 0 and progress_queue is not None:
             with contextlib.suppress(Exception):
                 progress_queue.put_nowait({**metrics, "total": total, "eta_s": (total - step) / rate if rate else None})
-        window, n_window, t_window = {}, 0, time.time()
+        window, n_window, t_window, win_excluded = {}, 0, time.time(), 0.0
         if not checkpoint:
             ray.train.report(metrics)
             return
+        t_ckpt = time.time()
+        try:
+            _save_checkpoint(metrics, stopped_early)
+        finally:
+            spent = time.time() - t_ckpt
+            excluded["checkpoint"] += spent
+            win_excluded += spent
+
+    def _save_checkpoint(metrics: dict, stopped_early: bool) -> None:
         rngs = _all_gather_object(_rng_state(), world)
         upload_batch_log()
         if rank != 0:
@@ -348,14 +362,24 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                              checkpoint_dir_name=checkpoint_dir_name(step))
 
     def validate() -> dict:
+        nonlocal win_excluded
         if validate_fn is None:
             return {}
+        t0 = time.time()
         out: dict = {}
         if rank == 0:
             model.eval()
-            out = validate_fn(model)
+            # the validator's progress (e.g. "encoding 2,048/5,183 passages") reaches the driver's terminal
+            def forward(rec: dict) -> None:
+                if progress_queue is not None:
+                    progress_queue.put_nowait({"kind": "progress", "step": step, "stage": "validation", **rec})
+            with progress.sink(forward):
+                out = validate_fn(model)
             model.train()
         _barrier(world)
+        spent = time.time() - t0
+        excluded["validation"] += spent
+        win_excluded += spent
         return out
 
     def stop_requested(extra: dict) -> bool:
@@ -419,7 +443,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                     stopped, do_ckpt = True, True  # ends here on every rank; the checkpoint says so
                     extra["stopped_early"] = 1.0
                 if last or stopped:
-                    extra["train_seconds"] = time.time() - t_start
+                    extra["train_seconds"] = time.time() - t_start  # the loop's wall time, all of it
+                    extra["validation_seconds"] = excluded["validation"]
+                    extra["checkpoint_seconds"] = excluded["checkpoint"]  # the last one not yet in it
                     extra["train_steps_run"] = step - step_start
                 report(extra, checkpoint=bool(do_ckpt), stopped_early=stopped)
                 if do_ckpt and tc.fail_after_checkpoint == step and not fail_marker.exists():

@@ -148,6 +148,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     tc = job.train
     from .. import storage as st
 
+    t_entry = time.time()  # the wall-time split (start-up, training, validation, checkpoints, export) starts here
     method = get_method(job.loss.name)
     storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
@@ -157,19 +158,19 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
         st.check_writable(run_dir, who="the driver")
         work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
         return _train(job, method, storage, run_dir, work, remote, validate_fn, progress, negatives_provider,
-                      callbacks)
+                      callbacks, t_entry)
     created = missing_dirs(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         return _train(job, method, storage, run_dir, run_dir, remote, validate_fn, progress, negatives_provider,
-                      callbacks)
+                      callbacks, t_entry)
     except BaseException:
         remove_empty_dirs(created)  # a run that failed before writing anything leaves no empty folder behind
         raise
 
 
 def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, validate_fn, progress: bool,
-           negatives_provider, callbacks) -> dict:
+           negatives_provider, callbacks, t_entry: float) -> dict:
     from .. import storage as st
 
     tc = job.train
@@ -201,6 +202,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     else:
         _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
              progress, callbacks, work=work)
+    t_fit_end = time.time()
     final = latest_checkpoint(run_dir)
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
@@ -223,6 +225,14 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
                "resumed_from": str(resume) if resume else None, "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}
+    m = state["metrics"]
+    if not complete and m.get("train_seconds") is not None:  # this call trained: how its wall time split
+        loop = float(m["train_seconds"])
+        val, ckpt = float(m.get("validation_seconds", 0.0)), float(m.get("checkpoint_seconds", 0.0))
+        export = time.time() - t_fit_end
+        summary["time_split"] = {"start-up": round(max(time.time() - t_entry - export - loop, 0.0), 1),
+                                 "training": round(max(loop - val - ckpt, 0.0), 1), "validation": round(val, 1),
+                                 "checkpoints": round(ckpt, 1), "export": round(export, 1)}
     if remote:
         summary["model_local"] = str(work / "model")
     (st.write_json_atomic if remote else write_json_atomic)(run_dir / "summary.json", summary)
@@ -234,12 +244,24 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                  else f"step {state['step']}/{total}") + ", "
               f"loss {m.get('loss', float('nan')):.4f}"
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
-              + f", {summary['wall_seconds']:.0f}s -> {run_dir / 'model'}", flush=True)
+              + f", {summary['wall_seconds']:.0f}s ({wall_split(summary)}) -> {run_dir / 'model'}", flush=True)
     return summary
 
 
+def wall_split(summary: dict) -> str:
+    """How the run's wall time split: start-up, training, validation, checkpoints, export."""
+    t = summary.get("time_split") or {}
+    return ", ".join(f"{k} {t[k]:.0f}s" for k in ("start-up", "training", "validation", "checkpoints", "export")
+                     if t.get(k) is not None) or "already complete"
+
+
 def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
-    """One line per report (step/total, loss and terms, lr, steps/s, ETA), plus one for validation."""
+    """One line per report (step/total, loss and terms, lr, steps/s, ETA), plus one for validation;
+    a progress record of a long step inside the run (validation's encoding) is one line too."""
+    if rec.get("kind") == "progress":
+        from ..progress import line
+
+        return [f"[train] {name} step {int(rec['step'])} {rec.get('stage', 'work')}: {line(rec)}"]
     step, total = int(rec["step"]), int(rec["total"])
     parts = [f"[train] {name} step {step}/{total} ({100 * step / max(total, 1):.0f}%)"]
     if "loss" in rec:

@@ -65,18 +65,30 @@ def test_kill_and_resume_matches_uninterrupted(ray_session, tiny_model_dir, faq,
     assert _steps(tmp_path / "killed") == run_steps
 
 
-def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_dir, faq, tmp_path):
+def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_dir, faq, tmp_path, capsys):
     from transformers import AutoModel
 
     from pipeline.config import ModelConfig
     from pipeline.index.validate import Validator
     from pipeline.models import BiEncoder
 
-    job = dpr_job(tiny_model_dir, faq, tmp_path, "dpr", "train.epochs=4", "optim.lr=5e-4", "data.shuffle_window=64")
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "dpr", "train.epochs=4", "optim.lr=5e-4", "data.shuffle_window=64",
+                  "train.eval_every=12")
     # every socket of every process this 2-worker run starts (torch's store, gloo) listens on loopback only
     with ListenWatch(os.getpid()) as watch:
-        summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=False)
+        summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=True)
+    out = capsys.readouterr().out
     print(f"\n[loopback] 2-worker train: {watch.summary()}")
+    # the validation's encoding shows progress in the run's output, step rates leave validation out,
+    # and the summary line says how the wall time split
+    for step in (12, 24):
+        assert f"[train] dpr step {step} validation: encoding 0/176 passages" in out, out
+        assert f"[train] dpr step {step} validation: encoding 176/176 passages" in out, out
+    assert "0.00 steps/s" not in out, out
+    done = [ln for ln in out.splitlines() if ln.startswith("[train] done: dpr")]
+    assert len(done) == 1 and all(f"{k} " in done[0] for k in ("start-up", "training", "validation", "checkpoints",
+                                                               "export")), done
+    assert set(summary["time_split"]) == {"start-up", "training", "validation", "checkpoints", "export"}
     watch.assert_loopback_only("RayTrainWorker")
     losses = [h["loss"] for h in summary["history"] if "loss" in h]
     assert len(losses) == summary["steps"] == 24
