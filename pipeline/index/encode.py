@@ -153,6 +153,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     (`s3://bucket/prefix`, `gs://…`; see `pipeline.storage`): the workers write their shards
     there themselves. Returns a summary dict (rows, new rows, shards reused, seconds, rows/s).
     """
+    t_entry = time.time()  # start-up (model check, Ray, actors, model loads) is measured from here
     corpus_dir, out_dir = Path(corpus_dir), location(out_dir)
     if isinstance(out_dir, RemotePath):  # unreachable store, missing bucket, no credentials: one clear error first
         from ..storage import check_writable
@@ -231,9 +232,17 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     if shape:
         summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
                        tokenize=resolve_tokenize(enc))
+    split = ""
+    if todo and _first_shard.get("started"):
+        now = time.time()
+        summary["startup_seconds"] = round(max(_first_shard["started"] - t_entry, 0.0), 2)
+        summary["encoding_seconds"] = round(now - _first_shard["started"], 2)
+        summary["encoding_rows_per_s"] = round(todo_rows / max(summary["encoding_seconds"], 1e-9), 1)
+        split = (f" (start-up {summary['startup_seconds']:.1f}s, encoding {summary['encoding_seconds']:.1f}s at "
+                 f"{summary['encoding_rows_per_s']:,.0f} rows/s)")
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
-          f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}; "
+          f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
           f"dim {dim} {dtype} -> {out_dir}", flush=True)
     return summary
 
@@ -329,6 +338,9 @@ def check_embeddings_output(out_dir) -> None:
                             "Choose another --out (or move those away); nothing was written or deleted.")
 
 
+_first_shard: dict = {}  # when the run's first shard began encoding (set by _collect)
+
+
 def _report_shard(name: str, rows: int) -> None:
     """Called on the driver as each shard's receipt arrives (the shard is already on disk)."""
 
@@ -342,8 +354,12 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
                mininterval=2.0)
     batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy"))
     failure: PipelineError | None = None
+    _first_shard.clear()
     try:
         for batch in batches:
+            if not _first_shard and "seconds" in batch and len(batch["seconds"]):
+                # the first shard began encoding this long before its receipt: start-up ends there
+                _first_shard["started"] = time.time() - float(batch["seconds"][0])
             for name, rows in zip(batch["name"], batch["rows"]):
                 _report_shard(str(name), int(rows))
                 bar.update(int(rows))

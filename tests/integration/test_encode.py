@@ -92,6 +92,8 @@ def test_one_part_kill_keeps_finished_shards(ray_session, tiny_model_dir, collec
     summary = encode_corpus(corpus, emb, cfg)
     assert set(kept) <= set(found)
     assert summary["reused_shards"] == len(found) and summary["encoded"] == N - 40 * len(found)
+    # the summary splits the wall time: start-up (Ray, actors, model loads) and encoding
+    assert summary["startup_seconds"] >= 0 and summary["encoding_seconds"] > 0 and summary["encoding_rows_per_s"] > 0
     pids = _all_pids(emb)
     assert pids == [str(i) for i in range(N)]  # corpus order, each once
 
