@@ -75,6 +75,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--title-field", help="hf format only: title column, '' for none (default title)")
     p.add_argument("--text-field", help="hf format only: text column (default text)")
     p.set_defaults(func=cmd_ingest)
+
     p = sub.add_parser("subset", help="seeded corpus subset keeping the positives of sampled queries (ANCE's 500k)")
     p.add_argument("--corpus", required=True, help="an ingested corpus folder")
     p.add_argument("--queries", required=True, help="training queries file (or ir_datasets identifier)")

@@ -152,6 +152,7 @@ def add_parsers(sub) -> None:
                    help="--qa answer matching as DPR: string (token sequence) or regex (CuratedTREC) (= eval.qa_match)")
     add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
+
     p = sub.add_parser("sts", help="STS pairs -> Spearman / Pearson of cosine similarity vs the gold score")
     p.add_argument("--pairs", required=True, help="STS-benchmark CSV or TSV, SICK, or s1<TAB>s2<TAB>score")
     p.add_argument("--model", help="model directory or minilm (default model.name_or_path)")
@@ -168,6 +169,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an STS JSON this tool wrote at --json")
     add_config_args(p)
     p.set_defaults(func=cmd_sts)
+
     p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
     p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
     p.add_argument("--qrels", required=True, help="qrels file or ir_datasets identifier")
@@ -184,6 +186,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set eval.rel_level=2 (also accepted among the run files)")
     p.set_defaults(func=cmd_compare)
+
     p = sub.add_parser("authorship", help="ARR authorship data: cross-topic-open-set split, R@8/MRR evaluation, table")
     acts = p.add_subparsers(dest="action", required=True)
     s = acts.add_parser("split", help="records (CSV/JSONL/Parquet) -> train/val/cross_topic_test/same_topic_test")

@@ -22,7 +22,7 @@ def cmd_encode(args) -> None:
     if args.fp16:
         if cfg.encode.gpus_per_actor == 0:
             raise fp16_refused("the encoder actors have no GPU", "--device cuda or encode.gpus_per_actor=1 gives them "
-                                "one; on CPU, encode.precision=bf16 or auto; float16 storage is encode.fp16=true")
+                               "one; on CPU, encode.precision=bf16 or auto; float16 storage is encode.fp16=true")
         cfg = load_cfg(args, extra + [f"encode.gpus_per_actor={cfg.encode.gpus_per_actor}", "encode.precision=fp16"])
     encode_corpus(args.corpus, args.out, cfg)
 
@@ -103,11 +103,12 @@ def add_parsers(sub) -> None:
                                                 "URI); a killed run re-run with the same --out redoes only missing shards")
     p.add_argument("--model", help="model dir or 'minilm' (= model.name_or_path)")
     add_common_flags(p, batch="texts per forward pass (= encode.batch_size)",
-                      fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
-                           "GPU actors, refused on CPU; vectors stay float32 (encode.fp16=true stores float16)",
-                      device="where the encoder actors run (= encode.gpus_per_actor: cpu 0, cuda 1)")
+                     fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
+                          "GPU actors, refused on CPU; vectors stay float32 (encode.fp16=true stores float16)",
+                     device="where the encoder actors run (= encode.gpus_per_actor: cpu 0, cuda 1)")
     add_config_args(p)
     p.set_defaults(func=cmd_encode)
+
     p = sub.add_parser("index", help="embedding shards -> FAISS index")
     p.add_argument("--embeddings", required=True, help="an embeddings folder or URI (pipeline encode --out)")
     p.add_argument("--out", required=True, help="index folder or URI to write")
@@ -119,6 +120,7 @@ def add_parsers(sub) -> None:
                    help="build the FAISS index on CPU or GPU (= index.use_gpu no|yes|auto; yes needs faiss-gpu)")
     add_config_args(p)
     p.set_defaults(func=cmd_index)
+
     p = sub.add_parser("retrieve", help="queries -> TREC run")
     p.add_argument("--index", required=True, help="an index folder or URI (pipeline index --out)")
     p.add_argument("--queries", required=True, help="queries file, or an ir_datasets identifier "
@@ -131,7 +133,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
     p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
     add_common_flags(p, batch="queries per batch (= retrieve.batch_size)",
-                      device="where the query model runs (queries are encoded in the documents' precision, as "
-                             "recorded in the index)")
+                     device="where the query model runs (queries are encoded in the documents' precision, as "
+                            "recorded in the index)")
     add_config_args(p)
     p.set_defaults(func=cmd_retrieve)

@@ -53,6 +53,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--kind", choices=("pipeline", "train", "sweep"), help="force the config kind (default: detected)")
     add_config_args(p)
     p.set_defaults(func=cmd_config_show)
+
     p = sub.add_parser("info", help="summarise a project folder or file: corpus, embeddings, index, run, qrels, "
                                     "training run, checkpoint, sweep, model, metrics JSON")
     p.add_argument("path", metavar="PATH", help="a folder or file this tool wrote (or a project folder)")

@@ -21,7 +21,7 @@ def cmd_train(args) -> None:
     if args.fp16:
         if not job.train.use_gpu:
             raise fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=bf16 "
-                                "or auto")
+                               "or auto")
         job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
     if job.loss.name != "rcl":  # RCL splits its own dev share (rcl.dev_split)
         from ..models import BiEncoder
@@ -68,21 +68,24 @@ def add_parsers(sub) -> None:
     """The train, refresh, tune, demo verbs."""
     p = sub.add_parser("train", help="train with Ray Train: any registered method (loss.name: dpr, dar, ance, ance_dar, ...)")
     add_common_flags(p, batch="examples per worker per step (= train.batch_size)",
-                      fp16="fp16 mixed precision with a gradient scaler (= train.amp=fp16); needs GPU workers, "
-                           "refused on CPU (bf16 is train.amp=bf16)",
-                      device="train on CPUs or GPUs (= train.use_gpu)")
+                     fp16="fp16 mixed precision with a gradient scaler (= train.amp=fp16); needs GPU workers, "
+                          "refused on CPU (bf16 is train.amp=bf16)",
+                     device="train on CPUs or GPUs (= train.use_gpu)")
     add_config_args(p)
     p.set_defaults(func=cmd_train)
+
     p = sub.add_parser("refresh", help="ANCE index refresher alone, against a training run's checkpoints")
     p.add_argument("--run-dir", required=True, help="<train.storage_path>/<train.name> of the run to follow")
     p.add_argument("--once", action="store_true", help="refresh from the newest checkpoint once and exit")
     p.add_argument("--idle-exit", type=float, default=600.0, help="exit after this many seconds without a new checkpoint")
     add_config_args(p)
     p.set_defaults(func=cmd_refresh)
+
     p = sub.add_parser("tune", help="Ray Tune sweep over a trainer's config (ASHA, grid/random/optuna)")
     add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue the interrupted sweep in the config's output")
     p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("demo", help="the whole flow on the bundled Python FAQ corpus")
     p.add_argument("--out", default="runs/demo", help="demo folder (default runs/demo); a re-run reuses finished steps")
     p.add_argument("--fresh", action="store_true", help="recompute every step")
