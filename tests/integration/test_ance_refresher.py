@@ -115,7 +115,7 @@ def _failing_job(tiny_model_dir, faq, tmp_path, name, *extra):
         f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
         "model.query_max_length=32", "model.doc_max_length=64", f"data.corpus={faq}", "data.hard_negatives=1",
         "loss.name=ance", "train.num_workers=1", "train.cpus_per_worker=1", "train.batch_size=8",
-        "train.max_steps=24", "train.report_every=2", "train.negatives_poll_every=2", f"train.storage_path={tmp_path}",
+        "train.max_steps=16", "train.report_every=2", "train.negatives_poll_every=2", f"train.storage_path={tmp_path}",
         f"train.name={name}", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
         "ance.cpus=1", "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.factory=IVF4096,Flat",
         "ance.refresh_retries=1", "ance.retry_backoff_s=0", "ance.max_missed_refreshes=2", *extra])
@@ -140,7 +140,7 @@ def test_with_continue_every_report_line_says_the_negatives_are_stale(ray_sessio
     from pipeline.recipes.ance import run_ance
 
     summary = run_ance(_failing_job(tiny_model_dir, faq, tmp_path, "goes_on", "ance.on_refresher_failure=continue"))
-    assert summary["steps"] == 24 and summary["negatives_versions"] == []
+    assert summary["steps"] == 16 and summary["negatives_versions"] == []
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[train] goes_on step ")]
     steps = {int(ln.split()[3].split("/")[0]): ln for ln in lines if "validation" not in ln}
     late = [s for s in steps if s >= 14]  # the poll at step 12 saw it; reports from 14 on carry the note
