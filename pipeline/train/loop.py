@@ -249,8 +249,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                   f"cannot be loaded ({e}); polling for the newest", flush=True)
 
     # A newer version is loaded (read + its passage texts looked up) in a background thread while
-    # the steps go on, and swapped in at the first poll at which every rank has it: the same step
-    # on every rank, and no step waits for a load.
+    # the steps go on, and swapped in at the next poll: the same step on every rank, fixed by the poll
+    # schedule (so a resumed run replays it exactly). A step waits only if a load takes longer than
+    # a whole poll interval, and then only for the rest of it.
     loader: dict = {}  # {"version", "future", "t0"} of the version loading on this rank
     load_pool = None
     negatives_note: str | None = None  # set while the provider says its negatives are stale (and why)
@@ -266,25 +267,25 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             raise PipelineError(health["error"])  # the run fails with the producer's last error, never silently
         negatives_note = health.get("stale")
         if loader:
-            ready = all(_all_gather_object(loader["future"].done(), world))
-            if ready:
-                try:
-                    loaded, problem = loader["future"].result(), None
-                except Exception as e:  # e.g. pruned meanwhile: say so, take the newest at the next poll
-                    loaded, problem = None, f"{type(e).__name__}: {e}"
-                problems = [p for p in _all_gather_object(problem, world) if p]
-                if problems:
-                    if rank == 0:
-                        print(f"[train] WARNING: negatives version {loader['version']} could not be loaded "
-                              f"({problems[0]}); polling for the newest", flush=True)
-                else:
-                    negatives = loaded
-                    negatives_log.append({"version": negatives.version, "at_step": step,
-                                          "checkpoint_step": negatives.meta.get("checkpoint_step"),
-                                          "dev_metric": negatives.meta.get("dev_metric"),
-                                          "load_seconds": round(time.time() - loader["t0"], 3)})
-                loader.clear()
-        if not loader and newest is not None and (negatives is None or newest > negatives.version):
+            t_wait = time.time()
+            try:
+                loaded, problem = loader["future"].result(), None
+            except Exception as e:  # e.g. pruned meanwhile: say so, take the newest at this poll
+                loaded, problem = None, f"{type(e).__name__}: {e}"
+            problems = [p for p in _all_gather_object(problem, world) if p]
+            if problems:
+                if rank == 0:
+                    print(f"[train] WARNING: negatives version {loader['version']} could not be loaded "
+                          f"({problems[0]}); polling for the newest", flush=True)
+            else:
+                negatives = loaded
+                negatives_log.append({"version": negatives.version, "at_step": step,
+                                      "checkpoint_step": negatives.meta.get("checkpoint_step"),
+                                      "dev_metric": negatives.meta.get("dev_metric"),
+                                      "load_seconds": round(t_wait - loader["t0"], 3),
+                                      "waited_seconds": round(time.time() - t_wait, 3)})
+            loader.clear()
+        if newest is not None and (negatives is None or newest > negatives.version):
             if load_pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 

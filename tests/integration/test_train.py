@@ -170,7 +170,8 @@ def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_d
     job = dpr_job(tiny_model_dir, faq, tmp_path, "ance_like", *common, "train.fail_after_checkpoint=4")
     with pytest.raises(Exception, match="simulated failure"):
         train(job, negatives_provider=_SwitchingProvider(root, faq), progress=False)
-    # polls at steps 0 (v1), 2 (v1), 4 (v2): steps 1-4 used v1, the checkpoint of step 4 records v1
+    # polls at steps 0 (v1 seen: loads in the background), 2 (v1 swapped in), 4 (v2 seen: loads):
+    # steps 1-2 ran on the initial negatives, 3-4 on v1, and the checkpoint of step 4 records v1
     from pipeline.models.checkpoint import read_state
 
     assert read_state(tmp_path / "ance_like" / "step-00000004")["negatives_version"] == 1
@@ -178,7 +179,7 @@ def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_d
     log = [json.loads(x) for x in (tmp_path / "ance_like" / "batch_log" / "rank0.jsonl").read_text().splitlines()]
     used = {r["step"]: r["negatives_version"] for r in log}
     assert sorted(used) == list(range(1, 7))
-    assert [used[s] for s in range(1, 5)] == [1, 1, 1, 1]
+    assert [used[s] for s in range(1, 5)] == [None, None, 1, 1]  # swapped at the poll after it was seen
     # resumed with v1 (from the checkpoint); the resumed run's first poll at step 4 (its 1st) still says v1,
     # its second (step 6 is past the end) never happens: so v1 throughout, recorded per step
     assert used[5] == 1 and used[6] == 1
