@@ -28,7 +28,7 @@ from ..data.bundled import python_faq_dir
 from ..errors import PipelineError
 from ..io_utils import write_json_atomic, write_text_atomic
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: pipeline/recipes/demo.py -> the repository
 METHODS = ("dpr", "dar")
 
 

@@ -57,3 +57,11 @@ def test_ance_entrypoint_refuses_other_losses(smoke, capsys):
     assert "loss.name ance or ance_dar" in capsys.readouterr().err and calls == []
     assert ance["main"](["--config", str(JOBS / "configs" / "ance.yaml"), "train.max_steps=3"]) == 0
     assert calls == [["train", "--config", str(JOBS / "configs" / "ance.yaml"), "train.max_steps=3"]]
+
+
+def test_the_demo_finds_the_configs_of_the_checkout():
+    """recipes/demo.py trains with jobs/configs/{dpr,dar}.yaml of the checkout it runs from."""
+    from pipeline.recipes.demo import METHODS, REPO
+
+    for method in METHODS:
+        assert (REPO / "jobs" / "configs" / f"{method}.yaml").is_file()
