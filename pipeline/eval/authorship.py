@@ -98,8 +98,21 @@ def _counts(records):
 
 
 def model_encoder(model, batch_size: int = 64, device: str = "cpu", precision: str = "fp32"):
+    """texts -> vectors, in chunks that report progress ("encoding texts", pipeline/progress.py)."""
     def encode(texts):
-        return model.embed(texts, "doc", batch_size=batch_size, device=device, precision=precision)
+        import numpy as np
+
+        from .. import progress
+
+        chunk = max(batch_size * 16, 256)
+        parts = []
+        progress.update("encoding texts", 0, len(texts))
+        for s in range(0, len(texts), chunk):
+            parts.append(model.embed(texts[s:s + chunk], "doc", batch_size=batch_size, device=device,
+                                     precision=precision))
+            progress.update("encoding texts", min(s + chunk, len(texts)), len(texts))
+        return np.concatenate(parts) if parts else model.embed([], "doc", batch_size=batch_size, device=device,
+                                                               precision=precision)
 
     return encode
 

@@ -185,7 +185,13 @@ class Refresh:
         shutil.rmtree(self.pin_root, ignore_errors=True)
         self.log_path = (self.root / "refresher.log" if not isinstance(self.root, RemotePath)
                          else Path(tempfile.gettempdir()) / f"pipeline-refresher-{tag}.log")
-        self._status("starting")
+        try:  # the first write is the publish probe: a versions folder it cannot write is refused now
+            write_status(self.root, {"state": "starting", "latest_version": self.version, "failures": 0,
+                                     "last_error": None, "log": str(self.log_path), "pid": os.getpid(),
+                                     "updated": time.time()})
+        except OSError as e:
+            raise PipelineError(f"ance.versions_dir {self.root}: the refresher cannot write there "
+                                f"({e.strerror or e}), so it could publish no negatives version") from None
 
     def newest(self) -> tuple[int, Path] | None:
         found = list_checkpoints(self.run_dir)

@@ -28,6 +28,7 @@ be storage URIs (s3://, gs://).
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -57,6 +58,33 @@ def _watch(handle, out: dict, versions) -> None:
                                     "reason": f"its actor died after its restarts: {out['error']}"})
         except OSError:
             pass
+
+
+def _announce(versions, stop: threading.Event, every: float) -> None:
+    """Print each version the refresher publishes, and each refresh that fails, as they happen (the
+    trainer's report lines show only the version in use)."""
+    from ..data.negatives import list_versions, read_status, version_dir
+
+    seen, errors = set(list_versions(versions)), set()
+    while not stop.wait(every):
+        try:
+            for v in list_versions(versions):
+                if v in seen:
+                    continue
+                seen.add(v)
+                meta = json.loads((version_dir(versions, v) / "meta.json").read_text())
+                dev = (f", dev {meta['dev_metric_name']} {meta['dev_metric']:.4f}"
+                       if meta.get("dev_metric") is not None else "")
+                print(f"[ance] negatives v{v} published: checkpoint step {meta.get('checkpoint_step')}, "
+                      f"refreshed in {meta.get('seconds', 0):.1f}s{dev}", flush=True)
+            err = read_status(versions).get("last_error")
+            if err and (err.get("at"), err.get("attempt")) not in errors:
+                errors.add((err.get("at"), err.get("attempt")))
+                print(f"[ance] WARNING: the refresh of version {err.get('version')} (checkpoint step "
+                      f"{err.get('checkpoint_step')}) failed (attempt {err.get('attempt')}): {err.get('error')}; "
+                      f"log: {read_status(versions).get('log')}", flush=True)
+        except (OSError, ValueError):
+            continue  # a version being pruned or written: the next look sees it whole
 
 
 def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, callbacks: list | None = None) -> dict:
@@ -127,10 +155,15 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
             print(f"[ance] index refresher started ({s.cpus:g} CPU, {s.gpus:g} GPU): newest checkpoint every "
                   f"{tc.checkpoint_every} steps -> top {s.top_k}, {s.negatives} negatives/query -> {versions}",
                   flush=True)
+    stop_announcing = threading.Event()
+    if progress:
+        threading.Thread(target=_announce, args=(versions, stop_announcing, max(s.poll_seconds, 1.0)),
+                         name="ance-announce", daemon=True).start()
     try:
         summary = train(job, validate_fn=validate_fn, negatives_provider=provider, progress=progress,
                         callbacks=callbacks)
     finally:
+        stop_announcing.set()
         if actor is not None:
             try:
                 ray.get(actor.stop.remote(), timeout=30)

@@ -323,3 +323,13 @@ def test_a_restarted_refresher_clears_stale_pins_and_dev_queries_come_from_their
     with pytest.raises(PipelineError, match=r"ance.dev_qrels .*: \d+ of its \d+ queries are not in ance.dev_queries"):
         Refresh(run_dir, _cfg(dev_qrels=str(faq / "qrels" / "test.trec"), dev_queries=str(half)), faq)
 
+
+
+def test_a_refresher_that_cannot_publish_is_refused_when_it_starts(run, faq, tmp_path):
+    from pipeline.index.refresher import Refresh
+
+    run_dir, _ = run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # nothing can be written below a file, not even by root
+    with pytest.raises(PipelineError, match=r"ance.versions_dir .*a-file/negatives: the refresher cannot write there"):
+        Refresh(run_dir, _cfg(versions_dir=str(blocker / "negatives")), faq)
