@@ -25,6 +25,9 @@ with the marker (or, for checkpoints, a state.json listing every file's size).
 `check_writable(location)` writes, reads back and deletes a probe object and raises a
 `ConfigError` naming the location and the reason (missing bucket, no credentials, access
 denied, read-only) — `check_writable_on_nodes` runs the same probe on every Ray node.
+
+Size: ~510 lines on purpose: `RemotePath` (the Path subset), the complete-or-absent writes,
+the upload/download helpers and the write checks are one concern, the one place URIs are handled.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ would download them from. We never let it download:
 Extraction (a file out of a local archive, a docstore, DPR's queries.tsv built from its
 JSON) is ir_datasets' own local work and is allowed. Note that ir_datasets fixes its home
 when it is first imported: set `IR_DATASETS_HOME` before.
+
+Size: ~510 lines on purpose: walking ir_datasets' Cache/Download chains, the local-files-only
+guard and the readers of its docs/queries/qrels are one concern, the one place ir_datasets is touched.
 """
 
 from __future__ import annotations
