@@ -10,43 +10,40 @@ with no sink installed, updates cost a time.time() call and go nowhere.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Callable
 
-_sink: Callable[[dict], None] | None = None
-_last: dict[str, float] = {}
-_started: dict[str, float] = {}
 EVERY = 5.0
+_local = threading.local()  # a sink is the installing thread's: a background thread's work is not reported in it
 
 
 @contextlib.contextmanager
 def sink(fn: Callable[[dict], None] | None, every: float = EVERY):
-    """Send the updates made inside this block to `fn(record)`; record = {what, done, total,
-    rate (per second), eta_s}."""
-    global _sink, EVERY
-    old, old_every = _sink, EVERY
-    _sink, EVERY = fn, every
-    _last.clear()
-    _started.clear()
+    """Send the updates this thread makes inside this block to `fn(record)`; record = {what, done,
+    total, rate (per second), eta_s}. `fn=None` reports nothing."""
+    old = getattr(_local, "state", None)
+    _local.state = {"fn": fn, "every": every, "last": {}, "started": {}} if fn is not None else None
     try:
         yield
     finally:
-        _sink, EVERY = old, old_every
+        _local.state = old
 
 
 def update(what: str, done: int, total: int) -> None:
     """`done` of `total` items of `what` (e.g. "encoding passages") are finished."""
-    if _sink is None:
+    state = getattr(_local, "state", None)
+    if state is None:
         return
     now = time.time()
-    start = _started.setdefault(what, now)
-    if done and done < total and now - _last.get(what, 0.0) < EVERY:
+    start = state["started"].setdefault(what, now)
+    if done and done < total and now - state["last"].get(what, 0.0) < state["every"]:
         return
-    _last[what] = now
+    state["last"][what] = now
     rate = done / (now - start) if done and now > start else None
     eta = (total - done) / rate if rate else None
     try:
-        _sink({"what": what, "done": int(done), "total": int(total), "rate": rate, "eta_s": eta})
+        state["fn"]({"what": what, "done": int(done), "total": int(total), "rate": rate, "eta_s": eta})
     except Exception:  # progress is for people: it never breaks the work it reports on
         pass
 

@@ -128,9 +128,12 @@ def cmd_authorship(args) -> None:
         arr.split(args.input, args.out, args.config, args.overrides)
     elif args.action == "evaluate":
         splits = tuple(s.strip() for s in args.splits.split(",")) if args.splits else None
-        arr.evaluate(args.split, model=args.model, baseline=args.baseline, json_out=args.json,
-                     overwrite=args.overwrite, splits=splits, batch_size=args.batch_size,
-                     device=device_flag(args, "authorship evaluate") or "cpu", label=args.label)
+        from .. import progress
+
+        with progress.sink(lambda r: print(f"[authorship] {progress.line(r)}", flush=True)):
+            arr.evaluate(args.split, model=args.model, baseline=args.baseline, json_out=args.json,
+                         overwrite=args.overwrite, splits=splits, batch_size=args.batch_size,
+                         device=device_flag(args, "authorship evaluate") or "cpu", label=args.label)
     else:
         print(arr.table(args.results))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import progress
 from .manifest import join_title, load_manifest
 
 
@@ -18,8 +19,11 @@ def fetch_passages(corpus_dir: str | Path, pids, join: str | None = "none") -> d
     out: dict[str, str] = {}
     if not want:
         return out
-    for part in manifest["parts"]:
+    parts = manifest["parts"]
+    progress.update("reading corpus parts", 0, len(parts))
+    for i, part in enumerate(parts, 1):
         table = pq.read_table(Path(corpus_dir) / part["file"], filters=pc.field("pid").isin(want))
+        progress.update("reading corpus parts", i, len(parts))
         for pid, title, text in zip(table["pid"].to_pylist(), table["title"].to_pylist(), table["text"].to_pylist()):
             out[pid] = join_title(title, text, join)
     return out

@@ -176,7 +176,14 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     tc = job.train
     if remote:
         _fetch_examples(run_dir / "examples", work / "examples")
-    meta = method.build_examples(job, work / "examples", progress=progress)
+    from .. import progress as prog
+
+    # building examples over a big corpus (passage lookups part by part) shows progress on the terminal
+    def sink(r: dict) -> None:
+        if r["total"] > 1:  # a one-part corpus is read in one go: nothing to follow
+            print(f"[train-data] {tc.name}: {prog.line(r)}", flush=True)
+    with prog.sink(sink if progress else None):
+        meta = method.build_examples(job, work / "examples", progress=progress)
     if remote:
         _publish_examples(work / "examples", run_dir / "examples", meta)
     digest = examples_digest(work / "examples", meta)

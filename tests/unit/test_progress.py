@@ -34,3 +34,17 @@ def test_the_driver_prints_validation_progress_and_the_wall_split():
     split = {"time_split": {"start-up": 24.2, "training": 60.4, "validation": 452.0, "checkpoints": 3.1, "export": 1.0}}
     assert wall_split(split) == "start-up 24s, training 60s, validation 452s, checkpoints 3s, export 1s"
     assert wall_split({}) == "already complete"
+
+
+def test_a_sink_hears_only_its_own_thread():
+    """A background thread's work (e.g. a negatives version loading during validation) is not
+    reported as the validation's progress."""
+    import threading
+
+    got = []
+    with progress.sink(got.append, every=0):
+        t = threading.Thread(target=progress.update, args=("reading corpus parts", 1, 1))
+        t.start()
+        t.join()
+        progress.update("encoding passages", 1, 1)
+    assert [r["what"] for r in got] == ["encoding passages"]
