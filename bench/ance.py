@@ -59,7 +59,8 @@ def main() -> None:
             f"train.max_steps={args.steps}", f"train.report_every={args.refresh_every}",
             "train.negatives_poll_every=5", f"train.storage_path={work / 'runs'}", f"train.name={name}",
             f"ance.refresh_every={args.refresh_every}", "ance.top_k=50", "ance.negatives=10", "ance.cpus=1",
-            "ance.poll_seconds=0.2", f"ance.dev_qrels={corpus / 'qrels' / 'test.trec'}",
+            "ance.poll_seconds=0.2", f"ance.dev_queries={corpus / 'queries.tsv'}",
+            f"ance.dev_qrels={corpus / 'qrels' / 'test.trec'}",
             f"ance.start_refresher={'true' if refresher else 'false'}"])
 
     alone = run_ance(job("alone", False), progress=False)

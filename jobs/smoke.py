@@ -127,9 +127,9 @@ def smoke_evaluate(out: Path, config: str | None, overrides: list[str]) -> int:
 
 
 def _train_data(out: Path) -> list[str]:
+    """The FAQ corpus; validation on the configs' dev split (validation.dev_split), never the test split."""
     corpus = faq_corpus(out)
-    return [f"data.corpus={corpus}", f"validation.corpus={corpus}",
-            f"validation.qrels={corpus / 'qrels' / 'test.trec'}", f"train.storage_path={out / 'train'}"]
+    return [f"data.corpus={corpus}", f"train.storage_path={out / 'train'}"]
 
 
 def _fresh(run_dir: Path, marker: str) -> None:
@@ -158,7 +158,8 @@ def smoke_ance(out: Path, config: str | None, overrides: list[str]) -> int:
                      "train.cpus_per_worker=0.5", "train.batch_size=8", "train.report_every=4",
                      "train.negatives_poll_every=2", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30",
                      "ance.negatives=5", "ance.cpus=0.5", "ance.poll_seconds=0.2", "ance.precision=fp32",
-                     f"ance.dev_qrels={corpus / 'qrels' / 'test.trec'}", "ance.keep_versions=2", *overrides])
+                     f"ance.dev_queries={corpus / 'queries.tsv'}", f"ance.dev_qrels={corpus / 'qrels' / 'test.trec'}",
+                     "ance.keep_versions=2", *overrides])
 
 
 def smoke_tune(out: Path, config: str | None, overrides: list[str]) -> int:
@@ -170,7 +171,7 @@ def smoke_tune(out: Path, config: str | None, overrides: list[str]) -> int:
         corpus = faq_corpus(out)
         doc = {
             "base": str(REPO / "jobs" / "configs" / "dar.yaml"),
-            "overrides": [*_model_args(out), *_train_data(out)[:3], "train.max_steps=4", "train.eval_every=2",
+            "overrides": [*_model_args(out), *_train_data(out)[:1], "train.max_steps=4", "train.eval_every=2",
                           "train.checkpoint_every=2", "train.report_every=2", "train.num_workers=1",
                           "train.cpus_per_worker=0.4", "train.batch_size=8", "optim.lr=1e-4"],
             "space": {"loss.n_perturb": {"grid": [2, 3]}},
