@@ -61,7 +61,8 @@ SCRIPT = textwrap.dedent('''
             "train.num_workers=1", "train.cpus_per_worker=0.6", "train.batch_size=8", "train.max_steps=24",
             "train.step_sleep_s=0.5", "train.report_every=4", "train.negatives_poll_every=2", f"train.storage_path={tmp / 'storage'}",
             "train.name=two_node_ance", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
-            "ance.cpus=0.6", "ance.poll_seconds=0.2", "ance.precision=fp32",
+            "ance.cpus=0.6", "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.max_missed_refreshes=0",
+            f"ance.dev_queries={tmp / 'corpus' / 'queries.tsv'}",
             f"ance.dev_qrels={tmp / 'corpus' / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
         ance_summary = run_ance(ance, progress=False)
         actors = list_actors(detail=True, limit=1000)
