@@ -16,6 +16,8 @@ includes CPU contention that separate GPUs would not have; read the ratio as a l
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import json
 import os
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--refresh-every", type=int, default=50)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
 
     import ray
 

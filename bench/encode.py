@@ -23,6 +23,8 @@ Memory: driver peak RSS/USS and Ray processes' PSS for a synthetic corpus at sev
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import json
 import os
@@ -304,6 +306,7 @@ def main() -> None:
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()

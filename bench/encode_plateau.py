@@ -7,6 +7,8 @@ working set (Ray's in-process object store, malloc arenas) plateaus after the fi
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import os
 import sys
@@ -23,6 +25,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--part-rows", type=int, default=500)
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import json
 import os
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
     from pipeline.ray_runtime import init_ray
     from pipeline.config import RayConfig
 

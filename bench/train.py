@@ -12,6 +12,8 @@ Prints, from one run on the same machine (each measurement in a fresh subprocess
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import json
 import os
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--storage", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()

@@ -13,6 +13,8 @@ noise for DPR and for DAR.
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import os
 import random
@@ -79,6 +81,7 @@ def main() -> None:
     ap.add_argument("--dlen", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
 
     import ray
 

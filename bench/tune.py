@@ -12,6 +12,8 @@ start) and the speed-up.
 
 from __future__ import annotations
 
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
 import argparse
 import json
 import os
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", help="write the measurements here")
     args = ap.parse_args()
+    print_cpu()  # the figures below depend on this CPU's ISA (bench/machine.py)
 
     from pipeline.data.ingest import ingest
     from pipeline.data.bundled import python_faq_dir

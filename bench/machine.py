@@ -1,0 +1,36 @@
+"""The CPU a benchmark ran on, printed first by every benchmark (figures depend on its ISA: bf16 is a
+real lever with AMX or AVX512-BF16 and emulated, slow, with AVX2 only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ISA = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("avx512_vnni", "AVX512-VNNI"),
+       ("avx512f", "AVX512F"), ("avx2", "AVX2"))
+
+
+def cpu_line() -> str:
+    """`CPU: AMD EPYC (family 26), 2 cores; ISA: AVX512-BF16, AVX512-VNNI, AVX512F, AVX2 (no AMX-BF16)`."""
+    model, family, flags = "unknown CPU", None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key == "cpu family" and family is None:
+                family = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    have = [name for flag, name in ISA if flag in flags]
+    missing = [name for flag, name in ISA if flag not in flags]
+    fam = f" (family {family})" if family else ""
+    return (f"CPU: {model}{fam}, {os.cpu_count()} cores; ISA: {', '.join(have) or 'none of the listed'}"
+            + (f" (no {', '.join(missing)})" if missing else ""))
+
+
+def print_cpu() -> None:
+    print(cpu_line(), flush=True)
