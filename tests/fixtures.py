@@ -68,11 +68,13 @@ def watch_resume(monkeypatch) -> dict:
     shards complete when it starts and encodes exactly the rest; this spy records that set."""
     found: dict = {}
     real = encode_mod.completed_shards
+    calls = []
 
     def spy(out_dir):
         done = real(out_dir)
-        found.clear()
-        found.update(done)
+        if not calls:  # the first look is the resume decision (later ones read the finished shards)
+            found.update(done)
+        calls.append(out_dir)
         return done
 
     monkeypatch.setattr(encode_mod, "completed_shards", spy)

@@ -223,12 +223,18 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     if problems:
         raise PipelineError(f"encode finished, but {len(problems)} shard problem(s) remain: "
                             f"{'; '.join(problems[:5])}; run `pipeline encode` again")
-    write_json(meta_path, {**meta, "complete": True})
+    # what the actors computed in: encode.precision resolved on each actor (`auto` -> bf16 or fp32 per
+    # CPU ISA / GPU), as every shard's marker records it
+    markers = completed_shards(out_dir)
+    used = sorted({str(markers[s["name"]]["precision"]) for s in specs
+                   if markers.get(s["name"], {}).get("precision")})
+    resolved = used[0] if len(used) == 1 else ("mixed: " + ", ".join(used) if used else enc.precision)
+    write_json(meta_path, {**meta, "precision_resolved": resolved, "complete": True})
     secs = time.time() - t0
     summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
                "parts": len(manifest["parts"]), "seconds": round(secs, 2),
                "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
-               "dim": dim, "dtype": dtype, "out": str(out_dir)}
+               "dim": dim, "dtype": dtype, "precision": resolved, "out": str(out_dir)}
     if shape:
         summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
                        tokenize=resolve_tokenize(enc))
@@ -243,7 +249,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
           f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
-          f"dim {dim} {dtype} -> {out_dir}", flush=True)
+          f"dim {dim} {dtype}, computed in {resolved} (encode.precision={enc.precision}) -> {out_dir}", flush=True)
     return summary
 
 

@@ -94,6 +94,12 @@ def test_one_part_kill_keeps_finished_shards(ray_session, tiny_model_dir, collec
     assert summary["reused_shards"] == len(found) and summary["encoded"] == N - 40 * len(found)
     # the summary splits the wall time: start-up (Ray, actors, model loads) and encoding
     assert summary["startup_seconds"] >= 0 and summary["encoding_seconds"] > 0 and summary["encoding_rows_per_s"] > 0
+    # and names the precision the actors computed in (`auto` resolved on this CPU), as embeddings.json does
+    from pipeline.models.precision import resolve_precision
+
+    want = resolve_precision(cfg.encode.precision, "cpu")
+    assert summary["precision"] == want
+    assert json.loads((emb / "embeddings.json").read_text())["precision_resolved"] == want
     pids = _all_pids(emb)
     assert pids == [str(i) for i in range(N)]  # corpus order, each once
 
