@@ -108,12 +108,12 @@ def cmd_sts(args) -> None:
     scale = parse_scale(args.scale)
     cfg = load_cfg(args)
     device = device_flag(args, "STS encoding") or "cpu"
-    read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
+    pairs = read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
     model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
     if device != "cpu":
         model = model.to(device).eval()
     res = evaluate_sts(args.pairs, model, fmt=args.format, side=args.side, batch_size=args.batch_size, device=device,
-                       scale=scale)
+                       scale=scale, pairs=pairs)
     print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
           f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
     if args.json:

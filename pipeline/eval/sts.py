@@ -217,10 +217,12 @@ def cosine_scores(model, pairs: list[tuple[str, str, float]], side: str = "doc",
 
 
 def evaluate_sts(pairs_path: str | Path, model, fmt: str = "auto", side: str = "doc", batch_size: int = 64,
-                 device: str = "cpu", scale: tuple[float, float] = SCALE) -> dict:
-    """{"spearman", "pearson", "pairs", "format", "file"} for a loaded BiEncoder."""
+                 device: str = "cpu", scale: tuple[float, float] = SCALE,
+                 pairs: list[tuple[str, str, float]] | None = None) -> dict:
+    """{"spearman", "pearson", "pairs", "format", "file"} for a loaded BiEncoder (`pairs`: the file's
+    pairs when the caller has read them already)."""
     fmt = detect_format(pairs_path) if fmt == "auto" else fmt
-    pairs = read_sts(pairs_path, fmt, scale)
+    pairs = read_sts(pairs_path, fmt, scale) if pairs is None else pairs
     pred = cosine_scores(model, pairs, side, batch_size, device)
     return {**correlations(pred, [p[2] for p in pairs]), "pairs": len(pairs), "format": fmt,
             "file": str(pairs_path), "side": side}

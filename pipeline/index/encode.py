@@ -219,13 +219,13 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     t0 = time.time()
     if todo:
         _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
-    problems = verify_shards(out_dir, specs, total_rows)
+    markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
+    problems = verify_shards(out_dir, specs, total_rows, done=markers, checked=reused)  # reused: checked above
     if problems:
         raise PipelineError(f"encode finished, but {len(problems)} shard problem(s) remain: "
                             f"{'; '.join(problems[:5])}; run `pipeline encode` again")
     # what the actors computed in: encode.precision resolved on each actor (`auto` -> bf16 or fp32 per
     # CPU ISA / GPU), as every shard's marker records it
-    markers = completed_shards(out_dir)
     used = sorted({str(markers[s["name"]]["precision"]) for s in specs
                    if markers.get(s["name"], {}).get("precision")})
     resolved = used[0] if len(used) == 1 else ("mixed: " + ", ".join(used) if used else enc.precision)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import IndexConfig
-from ..errors import ConfigError, InputError, ResourceError
+from ..errors import ConfigError, InputError, PipelineError, ResourceError
 from ..io_utils import OutputError, atomic_path, check_output, recover_stale
 from ..storage import RemotePath
 from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
@@ -123,13 +123,14 @@ def _check_corpus_unchanged(emb_dir, meta: dict) -> None:
     re-ingested there with other content since would pair these vectors with ids and texts
     they do not encode (a run that looks fine and is wrong). A corpus that is no longer there
     (moved, or on another machine) cannot be checked; the index records the fingerprint anyway."""
+    from ..data.manifest import MANIFEST_NAME, load_manifest
+
     corpus = meta.get("corpus")
-    manifest_path = Path(corpus) / "manifest.json" if corpus else None
-    if manifest_path is None or not manifest_path.is_file():
+    if not corpus or not (Path(corpus) / MANIFEST_NAME).is_file():
         return
     try:
-        now = json.loads(manifest_path.read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
+        now = load_manifest(corpus).get("fingerprint")
+    except PipelineError:
         return  # a damaged manifest is ingest's to report; the vectors' own checks passed
     if now and now != meta["corpus_fingerprint"]:
         raise InputError(emb_dir / META_NAME, None,

@@ -151,12 +151,15 @@ def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Location]:
     return out
 
 
-def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> list[str]:
+def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int, done: dict | None = None,
+                  checked: frozenset | set = frozenset()) -> list[str]:
     """Problems that keep `specs` from being exactly the corpus: [] when every shard is
     present, made from this layout, its ids file holds exactly the planned pids, its
-    vectors file is whole with one row per pid, and the rows add up to the manifest's count."""
+    vectors file is whole with one row per pid, and the rows add up to the manifest's count.
+    `done`: the markers, when the caller has just read them; `checked`: shards whose files the
+    caller has already checked with `shard_problem` (their files are not read again)."""
     emb_dir = location(emb_dir)
-    done = completed_shards(emb_dir)
+    done = completed_shards(emb_dir) if done is None else done
     problems = []
     rows = 0
     for spec in specs:
@@ -168,7 +171,7 @@ def verify_shards(emb_dir: str | Path, specs: list[dict], total_rows: int) -> li
         if not layout_matches(marker, spec):
             problems.append(f"{name} was made from another part layout")
             continue
-        problem = shard_problem(emb_dir, spec)
+        problem = None if name in checked else shard_problem(emb_dir, spec)
         if problem:
             problems.append(problem)
         rows += spec["end"] - spec["start"]
