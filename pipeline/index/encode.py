@@ -216,7 +216,6 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
-    t0 = time.time()
     if todo:
         _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
     markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
@@ -230,7 +229,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
                    if markers.get(s["name"], {}).get("precision")})
     resolved = used[0] if len(used) == 1 else ("mixed: " + ", ".join(used) if used else enc.precision)
     write_json(meta_path, {**meta, "precision_resolved": resolved, "complete": True})
-    secs = time.time() - t0
+    secs = time.time() - t_entry  # the whole command: start-up + encoding (+ checks) add up to it
     summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
                "parts": len(manifest["parts"]), "seconds": round(secs, 2),
                "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
