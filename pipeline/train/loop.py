@@ -445,6 +445,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                     extra["stopped_early"] = 1.0
                 if last or stopped:
                     extra["train_seconds"] = time.time() - t_start  # the loop's wall time, all of it
+                    extra["loop_started_at"] = t_start  # wall clock: the driver splits its own time with it
                     extra["validation_seconds"] = excluded["validation"]
                     extra["checkpoint_seconds"] = excluded["checkpoint"]  # the last one not yet in it
                     extra["train_steps_run"] = step - step_start

@@ -236,10 +236,14 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     if not complete and m.get("train_seconds") is not None:  # this call trained: how its wall time split
         loop = float(m["train_seconds"])
         val, ckpt = float(m.get("validation_seconds", 0.0)), float(m.get("checkpoint_seconds", 0.0))
-        export = time.time() - t_fit_end
-        summary["time_split"] = {"start-up": round(max(time.time() - t_entry - export - loop, 0.0), 1),
-                                 "training": round(max(loop - val - ckpt, 0.0), 1), "validation": round(val, 1),
-                                 "checkpoints": round(ckpt, 1), "export": round(export, 1)}
+        training = max(loop - val - ckpt, 0.0)
+        started = float(m.get("loop_started_at", t_fit_end - loop))
+        startup = min(max(started - t_entry, 0.0), t_fit_end - t_entry)
+        # the last checkpoint is written after the loop's final report: what fit() took past the loop
+        ckpt += max(t_fit_end - t_entry - startup - loop, 0.0)
+        summary["time_split"] = {"start-up": round(startup, 1), "training": round(training, 1),
+                                 "validation": round(val, 1), "checkpoints": round(ckpt, 1),
+                                 "export": round(time.time() - t_fit_end, 1)}
     if remote:
         summary["model_local"] = str(work / "model")
     (st.write_json_atomic if remote else write_json_atomic)(run_dir / "summary.json", summary)
