@@ -160,7 +160,8 @@ class Searcher:
 
     @property
     def docids(self) -> list[str]:
-        return self.index.pids
+        pids = self.index.pids
+        return pids.tolist() if hasattr(pids, "tolist") else list(pids)
 
     def __len__(self) -> int:
         return int(self.index.index.ntotal)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -27,3 +28,44 @@ def fetch_passages(corpus_dir: str | Path, pids, join: str | None = "none") -> d
         for pid, title, text in zip(table["pid"].to_pylist(), table["title"].to_pylist(), table["text"].to_pylist()):
             out[pid] = join_title(title, text, join)
     return out
+
+
+class PassageStore:
+    """The texts of many passages (e.g. every positive and hard negative of 500k training examples),
+    copied from the corpus parts in one pass into an Arrow file at `path` and read back memory-mapped:
+    the process holds the ids' lookup table, never a Python string per passage. `get` takes a batch
+    of pids; a pid the corpus lacks comes back as None."""
+
+    def __init__(self, corpus_dir: str | Path, pids: pa.Array, path: str | Path, join: str | None = "none"):
+        manifest = load_manifest(corpus_dir)
+        join = manifest["title_join"] if join is None else join
+        want = pc.unique(pids.cast(pa.string()))
+        self.path = Path(path)
+        schema = pa.schema([("pid", pa.string()), ("text", pa.string())])
+        parts = manifest["parts"]
+        progress.update("reading corpus parts", 0, len(parts))
+        with pa.OSFile(str(self.path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for i, part in enumerate(parts, 1):
+                table = pq.read_table(Path(corpus_dir) / part["file"], columns=["pid", "title", "text"])
+                table = table.filter(pc.is_in(table["pid"], value_set=want))
+                if join == "none":
+                    text = table["text"]
+                else:
+                    text = pa.array([join_title(ti, te, join) for ti, te in
+                                     zip(table["title"].to_pylist(), table["text"].to_pylist())], pa.string())
+                writer.write_table(pa.table({"pid": table["pid"], "text": text}, schema=schema))
+                del table, text
+                progress.update("reading corpus parts", i, len(parts))
+        self._table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
+        self._pids = self._table["pid"].combine_chunks() if self._table.num_rows else pa.array([], pa.string())
+        self.missing = pc.filter(want, pc.invert(pc.is_in(want, value_set=self._pids)))
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __getitem__(self, i: int) -> str:
+        return self._table["text"][i].as_py()
+
+    def get(self, pids: list[str]) -> list[str | None]:
+        idx = pc.index_in(pa.array(pids, pa.string()), value_set=self._pids)
+        return self._table["text"].take(idx).to_pylist()

@@ -191,22 +191,54 @@ class RefresherConfig:
 
 @dataclass
 class NegativesVersion:
-    """One loaded version: qid -> negative passage texts (title-joined as the corpus says)."""
+    """One loaded version: qid -> negative passage texts (title-joined as the corpus says), from a
+    dict (`texts`) or, as `VersionedNegatives.load` makes it, from a memory-mapped `lookup`."""
 
     version: int
     meta: dict
     texts: dict[str, list[str]] = field(default_factory=dict)
+    lookup: "MappedNegatives | None" = None
+
+    def __len__(self) -> int:
+        """Queries this version has negatives for."""
+        return len(self.lookup.pids) if self.lookup is not None else len(self.texts)
 
     def get(self, qid: str) -> list[str] | None:
+        if self.lookup is not None:
+            return self.lookup.get(qid)
         return self.texts.get(qid)
 
     @cached_property
     def _pool(self) -> list[str]:
         return sorted({t for ts in self.texts.values() for t in ts})
 
-    def pool(self) -> list[str]:
-        """Every negative text of this version (for queries the version has none for)."""
-        return self._pool
+    def pool(self):
+        """Every negative text of this version (for queries the version has none for): a sequence."""
+        return self.lookup.store if self.lookup is not None else self._pool
+
+
+class MappedNegatives:
+    """A version's negatives without a Python string per text: per query the pids (one tab-joined
+    string), the texts in a memory-mapped Arrow file in a private temporary folder (removed when
+    this object goes)."""
+
+    def __init__(self, rows: dict[str, list[str]], corpus_dir: str | Path):
+        import weakref
+
+        from .corpus import PassageStore
+
+        self.pids = {q: "\t".join(ps) for q, ps in rows.items()}
+        need = pa.array([p for ps in rows.values() for p in ps], pa.string())
+        tmp = tempfile.mkdtemp(prefix="negatives-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, True)
+        self.store = PassageStore(corpus_dir, need, Path(tmp) / "passages.arrow", join=None)
+        self.missing = self.store.missing.to_pylist()
+
+    def get(self, qid: str) -> list[str] | None:
+        ps = self.pids.get(qid)
+        if ps is None:
+            return None
+        return self.store.get(ps.split("\t")) if ps else []
 
 
 class VersionedNegatives:
@@ -264,8 +296,6 @@ class VersionedNegatives:
                          "or raise ance.max_missed_refreshes for a slow refresher"}
 
     def load(self, version: int) -> NegativesVersion:
-        from .corpus import fetch_passages
-
         folder = version_dir(self.root, version)
         if not (folder / MARKER).exists():
             raise PipelineError(f"{folder}: negatives version {version} is missing or incomplete (no {MARKER} marker)")
@@ -275,10 +305,9 @@ class VersionedNegatives:
         else:
             table = pq.read_table(folder / "negatives.parquet")
         rows = dict(zip(table["qid"].to_pylist(), table["negatives"].to_pylist()))
-        need = {p for pids in rows.values() for p in pids}
-        passages = fetch_passages(self.corpus_dir, need, join=None)
-        missing = need - set(passages)
-        if missing:
-            raise PipelineError(f"{folder}: {len(missing)} negative pids are not in {self.corpus_dir}, "
-                                f"e.g. {sorted(missing)[:3]} (a version made from another corpus?)")
-        return NegativesVersion(version, meta, {q: [passages[p] for p in pids] for q, pids in rows.items()})
+        del table
+        lookup = MappedNegatives(rows, self.corpus_dir)  # texts memory-mapped, not a dict of strings
+        if lookup.missing:
+            raise PipelineError(f"{folder}: {len(lookup.missing)} negative pids are not in {self.corpus_dir}, "
+                                f"e.g. {sorted(lookup.missing)[:3]} (a version made from another corpus?)")
+        return NegativesVersion(version, meta, lookup=lookup)

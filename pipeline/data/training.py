@@ -19,15 +19,18 @@ Document texts are stored already title-joined with the corpus's template.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InputError, PipelineError
 from ..io_utils import atomic_path, sha256_file, sha256_files
-from .corpus import fetch_passages
+from .corpus import PassageStore
 from .manifest import join_title, load_manifest
 from .readers import load_queries, read_qrels, read_run_file
 
@@ -138,68 +141,154 @@ def dpr_json_examples(path: str | Path, join: str = "{title} [SEP] {text}", nega
 def qrels_examples(corpus_dir: str | Path, queries: str | Path, qrels: str | Path,
                    negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
                    max_negatives: int = 30, skipped: dict | None = None,
-                   need_negatives: bool = False) -> Iterator[dict]:
-    """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run)."""
+                   need_negatives: bool = False, scratch: str | Path | None = None,
+                   batch: int = 2_000) -> Iterator[dict]:
+    """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run).
+
+    Memory grows with the number of queries (their texts, judged ids and negative ids), not with
+    the run's lines or the passages' texts: a run grouped by query is read a query at a time, and the
+    texts of every positive and negative are copied once into a memory-mapped Arrow file under
+    `scratch` (removed at the end) and looked up `batch` examples at a time."""
     skipped = skipped if skipped is not None else {}
     qtext = load_queries(queries)
-    positives: dict[str, list[str]] = {}
-    judged: dict[str, set[str]] = {}
+    # per query, its positives and its judged passages as tuples (most queries have one or two: a
+    # tuple costs a fraction of a set's or a list's memory, at 500k queries that counts)
+    positives: dict[str, tuple[str, ...]] = {}
+    judged: dict[str, tuple[str, ...]] = {}
     for r in read_qrels(qrels):
-        if r["docid"] in judged.setdefault(r["qid"], set()):
-            raise InputError(qrels, r["line"], f"duplicate judgement for query {r['qid']!r}, doc {r['docid']!r}")
-        judged[r["qid"]].add(r["docid"])
+        q, d = r["qid"], r["docid"]
+        seen = judged.get(q, ())
+        if d in seen:
+            raise InputError(qrels, r["line"], f"duplicate judgement for query {q!r}, doc {d!r}")
+        judged[q] = seen + (d,)
         if r["rel"] >= rel_level:
-            if r["qid"] not in qtext:
-                raise InputError(qrels, r["line"], f"query {r['qid']!r} is not in {queries}")
-            positives.setdefault(r["qid"], []).append(r["docid"])
-    negs: dict[str, list[str]] = {}
-    if negatives_run:
-        ranked: dict[str, list[tuple[float, str]]] = {}
-        for r in read_run_file(negatives_run):
-            if r["qid"] in positives:
-                ranked.setdefault(r["qid"], []).append((-r["score"], r["docid"]))
-        # the run's top `depth` by score (not its rank column, which may be 0- or 1-based),
-        # minus every judged passage
-        for q, lst in ranked.items():
-            top = [d for _, d in sorted(lst)[:depth] if d not in judged[q]]
-            negs[q] = top[:max_negatives]
-    need = {p for ps in positives.values() for p in ps} | {n for ns in negs.values() for n in ns}
-    texts = fetch_passages(corpus_dir, need, join=None)
-    missing = need - set(texts)
-    if missing:
-        raise PipelineError(f"{len(missing)} qrels/run passages are not in {corpus_dir}, e.g. {sorted(missing)[:3]}")
-    for qid in sorted(positives):
-        if need_negatives and not negs.get(qid):
-            skipped["no_negatives"] = skipped.get("no_negatives", 0) + len(positives[qid])
-            continue
-        for pid in positives[qid]:
-            yield {"qid": qid, "query": qtext[qid], "positive": texts[pid],
-                   "negatives": [texts[n] for n in negs.get(qid, [])]}
+            if q not in qtext:
+                raise InputError(qrels, r["line"], f"query {q!r} is not in {queries}")
+            positives[q] = positives.get(q, ()) + (d,)
+    # per query, its negatives' ids as one tab-joined string (a tenth of a list of strings' memory)
+    negs = _run_negatives(negatives_run, positives, judged, depth, max_negatives) if negatives_run else {}
+    del judged
+
+    def needed():
+        chunk: list[str] = []
+        for q, ps in positives.items():
+            chunk.extend(ps)
+            if negs.get(q):
+                chunk.extend(negs[q].split("\t"))
+            if len(chunk) >= 100_000:
+                yield pc.unique(pa.array(chunk, pa.string()))
+                chunk = []
+        if chunk:
+            yield pc.unique(pa.array(chunk, pa.string()))
+
+    need = pa.concat_arrays(list(needed()) or [pa.array([], pa.string())])
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".passages-", dir=scratch))
+    try:
+        store = PassageStore(corpus_dir, need, tmp / "passages.arrow", join=None)
+        del need
+        if len(store.missing):
+            raise PipelineError(f"{len(store.missing)} qrels/run passages are not in {corpus_dir}, "
+                                f"e.g. {sorted(store.missing.to_pylist()[:50])[:3]}")
+        pending: list[tuple[str, str, list[str]]] = []
+
+        def emit():
+            ids = [p for _, pid, ns in pending for p in (pid, *ns)]
+            texts = iter(store.get(ids))
+            for qid, _, ns in pending:
+                yield {"qid": qid, "query": qtext[qid], "positive": next(texts), "negatives": [next(texts) for _ in ns]}
+            pending.clear()
+
+        for qid in sorted(positives):
+            qnegs = negs[qid].split("\t") if negs.get(qid) else []
+            if need_negatives and not qnegs:
+                skipped["no_negatives"] = skipped.get("no_negatives", 0) + len(positives[qid])
+                continue
+            for pid in positives[qid]:
+                pending.append((qid, pid, qnegs))
+            if len(pending) >= batch:
+                yield from emit()
+        yield from emit()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_negatives(run: str | Path, positives: dict[str, tuple[str, ...]], judged: dict[str, tuple[str, ...]], depth: int,
+                   max_negatives: int) -> dict[str, str]:
+    """{qid: tab-joined negative ids}: the run's top `depth` by score (not its rank column, which may
+    be 0- or 1-based), minus every judged passage, at most `max_negatives`; for the queries with
+    positives. A run grouped by query is read a query at a time; an interleaved one is read whole."""
+    negs: dict[str, str] = {}
+
+    def close(q: str, lst: list[tuple[float, str]]) -> None:
+        out = set(judged[q])
+        top = [d for _, d in sorted(lst)[:depth] if d not in out]
+        negs[q] = "\t".join(top[:max_negatives])
+
+    seen: set[str] = set()
+    cur, lst = None, []
+    for r in read_run_file(run):
+        q = r["qid"]
+        if q != cur:
+            if cur is not None and lst:
+                close(cur, lst)
+            if q in seen:
+                break  # interleaved: read it whole below
+            seen.add(q)
+            cur, lst = q, []
+        if q in positives:
+            lst.append((-r["score"], r["docid"]))
+    else:
+        if cur is not None and lst:
+            close(cur, lst)
+        return negs
+    negs.clear()
+    ranked: dict[str, list[tuple[float, str]]] = {}
+    for r in read_run_file(run):
+        if r["qid"] in positives:
+            ranked.setdefault(r["qid"], []).append((-r["score"], r["docid"]))
+    for q, lst in ranked.items():
+        close(q, lst)
+    return negs
 
 
 def write_examples(examples: Iterator[dict], out: str | Path, meta: dict, part_rows: int = 50_000,
                    skipped: dict | None = None) -> dict:
-    """Write examples as Parquet parts with a running `idx`; the meta file marks completion."""
+    """Write examples as Parquet parts with a running `idx`; the meta file marks completion.
+    Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part."""
     out = Path(out)
     n = 0
+    batch_rows = min(part_rows, 5_000)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         buf: list[dict] = []
-        parts = 0
+        parts, in_part, writer = 0, 0, None
 
         def flush():
-            nonlocal buf, parts
+            nonlocal buf, parts, in_part, writer
             if buf:
-                pq.write_table(pa.Table.from_pylist(buf, schema=SCHEMA), tmp / f"part-{parts:05d}.parquet")
-                parts += 1
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", SCHEMA)
+                writer.write_table(pa.Table.from_pylist(buf, schema=SCHEMA))
+                in_part += len(buf)
                 buf = []
+            if writer is not None and (in_part >= part_rows or not more):
+                writer.close()
+                writer, parts, in_part = None, parts + 1, 0
 
-        for ex in examples:
-            buf.append({"idx": n, **ex})
-            n += 1
-            if len(buf) >= part_rows:
-                flush()
-        flush()
+        more = True
+        try:
+            for ex in examples:
+                buf.append({"idx": n, **ex})
+                n += 1
+                if len(buf) >= batch_rows:
+                    flush()
+            more = False
+            flush()
+        finally:
+            if writer is not None:
+                writer.close()
         if n == 0:
             raise PipelineError(f"no training examples from {meta.get('source')}")
         digest = sha256_files(sorted(tmp.glob("part-*.parquet")))
@@ -242,7 +331,8 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
                                      need_negatives=data_cfg.hard_negatives > 0)
     else:
         examples = qrels_examples(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
-                                  data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0)
+                                  data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0,
+                                  scratch=out.parent)
     result = write_examples(examples, out, meta, skipped=skipped)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""

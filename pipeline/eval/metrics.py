@@ -26,7 +26,7 @@ from ..config import EvalConfig
 from ..data.readers import load_qrels
 from ..errors import PipelineError
 from ..measures import MEASURE_EXAMPLE, measure_name, parse_measures, split_measures  # noqa: F401 (re-exported)
-from .runs import read_run
+from .runs import RunNotGrouped, iter_run_groups, read_run
 
 def default_measures(cfg: EvalConfig) -> list:
     rel = cfg.rel_level
@@ -161,9 +161,72 @@ def cutoffs_deeper_than(names: Iterable[str], depth: int) -> list[str]:
 
 
 def evaluate_files(run_path: str | Path, qrels_path: str | Path, cfg: EvalConfig,
-                   measures: str | Iterable[str] | None = None) -> dict:
+                   measures: str | Iterable[str] | None = None, chunk_lines: int = 100_000) -> dict:
+    """`evaluate_run` over files. A run grouped by query (as retrieve writes it) is read and scored
+    about `chunk_lines` lines (whole queries) at a time, so a 10M-line run costs the memory of one
+    chunk; a run whose
+    queries are interleaved is read whole. Both give the same numbers."""
     measures_for(cfg, measures)  # a bad measure fails before any file is read
-    result = evaluate_run(read_run(run_path), load_qrels(qrels_path), cfg, measures,
-                          run_name=str(run_path), qrels_name=str(qrels_path))
+    qrels = load_qrels(qrels_path)
+    try:
+        result = _evaluate_grouped(run_path, qrels, cfg, measures, chunk_lines, str(qrels_path))
+    except RunNotGrouped:
+        result = evaluate_run(read_run(run_path), qrels, cfg, measures,
+                              run_name=str(run_path), qrels_name=str(qrels_path))
     result.update({"run": str(run_path), "qrels": str(qrels_path)})
+    return result
+
+
+def _evaluate_grouped(run_path, qrels: dict[str, dict[str, int]], cfg: EvalConfig, measures, chunk_lines: int,
+                      qrels_name: str) -> dict:
+    """evaluate_run's result from a run read query group by query group (see evaluate_files)."""
+    ms = measures_for(cfg, measures)
+    aggs = {name: m.aggregator() for name, m in ms.items()}
+    per_all: dict[str, dict[str, float]] | None = {} if cfg.per_query else None
+    in_run: set[str] = set()
+    evaluated, depth, any_results = set(), 0, False
+    chunk: dict[str, dict[str, float]] = {}
+    chunk_size = 0
+
+    def flush() -> None:
+        nonlocal chunk_size
+        common = {q for q, docs in chunk.items() if docs and q in qrels}
+        if common:
+            per = per_query_values(chunk, qrels, ms, common)
+            for vals in per.values():
+                for name, v in vals.items():
+                    aggs[name].add(v)
+            if per_all is not None:
+                per_all.update(per)
+            evaluated.update(common)
+        chunk.clear()
+        chunk_size = 0
+
+    for qid, docs in iter_run_groups(run_path):
+        if cfg.ignore_identical_ids:
+            docs = {d: s for d, s in docs.items() if d != qid}
+        in_run.add(qid)
+        depth = max(depth, len(docs))
+        any_results = any_results or bool(docs)
+        chunk[qid] = docs
+        chunk_size += len(docs)
+        if chunk_size >= chunk_lines:
+            flush()
+    flush()
+    run_name = str(run_path)
+    if not any_results:
+        raise PipelineError(f"{run_name}: the run holds no results, nothing to evaluate")
+    if not evaluated:
+        raise PipelineError(
+            f"{run_name}: none of the run's {len(in_run)} query ids is judged in {qrels_name} "
+            f"(run: {_sample(in_run)}; qrels: {_sample(qrels)}); are these the qrels of the queries this run was "
+            "retrieved for?")
+    result = {
+        "metrics": {name: float(agg.result()) for name, agg in aggs.items()},
+        "run_depth": depth,
+        "queries": {"judged": len(qrels), "in_run": len(in_run), "evaluated": len(evaluated),
+                    "judged_missing_from_run": len(set(qrels) - evaluated)},
+    }
+    if per_all is not None:
+        result["per_query"] = per_all
     return result

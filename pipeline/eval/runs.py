@@ -1,19 +1,48 @@
 """TREC run files (`qid Q0 docid rank score tag`): read into {qid: {docid: score}}, written atomically.
 
 `pipeline retrieve`, in-training validation and the FAQ evaluation write runs with `write_run`;
-the metrics read them with `read_run` (line parsing and its errors: `data/readers.read_run_file`).
+the metrics read them with `read_run`, or query by query with `iter_run_groups` (bounded memory) (line parsing and its errors: `data/readers.read_run_file`).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from ..data.readers import read_run_file
 from ..errors import InputError
 from ..io_utils import atomic_path
+
+
+class RunNotGrouped(Exception):
+    """A query's lines are not contiguous in the run (its group closed, then it came back)."""
+
+
+def iter_run_groups(path: str | Path) -> Iterator[tuple[str, dict[str, float]]]:
+    """TREC run -> (qid, {docid: score}) one query at a time, for runs whose lines are grouped by
+    query (as `pipeline retrieve`, trec_eval's inputs and most tools write them): memory holds one
+    query's lines. Checks as `read_run`; raises RunNotGrouped when a query comes back after
+    another one (the caller then reads the run whole)."""
+    closed: set[str] = set()
+    qid, docs = None, {}
+    for r in read_run_file(path):
+        if r["qid"] != qid:
+            if qid is not None:
+                yield qid, docs
+                closed.add(qid)
+            qid, docs = r["qid"], {}
+            if qid in closed:
+                raise RunNotGrouped(qid)
+        if not math.isfinite(r["score"]):
+            raise InputError(path, r["line"], f"score {r['score']!r} of document {r['docid']!r} is not a finite number")
+        if r["docid"] in docs:
+            raise InputError(path, r["line"], f"document {r['docid']!r} appears twice for query {r['qid']!r}")
+        docs[r["docid"]] = r["score"]
+    if qid is not None:
+        yield qid, docs
 
 
 def read_run(path: str | Path) -> dict[str, dict[str, float]]:
@@ -33,17 +62,42 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
     return run
 
 
-def write_run(path: str | Path, qids: list[str], pids: list[str], scores: np.ndarray, ids: np.ndarray,
-              tag: str) -> int:
-    """TREC run `qid Q0 docid rank score tag`, atomically. Returns lines written."""
-    n = 0
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+class RunWriter:
+    """A TREC run written batch by batch into a temporary file that becomes `path` only when the
+    `with` block ends without an error: memory holds one batch, and a failed run leaves nothing."""
+
+    def __init__(self, path: str | Path, tag: str):
+        self.path, self.tag, self.lines = path, tag, 0
+        self._atomic = self._file = None
+
+    def __enter__(self) -> "RunWriter":
+        self._atomic = atomic_path(self.path)
+        tmp = self._atomic.__enter__()
+        self._file = open(tmp, "w", encoding="utf-8")
+        return self
+
+    def write(self, qids, pids, scores: np.ndarray, ids: np.ndarray) -> int:
+        """Rows of `scores`/`ids` (as FAISS returns them; -1 = no hit) for `qids`; `pids[row]` names a hit."""
+        out, tag = [], self.tag
+        take = getattr(pids, "take", None)  # a PidTable decodes a batch of rows at once
         for qi, qid in enumerate(qids):
-            rank = 0
-            for score, row in zip(scores[qi], ids[qi]):
-                if row < 0:
-                    continue
-                rank += 1
-                f.write(f"{qid} Q0 {pids[row]} {rank} {float(score):.6f} {tag}\n")
-                n += 1
-    return n
+            rows = np.asarray(ids[qi])
+            keep = rows >= 0
+            hit_rows = rows[keep]
+            names = take(hit_rows) if take is not None else [pids[r] for r in hit_rows.tolist()]
+            out.extend(f"{qid} Q0 {name} {rank} {score:.6f} {tag}\n"
+                       for rank, (name, score) in enumerate(zip(names, np.asarray(scores[qi])[keep].tolist()), 1))
+        self._file.write("".join(out))
+        self.lines += len(out)
+        return len(out)
+
+    def __exit__(self, *exc) -> bool:
+        self._file.close()
+        return bool(self._atomic.__exit__(*exc))
+
+
+def write_run(path: str | Path, qids: list[str], pids, scores: np.ndarray, ids: np.ndarray, tag: str) -> int:
+    """TREC run `qid Q0 docid rank score tag`, atomically. Returns lines written."""
+    with RunWriter(path, tag) as w:
+        w.write(qids, pids, scores, ids)
+    return w.lines

@@ -12,6 +12,7 @@ before adding anything, uses GPU FAISS when present, and saves atomically:
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ..config import IndexConfig
 from ..errors import ConfigError, InputError, PipelineError, ResourceError
 from ..io_utils import OutputError, atomic_path, check_output, recover_stale
 from ..storage import RemotePath
+from .pid_table import PidTable
 from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
@@ -60,6 +62,17 @@ def _sample(emb_dir, n_total: int, k: int, seed: int = 0) -> np.ndarray:
             out.append(np.asarray(vecs[chosen[lo:hi] - offset], dtype=np.float32))
         offset += len(vecs)
     return np.concatenate(out)
+
+
+def compressed_factory(n: int, dim: int) -> tuple[str, float]:
+    """An IVF-PQ factory that fits where Flat does not, and its size: ~4·sqrt(N) lists (a power of
+    two, FAISS's guideline), PQ with one byte per 4-8 dimensions (a sub-quantizer count that divides
+    `dim`); codes + 8-byte ids + the centroids."""
+    nlist = 1 << max(4, round(math.log2(4 * math.sqrt(max(n, 1)))))
+    nlist = max(16, min(nlist, 1 << 16, n // 39 or 16))
+    nlist = 1 << int(math.log2(nlist))
+    m = next((m for m in (64, 48, 32, 24, 16, 12, 8, 4, 2, 1) if dim % m == 0 and dim // m >= 4), 1)
+    return f"IVF{nlist},PQ{m}", n * (m + 8) + nlist * dim * 4.0
 
 
 def estimate_bytes(index, probe: np.ndarray) -> tuple[float, int]:
@@ -199,9 +212,11 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
         print(f"[index] {cfg.factory} over {n_total:,} x {dim}: ~{per_vec:,.0f} B/vector, "
               f"estimated {need / 2**30:.2f} GiB (available {avail / 2**30:.1f} GiB)", flush=True)
     if need > cfg.max_ram_fraction * avail:
-        raise ResourceError(f"index needs ~{need / 2**30:.2f} GiB, more than {cfg.max_ram_fraction:.0%} of the "
-                            f"{avail / 2**30:.1f} GiB available; use a compressed factory (e.g. 'IVF4096,PQ64') "
-                            "or raise index.max_ram_fraction")
+        alt, alt_bytes = compressed_factory(n_total, dim)
+        raise ResourceError(f"index {cfg.factory} over {n_total:,} x {dim} needs ~{need / 2**30:.2f} GiB, more than "
+                            f"{cfg.max_ram_fraction:.0%} of the {avail / 2**30:.1f} GiB available; "
+                            f"--factory '{alt}' would take ~{alt_bytes / 2**30:.2f} GiB (approximate search: check "
+                            "its recall against Flat on a dev set), or raise index.max_ram_fraction")
     on_gpu = _want_gpu(cfg)
     work = index
     if on_gpu:
@@ -354,11 +369,13 @@ class LoadedIndex:
             raise InputError(index_path, None, f"holds {self.index.ntotal} x {self.index.d} vectors, index.json says "
                              f"{want_n} x {want_dim}: corrupt or from another build; rebuild with `pipeline index`")
         try:
-            self.pids = (index_dir / PIDS_FILE).read_text(encoding="utf-8").splitlines()
+            self.pids = PidTable(index_dir / PIDS_FILE)  # 8 bytes a passage, ids decoded when looked up
         except FileNotFoundError:
             raise InputError(index_dir / PIDS_FILE, None, "missing; rebuild with `pipeline index`") from None
-        except (UnicodeDecodeError, OSError) as e:
+        except OSError as e:
             raise InputError(index_dir / PIDS_FILE, None, f"unreadable ({e}); rebuild with `pipeline index`") from None
+        except InputError as e:
+            raise InputError(index_dir / PIDS_FILE, None, f"unreadable ({e.reason}); rebuild with `pipeline index`") from None
         if len(self.pids) != self.index.ntotal:
             raise InputError(index_dir / PIDS_FILE, None, f"{len(self.pids)} ids for {self.index.ntotal} vectors")
         cfg = cfg or IndexConfig()

@@ -150,15 +150,14 @@ class Refresh:
                 raise PipelineError(f"ance.dev_qrels {cfg.dev_qrels}: {len(lost)} of its {len(dev)} queries are not in "
                                     f"ance.dev_queries {cfg.dev_queries}, e.g. {sorted(lost)[:3]}")
             self.dev = (dev, {q: dev_texts[q] for q in dev})
-        self.pids: list[str] = []
-        self.texts: list[str] = []
+        # the corpus's pids as one Arrow array (no Python string per passage); the texts are read part
+        # by part at each refresh, never held
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for part in self.manifest["parts"]:
-            t = pq.read_table(self.corpus_dir / part["file"], columns=["pid", "title", "text"])
-            self.pids += t["pid"].to_pylist()
-            self.texts += [join_title(a, b, self.manifest["title_join"])
-                           for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+        self.pids = pa.concat_arrays([pq.read_table(self.corpus_dir / part["file"], columns=["pid"])["pid"]
+                                      .combine_chunks().cast(pa.string()) for part in self.manifest["parts"]]
+                                     or [pa.array([], pa.string())])
         if cfg.top_k > len(self.pids):
             raise PipelineError(f"ance.top_k={cfg.top_k} is more than the corpus's {len(self.pids)} passages")
         versions = list_versions(self.root)
@@ -267,8 +266,21 @@ class Refresh:
         except OSError as e:  # the status is advisory; the versions themselves are what counts
             self._log(f"cannot write the status: {e}")
 
+    def _encode_corpus(self, model):
+        """The corpus's document vectors, a part at a time (texts of one part in memory)."""
+        import pyarrow.parquet as pq
+
+        for part in self.manifest["parts"]:
+            t = pq.read_table(self.corpus_dir / part["file"], columns=["title", "text"])
+            texts = [join_title(a, b, self.manifest["title_join"])
+                     for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+            del t
+            yield model.embed(texts, "doc", batch_size=self.cfg.batch_size, device=self.device,
+                              precision=self.cfg.precision)
+
     def refresh(self, model_dir: Path, step: int, source: str) -> dict:
         import faiss
+        import pyarrow as pa
 
         from ..eval.metrics import evaluate_run, measure_name
         from ..models import BiEncoder
@@ -276,14 +288,22 @@ class Refresh:
         cfg = self.cfg
         t0 = time.time()
         model = BiEncoder.load(ModelConfig(name_or_path=str(model_dir))).to(self.device)
-        docs = model.embed(self.texts, "doc", batch_size=cfg.batch_size, device=self.device, precision=cfg.precision)
         queries = model.embed(self.qtexts, "query", batch_size=cfg.batch_size, device=self.device,
                               precision=cfg.precision)
-        t_enc = time.time() - t0
-        index = faiss.index_factory(docs.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
-        if not index.is_trained:
+        index = faiss.index_factory(queries.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
+        held = []  # an index that needs training sees every vector first; a Flat one takes them part by part
+        for docs in self._encode_corpus(model):
+            if index.is_trained:
+                index.add(docs)
+            else:
+                held.append(docs)
+        if held:
+            docs = np.concatenate(held)
+            del held
             index.train(docs)
-        index.add(docs)
+            index.add(docs)
+            del docs
+        t_enc = time.time() - t0
         if cfg.nprobe and hasattr(index, "nprobe"):
             index.nprobe = cfg.nprobe
         _, ids = index.search(np.ascontiguousarray(queries), cfg.top_k)
@@ -291,7 +311,8 @@ class Refresh:
         rng = _rng_for(cfg.seed, version)
         negs = {}
         for qi, qid in enumerate(self.qids):
-            ranked = [self.pids[j] for j in ids[qi] if j >= 0]
+            row = ids[qi]
+            ranked = self.pids.take(pa.array(row[row >= 0])).to_pylist()
             negs[qid] = sample_negatives(ranked, self.judged[qid], cfg.negatives, rng)
         dev_value = None
         if self.dev is not None:
@@ -300,7 +321,8 @@ class Refresh:
             dv = model.embed([dev_q[q] for q in dq], "query", batch_size=cfg.batch_size, device=self.device,
                              precision=cfg.precision)
             sc, di = index.search(np.ascontiguousarray(dv), min(100, len(self.pids)))
-            run = {q: {self.pids[j]: float(s) for s, j in zip(sc[i], di[i]) if j >= 0} for i, q in enumerate(dq)}
+            run = {q: dict(zip(self.pids.take(pa.array(di[i][di[i] >= 0])).to_pylist(), sc[i][di[i] >= 0].tolist()))
+                   for i, q in enumerate(dq)}
             name = measure_name(cfg.dev_metric)
             dev_value = evaluate_run(run, dev_qrels, EvalConfig(), measures=[name])["metrics"][name]
         seconds = time.time() - t0

@@ -5,12 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
 from ..errors import ConfigError, InputError, PipelineError
-from ..eval.runs import write_run
+from ..eval.runs import RunWriter
 from ..io_utils import check_output, write_json_atomic
 from .faiss_index import LoadedIndex
 
@@ -57,19 +55,17 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
         model = BiEncoder.load(query_model_config(index.meta, model_cfg))
     _check_query_dim(getattr(model, "dim", None), index, index_dir, model)
     qids = list(queries)
-    all_scores, all_ids = [], []
     bs = cfg.retrieve.batch_size
     # queries in the documents' precision (encode.precision recorded in the index), unless told otherwise
     precision = index.meta.get("precision") or "fp32"
-    for s in range(0, len(qids), bs):
-        vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
-        _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
-        scores, ids = index.search(vecs, k)
-        all_scores.append(scores)
-        all_ids.append(ids)
-    scores = np.concatenate(all_scores) if all_scores else np.zeros((0, k))
-    ids = np.concatenate(all_ids) if all_ids else np.zeros((0, k), dtype=np.int64)
-    lines = write_run(run_path, qids, index.pids, scores, ids, cfg.retrieve.run_tag)
+    # the run is written batch by batch (memory holds one batch's hits), and appears only when complete
+    with RunWriter(run_path, cfg.retrieve.run_tag) as run:
+        for s in range(0, len(qids), bs):
+            vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
+            _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
+            scores, ids = index.search(vecs, k)
+            run.write(qids[s:s + bs], index.pids, scores, ids)
+    lines = run.lines
     meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
     meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,
                  "index": str(Path(index_dir).resolve()), "seconds": round(time.time() - t0, 2)})

@@ -30,6 +30,11 @@ class TrainDataConfig:
     # Ray Data every epoch: auto = when there are at most `materialize_max_examples`.
     materialize: Literal["auto", "always", "never"] = "auto"
     materialize_max_examples: int = 200_000
+    # Examples not held in memory reach the workers as: files = each worker reads the examples'
+    # Parquet parts itself, a batch at a time, keeping its own rows (no Ray Data, no copy in the
+    # object store; the parts must be where every worker can read them, as checkpoints must);
+    # ray-data = Ray Data streams them (needs a whole CPU beside the workers).
+    streaming: Literal["files", "ray-data"] = "files"
 
 
 @dataclass(frozen=True)

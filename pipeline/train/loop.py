@@ -109,13 +109,16 @@ def reduce_window(windows: list[dict], counts: list[int], stat_keys: set[str]) -
 
 
 class _Rows:
-    """The worker's examples, in file order: materialised once (object store) or streamed (Ray Data)."""
+    """The worker's examples (key % world == rank), in file order: materialised once (object store),
+    read from the examples' Parquet parts a batch at a time, or streamed (Ray Data)."""
 
     def __init__(self, loop_cfg: dict, method, rank: int, world: int):
         import ray.train
 
         self.rows = None
         self.shard = None
+        self.files = None
+        self.key, self.rank, self.world = method.partition_key, rank, world
         ref = loop_cfg.get("examples_ref")
         if ref is not None:
             import pyarrow as pa
@@ -124,12 +127,31 @@ class _Rows:
             table = ray.get(ref)
             key = table[method.partition_key].to_numpy()
             self.rows = table.filter(pa.array(key % world == rank)).to_pylist()
+        elif loop_cfg.get("examples_files") is not None:
+            run_dir = loop_cfg["run_dir"]
+            base = st.resolve(run_dir) if st.is_uri(run_dir) else Path(run_dir)
+            self.files = [base / "examples" / name for name in loop_cfg["examples_files"]]
         else:
             self.shard = ray.train.get_dataset_shard(f"train_{rank}")
+
+    def _read_files(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for path in self.files:
+            if isinstance(path, st.RemotePath):
+                f = pq.ParquetFile(path.fs.open_input_file(path.path))
+            else:
+                f = pq.ParquetFile(str(path), memory_map=True)
+            for batch in f.iter_batches(batch_size=1024):
+                keep = batch.column(self.key).to_numpy() % self.world == self.rank
+                yield from batch.filter(pa.array(keep)).to_pylist()
 
     def __iter__(self):
         if self.rows is not None:
             return iter(self.rows)
+        if self.files is not None:
+            return self._read_files()
         return (r for b in self.shard.iter_batches(batch_size=1024, batch_format="pyarrow") for r in b.to_pylist())
 
 

@@ -350,12 +350,14 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     # Streaming: Ray Data's read tasks need a whole CPU beside the workers (measured on Ray 2.60:
     # its budget rounds down to whole CPUs, and 2 x 0.75-CPU workers on 2 cores hang).
     # Materialised: no Ray Data at all, so the workers may take every CPU.
-    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=0.0 if materialize else 1.0)
+    ray_data = not materialize and dc.streaming == "ray-data"
+    check_resources("train", world * tc.cpus_per_worker, world * gpus, keep_free_cpus=1.0 if ray_data else 0.0)
     if isinstance(run_dir, RemotePath) or len([n for n in ray.nodes() if n.get("Alive")]) > 1:
         st.check_writable_on_nodes(run_dir)  # every node writes checkpoints (or the examples' reads) there
     if progress:
         print(f"[train] {tc.name}: {method.name}, {n_examples:,} examples"
-              f" ({'held in memory' if materialize else 'streamed'}), {world} worker(s) x batch {B} "
+              f" ({'held in memory' if materialize else 'streamed by Ray Data' if ray_data else 'read from files'}),"
+              f" {world} worker(s) x batch {B} "
               f"(global {world * B}), {spe} steps/epoch, {total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
@@ -365,6 +367,8 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     if materialize:
         parts = sorted((work / "examples").glob("part-*.parquet"))
         loop_cfg["examples_ref"] = ray.put(pa.concat_tables([pq.read_table(p) for p in parts]))
+    elif not ray_data:  # each worker reads the parts (run_dir/examples) a batch at a time
+        loop_cfg["examples_files"] = sorted(p.name for p in (work / "examples").glob("part-*.parquet"))
     else:
         datasets = _datasets(run_dir / "examples", world, method.partition_key)
         data_config = DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))

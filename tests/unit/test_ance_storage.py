@@ -78,7 +78,9 @@ def test_refresher_reads_s3_checkpoints_and_publishes_s3_versions(tmp_path, tiny
     assert list_versions(run / "negatives") == [1]
     judged = load_qrels(faq / "qrels" / "train.trec")
     v1 = VersionedNegatives(str(run / "negatives"), faq).load(1)
-    assert len(v1.texts) == len(judged) and v1.meta["checkpoint_step"] == 2
+    assert len(v1) == len(judged) and v1.meta["checkpoint_step"] == 2
+    some = sorted(judged)[0]
+    assert v1.get(some) and all(isinstance(t, str) and t for t in v1.get(some))
     _upload_checkpoint(tmp_path / "b", run, 6, model)
     assert r.step_once()["version"] == 2
     again = Refresh(str(run), cfg, faq)  # a restarted refresher resumes after its last version, from S3

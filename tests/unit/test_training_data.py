@@ -307,3 +307,43 @@ def test_examples_without_negatives_are_skipped_when_required(tmp_path):
     ex = list(dpr_json_examples(path, skipped=skipped, need_negatives=True))
     assert [e["query"] for e in ex] == ["q1"] and skipped == {"no_negatives": 1}
     assert len(list(dpr_json_examples(path, need_negatives=False))) == 2
+
+
+def test_qrels_examples_from_an_interleaved_run_and_in_small_batches_are_the_same(corpus, tmp_path):
+    grouped = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=4))
+    lines = RUN.splitlines(keepends=True)
+    mixed = _write(tmp_path / "mixed.trec", "".join(lines[i] for i in (5, 0, 6, 1, 2, 7, 3, 8, 4)))
+    assert list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], mixed, depth=4)) == grouped
+    assert list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=4,
+                               batch=1)) == grouped
+    assert not list(tmp_path.glob(".passages-*")) and not list(corpus["dir"].parent.glob(".passages-*"))
+
+
+def test_qrels_examples_memory_does_not_grow_with_run_depth_or_corpus_size(tmp_path):
+    import random
+    import tracemalloc
+
+    rng = random.Random(0)
+    n_q = 300
+
+    def build(tag: str, depth: int, n_p: int) -> int:
+        d = tmp_path / tag
+        d.mkdir()
+        src = _write(d / "collection.tsv", "".join(
+            f"p{i}\t{' '.join(f'w{rng.randrange(999)}' for _ in range(20))}\n" for i in range(n_p)))
+        queries = _write(d / "queries.tsv", "".join(f"q{i}\tquery {i}\n" for i in range(n_q)))
+        qrels = _write(d / "qrels.trec", "".join(f"q{i} 0 p{i} 1\n" for i in range(n_q)))
+        run = _write(d / "run.trec", "".join(f"q{i} Q0 p{(i * 7 + r + 1) % n_p} {r + 1} {1000 - r} t\n"
+                                             for i in range(n_q) for r in range(depth)))
+        ingest([src], "msmarco", d / "corpus", variant="custom", progress=False)
+        tracemalloc.start()
+        try:
+            for ex in qrels_examples(d / "corpus", queries, qrels, run, depth=depth, max_negatives=5, batch=50):
+                assert len(ex["negatives"]) == 5
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small = build("small", depth=20, n_p=3_000)
+    big = build("big", depth=200, n_p=30_000)  # 10x the run's lines, 10x the corpus
+    assert big < 1.5 * small, (small, big)

@@ -1,0 +1,226 @@
+"""What must not grow with the input: the readers and writers behind the spine stream.
+
+Each test runs the same code on an input and on one 10x bigger and compares the peak of Python
+allocations (tracemalloc): a streaming reader's peak stays flat, a reader that holds the file grows
+~10x. The numbers a streamed path gives are also checked equal to the whole-file path's.
+"""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import EvalConfig
+from pipeline.data.readers import load_qrels
+from pipeline.eval.metrics import evaluate_files, evaluate_run
+from pipeline.eval.runs import iter_run_groups, read_run
+
+
+def _write_run(path: Path, n_queries: int, depth: int, seed: int = 0, interleave: bool = False) -> None:
+    rng = random.Random(seed)
+    lines = []
+    for q in range(n_queries):
+        for r in range(depth):
+            lines.append((f"q{q}", f"d{(q * 7 + r) % (2 * depth)}", r + 1, round(100 - r - rng.random(), 6)))
+    if interleave:
+        rng.shuffle(lines)
+    path.write_text("".join(f"{q} Q0 {d} {r} {s} t\n" for q, d, r, s in lines))
+
+
+def _write_qrels(path: Path, n_queries: int, depth: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for q in range(0, n_queries, 1):
+            if q % 7 == 3:
+                continue  # some run queries unjudged
+            for d in rng.sample(range(2 * depth), 3):  # about half of them retrieved, at any rank
+                f.write(f"q{q} 0 d{d} {rng.choice([1, 2])}\n")
+        f.write("q_missing 0 dz 1\n")  # judged, not in the run
+
+
+def _peak(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+@pytest.mark.parametrize("interleave", [False, True])
+def test_streamed_evaluation_equals_whole_file_evaluation(tmp_path, per_query, interleave):
+    run, qrels = tmp_path / "run.trec", tmp_path / "qrels.trec"
+    _write_run(run, 23, 30, interleave=interleave)
+    _write_qrels(qrels, 23, 30)
+    cfg = EvalConfig(per_query=per_query, measures=("RR@10", "nDCG@10", "AP@100", "R@20", "P@5", "NumRet"))
+    whole = evaluate_run(read_run(run), load_qrels(qrels), cfg)
+    for chunk in (1, 100, 10**6):
+        got = evaluate_files(run, qrels, cfg, chunk_lines=chunk)
+        assert got["queries"] == whole["queries"]
+        assert got["run_depth"] == whole["run_depth"]
+        assert got["metrics"] == pytest.approx(whole["metrics"], abs=1e-12)
+        assert 0 < got["metrics"]["nDCG@10"] < 1
+        if per_query:
+            assert got["per_query"].keys() == whole["per_query"].keys()
+            for q, vals in whole["per_query"].items():
+                assert got["per_query"][q] == pytest.approx(vals, abs=1e-12)
+
+
+def test_run_groups_stream_and_detect_interleaving(tmp_path):
+    run = tmp_path / "run.trec"
+    _write_run(run, 5, 4)
+    groups = list(iter_run_groups(run))
+    assert [q for q, _ in groups] == [f"q{i}" for i in range(5)]
+    assert {q: d for q, d in groups} == read_run(run)
+    run.write_text("a Q0 d1 1 2.0 t\nb Q0 d1 1 2.0 t\na Q0 d2 2 1.0 t\n")
+    from pipeline.eval.runs import RunNotGrouped
+
+    with pytest.raises(RunNotGrouped):
+        list(iter_run_groups(run))
+
+
+def test_evaluation_memory_does_not_grow_with_the_run(tmp_path):
+    small, big, qrels = tmp_path / "small.trec", tmp_path / "big.trec", tmp_path / "qrels.trec"
+    _write_run(small, 200, 50)
+    _write_run(big, 2000, 50)
+    _write_qrels(qrels, 2000, 50)
+    cfg = EvalConfig(measures=("RR@10", "nDCG@10", "R@50"))
+    p_small = _peak(lambda: evaluate_files(small, qrels, cfg, chunk_lines=5000))
+    p_big = _peak(lambda: evaluate_files(big, qrels, cfg, chunk_lines=5000))
+    # the whole-file reader would hold 10x the lines; the streamed one holds a 100-query chunk
+    assert p_big < 1.5 * p_small, (p_small, p_big)
+
+
+# --------------------------------------------------------------------------- the run writer
+
+def test_run_writer_holds_one_batch(tmp_path):
+    from pipeline.eval.runs import RunWriter
+
+    pids = [f"p{i}" for i in range(5000)]
+    rng = np.random.default_rng(0)
+    scores = np.sort(rng.random((50, 100)).astype("float32"), axis=1)[:, ::-1]
+    ids = rng.integers(0, len(pids), (50, 100))
+
+    def write(batches: int, path: Path):
+        with RunWriter(path, "t") as w:
+            for b in range(batches):
+                w.write([f"q{b}_{i}" for i in range(50)], pids, scores, ids)
+        return w.lines
+
+    assert write(3, tmp_path / "a.trec") == 3 * 50 * 100
+    small = _peak(lambda: write(4, tmp_path / "s.trec"))
+    big = _peak(lambda: write(40, tmp_path / "b.trec"))
+    assert big < 1.3 * small, (small, big)
+    lines = (tmp_path / "b.trec").read_text().splitlines()
+    assert len(lines) == 40 * 50 * 100 and lines[0].split()[3] == "1"
+
+
+def test_failed_run_writer_leaves_nothing(tmp_path):
+    from pipeline.eval.runs import RunWriter
+
+    with pytest.raises(RuntimeError):
+        with RunWriter(tmp_path / "run.trec", "t") as w:
+            w.write(["q"], ["a"], np.ones((1, 1)), np.zeros((1, 1), dtype=int))
+            raise RuntimeError("killed")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- the index's pid table
+
+@pytest.mark.parametrize("text", ["a\nb\n", "a\nb", "", "\n\n", "é\nß€\n", "x\r\ny\r\n", "12\n7\n" * 50])
+@pytest.mark.parametrize("chunk", [3, 1 << 24])
+def test_pid_table_reads_as_splitlines(tmp_path, monkeypatch, text, chunk):
+    import pipeline.index.pid_table as pt
+
+    monkeypatch.setattr(pt, "_CHUNK", chunk)
+    (tmp_path / "pids.txt").write_bytes(text.encode("utf-8"))
+    table = pt.PidTable(tmp_path / "pids.txt")
+    want = text.splitlines()
+    assert len(table) == len(want) and table.tolist() == want and table == want
+    if want:
+        assert table[-1] == want[-1] and table[1:] == want[1:]
+        with pytest.raises(IndexError):
+            table[len(want)]
+
+
+def test_pid_table_refuses_bytes_that_are_not_utf8(tmp_path, monkeypatch):
+    import pipeline.index.pid_table as pt
+    from pipeline.errors import InputError
+
+    monkeypatch.setattr(pt, "_CHUNK", 4)
+    (tmp_path / "pids.txt").write_bytes(b"ok\n\xc3\xa9\nbad\xff\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        pt.PidTable(tmp_path / "pids.txt")
+
+
+def test_pid_table_costs_8_bytes_a_passage(tmp_path, monkeypatch):
+    import pipeline.index.pid_table as pt
+
+    monkeypatch.setattr(pt, "_CHUNK", 1 << 16)  # the scan's temporaries: a few 64 KiB blocks
+    (tmp_path / "pids.txt").write_text("".join(f"passage-{i:09d}\n" for i in range(200_000)))
+    peak = _peak(lambda: pt.PidTable(tmp_path / "pids.txt"))
+    table = pt.PidTable(tmp_path / "pids.txt")
+    assert table[123_456] == "passage-000123456"
+    # 8 bytes of line end a passage (+ the per-block arrays while scanning), never a string per passage
+    # (a list of these ids costs ~70 bytes a passage)
+    assert peak < 8 * 200_000 * 2.2 + (1 << 20), peak
+
+
+# --------------------------------------------------------------------------- the index build
+
+def _corpus_with_vectors(tmp_path: Path, n: int, shard_rows: int) -> Path:
+    from fixtures import random_collection, random_embeddings
+
+    from pipeline.data.ingest import ingest
+
+    random_collection(tmp_path / f"c{n}.tsv", n, min_words=2, max_words=4)
+    corpus = ingest([tmp_path / f"c{n}.tsv"], "msmarco", tmp_path / f"corpus{n}", progress=False) and \
+        tmp_path / f"corpus{n}"
+    return random_embeddings(corpus, tmp_path / f"emb{n}", shard_rows=shard_rows, dim=16)
+
+
+@pytest.mark.parametrize("factory", ["IVF8,SQ8", "PQ4"])
+def test_index_build_holds_a_bounded_sample_and_one_batch(tmp_path, factory):
+    from pipeline.config import IndexConfig
+    from pipeline.index.faiss_index import build_index
+
+    small = _corpus_with_vectors(tmp_path, 2_000, 500)
+    big = _corpus_with_vectors(tmp_path, 20_000, 500)
+    cfg = IndexConfig(factory=factory, train_sample=1_000, add_batch_size=500)
+    p_small = _peak(lambda: build_index(small, tmp_path / "i_small", cfg, progress=False))
+    p_big = _peak(lambda: build_index(big, tmp_path / "i_big", cfg, progress=False))
+    # 10x the vectors: the training sample is capped and vectors are added a batch at a time
+    assert p_big < 1.5 * p_small, (p_small, p_big)
+
+
+def test_flat_index_that_would_not_fit_is_refused_naming_a_factory_that_would(tmp_path):
+    import faiss
+
+    from pipeline.config import IndexConfig
+    from pipeline.errors import ResourceError
+    from pipeline.index.faiss_index import build_index, compressed_factory
+
+    emb = _corpus_with_vectors(tmp_path, 3_000, 1_000)
+    # a memory budget of 1e-9 of what is available: nothing fits, and nothing is written
+    with pytest.raises(ResourceError, match=r"needs ~.* GiB.*--factory 'IVF\d+,PQ\d+' would take") as e:
+        build_index(emb, tmp_path / "idx", IndexConfig(max_ram_fraction=1e-9), progress=False)
+    assert not (tmp_path / "idx").exists()
+    factory = str(e.value).split("--factory '")[1].split("'")[0]
+    assert factory == compressed_factory(3_000, 16)[0]
+    index = faiss.index_factory(16, factory)  # a valid factory for this corpus: at least 39 vectors a list
+    assert int(factory[3:].split(",")[0]) * 39 <= 3_000 and not index.is_trained
+
+
+def test_pid_table_take_equals_indexing(tmp_path):
+    import pipeline.index.pid_table as pt
+
+    (tmp_path / "pids.txt").write_bytes("a\r\nbé\r\n\r\nlast".encode("utf-8"))
+    table = pt.PidTable(tmp_path / "pids.txt")
+    assert table.take([3, 0, 1, 2, 1]) == ["last", "a", "bé", "", "bé"] == [table[i] for i in (3, 0, 1, 2, 1)]
+    with pytest.raises(IndexError):
+        table.take([4])
