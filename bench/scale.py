@@ -338,7 +338,7 @@ def train_at(pairs: int, corpus: Path, tset: Path, work: Path, model: str, args,
     summary = json.loads((runs / name / "summary.json").read_text())
     fm = summary.get("final_metrics", {})
     first = next((t for t, text in r["lines"] if re.search(r"\[train\] \S+ step \d+/", text)), None)
-    examples = next((t for t, text in r["lines"] if text.startswith("[train-data]")), None)
+    examples = next((t for t, text in r["lines"] if re.match(r"\[train-data\] [\d,]+ examples from", text)), None)
     r.update(pairs=pairs, steps=fm.get("train_steps_run"), time_split=summary.get("time_split"),
              steps_per_s=round(fm["train_steps_run"] / fm["train_seconds"], 2) if fm.get("train_seconds") else None,
              examples_built_s=round(examples, 1) if examples else None,
@@ -394,6 +394,8 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args) -> str:
             ns, ts = [x["n"] for x in sel], [x["seconds"] for x in sel]
             e = fit_exponent(ns, ts)
             here = linear_at(ns, ts, target)
+            if here is not None and here < ts[-1]:  # no growth with N (work set by the queries): as measured
+                here = ts[-1]
             mem = linear_at(ns, [x["driver_rss_mb"] for x in sel], target)
             growth = sel[-1]["driver_rss_mb"] / max(sel[0]["driver_rss_mb"], 1)
             cluster = "as here (head node CPU)"
@@ -409,7 +411,7 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args) -> str:
                 "| pairs | wall | examples built at | first report at | steps/s | driver peak RSS | worker peak RSS | all processes |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in train:
-            out.append(f"| {human(r['pairs'])} | {fmt_s(r['seconds'])} | {r['examples_built_s']} s | "
+            out.append(f"| {human(r['pairs'])} | {fmt_s(r['seconds'])} | {r['examples_built_s'] if r['examples_built_s'] is not None else '—'} s | "
                        f"{r['first_report_s']} s | {r['steps_per_s']} | {r['driver_rss_mb']:,.0f} MB | "
                        f"{r['worker_rss_mb']:,.0f} MB | {r['all_processes_rss_mb']:,.0f} MB |")
         out.append("")
@@ -473,7 +475,19 @@ def main() -> None:
     ap.add_argument("--ance-queries", type=parse_size, default=100_000)
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-scale"), help="generated data and stage outputs")
     ap.add_argument("--out", default=str(RESULTS), help="where scale.json, scale.md and scale.png go")
+    ap.add_argument("--from-json", help="re-render scale.md and scale.png from a scale.json, run nothing")
     args = ap.parse_args()
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        out = Path(args.out)
+        args.queries, args.top_k = data["queries"], data["top_k"]
+        sys.argv = ["bench/scale.py"] + data["command"].split()[2:]
+        text, _ = report(data["stages"], data["training"], data["ance"], args)
+        (out / "scale.md").write_text(text + "\n")
+        if data["stages"]:
+            plot(data["stages"], out / "scale.png")
+        print(text)
+        return
     sizes = sorted(parse_size(s) for s in args.sizes.split(",") if s.strip())
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FILES]
