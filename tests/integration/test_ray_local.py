@@ -126,7 +126,9 @@ def test_cli_ray_is_gone_when_the_cli_is(tmp_path, sig):
         os.kill(p.pid, getattr(signal, sig))
     rc = p.wait(60)
     err = p.stderr.read()
-    left = survivors(procs)
+    # a SIGKILLed driver cannot stop Ray: its processes notice the driver's death themselves (the
+    # raylet polls for it), which takes longer on a loaded machine; the guarantee is that they go
+    left = survivors(procs, wait=90.0 if sig == "SIGKILL" else 20.0)
     assert left == [], f"{sig}: survived the driver: {left}"
     if sig not in ("SIGKILL",):
         assert "Traceback" not in err, err[-2000:]
