@@ -231,6 +231,8 @@ def run_stage(name: str, argv: list[str], log: Path, outputs: list[Path], env: d
                     continue
                 total += rss
                 title = cmd[0] if cmd else ""
+                if any("_child_main" in c for c in cmd[1:3]):  # train's example build (data.build_apart)
+                    peaks["build"] = max(peaks.get("build", 0), rss)
                 if title.startswith("ray::") and rss > peaks["worker"]:
                     peaks["worker"], peaks["worker_name"] = rss, title.split()[0]
             peaks["driver"] = max(peaks["driver"], driver)
@@ -248,6 +250,7 @@ def run_stage(name: str, argv: list[str], log: Path, outputs: list[Path], env: d
     return {"stage": name, "seconds": round(wall, 2), "driver_rss_mb": round(peaks["driver"] / 2**20, 1),
             "worker_rss_mb": round(peaks["worker"] / 2**20, 1), "worker": peaks["worker_name"],
             "all_processes_rss_mb": round(peaks["total"] / 2**20, 1),
+            "build_child_rss_mb": round(peaks.get("build", 0) / 2**20, 1),
             "bytes_written": sum(du(p) for p in outputs), "summary": summary, "log": str(log),
             "lines": lines}
 
@@ -408,11 +411,13 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args) -> str:
         out.append("")
     if train:
         out += ["## Training side (`pipeline train`, DPR, tiny BERT, 1 worker, 1 hard negative)\n",
-                "| pairs | wall | examples built at | first report at | steps/s | driver peak RSS | worker peak RSS | all processes |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "| pairs | wall | examples built at | first report at | steps/s | driver peak RSS | example build "
+                "(child process) | worker peak RSS | all processes |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in train:
             out.append(f"| {human(r['pairs'])} | {fmt_s(r['seconds'])} | {r['examples_built_s'] if r['examples_built_s'] is not None else '—'} s | "
                        f"{r['first_report_s']} s | {r['steps_per_s']} | {r['driver_rss_mb']:,.0f} MB | "
+                       f"{(str(round(r['build_child_rss_mb'])) + ' MB') if r.get('build_child_rss_mb') else 'in the driver'} | "
                        f"{r['worker_rss_mb']:,.0f} MB | {r['all_processes_rss_mb']:,.0f} MB |")
         out.append("")
     if train and len(train) > 1:

@@ -131,16 +131,36 @@ def _quiet_raylet_notices() -> None:
     worker.print_to_stdstream = raylet_filter(worker.print_to_stdstream, log_path)
 
 
-def shutdown_local_ray() -> None:
-    """Stop the local Ray this process started (no-op for a cluster connection or none)."""
+def shutdown_local_ray(timeout: float = 30.0) -> bool:
+    """Stop the local Ray this process started (no-op for a cluster connection or none).
+
+    Returns False when `ray.shutdown()` has not returned within `timeout` seconds (seen once on a
+    loaded 2-core machine after a SIGHUP): the caller then exits anyway, and the watchdog ends
+    what is left of this Ray once the driver is gone."""
     global _started_local
     if not _started_local:
-        return
+        return True
+    import threading
+
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
     _started_local = False
+    if not ray.is_initialized():
+        return True
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            ray.shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=stop, name="ray-shutdown", daemon=True).start()
+    if done.wait(timeout):
+        return True
+    print(f"[ray] the local Ray did not stop within {timeout:.0f} s; exiting anyway (the watchdog ends its "
+          "processes)", file=sys.stderr, flush=True)
+    return False
 
 
 # The watchdog: a separate process (own session, so a Ctrl-C to the terminal's process

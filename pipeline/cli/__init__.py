@@ -49,18 +49,35 @@ def main(argv: list[str] | None = None) -> int:
     from ..ray_runtime import shutdown_local_ray
 
     _exit_on_hangup()
+    rc = None  # the exit status, known before the finally block runs
     try:
         args.func(args)
+        rc = 0
     except PipelineError as e:
         from ..storage import redact
 
         print(f"error: {redact(str(e))}", file=sys.stderr)  # no credential of a URI reaches the terminal
+        rc = 2
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        rc = 130
         return 130
+    except SystemExit as e:  # e.g. SIGHUP (see _exit_on_hangup)
+        rc = e.code if isinstance(e.code, int) else 1
+        raise
     finally:
-        shutdown_local_ray()  # a local Ray this command started stops with it, however it ends
+        # a local Ray this command started stops with it, however it ends; if Ray's shutdown hangs,
+        # the command still ends (with the status it had) and the watchdog ends Ray's processes
+        if not shutdown_local_ray():
+            import os
+            import traceback
+
+            if rc is None and sys.exc_info()[0] is not None:
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1 if rc is None else rc)
     return 0
 
 

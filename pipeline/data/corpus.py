@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -59,6 +60,12 @@ class PassageStore:
         self._table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
         self._pids = self._table["pid"].combine_chunks() if self._table.num_rows else pa.array([], pa.string())
         self.missing = pc.filter(want, pc.invert(pc.is_in(want, value_set=self._pids)))
+        # pid -> row by binary search in the sorted pids (UTF-8 bytes, fixed width: ~ the ids' bytes):
+        # one sort here instead of a hash table built at every lookup
+        order = pc.sort_indices(self._pids).to_numpy()
+        self._order = order
+        self._sorted = np.array([p.encode("utf-8") for p in self._pids.take(pa.array(order)).to_pylist()],
+                                dtype=bytes) if len(order) else np.zeros(0, dtype="S1")
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -66,6 +73,17 @@ class PassageStore:
     def __getitem__(self, i: int) -> str:
         return self._table["text"][i].as_py()
 
+    def take(self, pids) -> pa.ChunkedArray:
+        """The texts of `pids` (a list or an Arrow array) as Arrow, nulls for pids the store lacks."""
+        if isinstance(pids, pa.Array):
+            pids = pids.to_pylist()
+        want = np.array([p.encode("utf-8") for p in pids], dtype=bytes) if len(pids) else np.zeros(0, "S1")
+        if not len(self._sorted):
+            return self._table["text"].take(pa.nulls(len(want), pa.int64()))
+        pos = np.minimum(np.searchsorted(self._sorted, want), len(self._sorted) - 1)
+        found = self._sorted[pos] == want
+        rows = pa.array(self._order[pos], pa.int64(), mask=~found)
+        return self._table["text"].take(rows)
+
     def get(self, pids: list[str]) -> list[str | None]:
-        idx = pc.index_in(pa.array(pids, pa.string()), value_set=self._pids)
-        return self._table["text"].take(idx).to_pylist()
+        return self.take(pids).to_pylist()

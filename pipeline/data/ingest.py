@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import __version__
@@ -246,7 +247,8 @@ def ingest(
         if queries is not None:
             extra["queries"], qids = _write_queries(queries, queries_format, new / "queries.tsv")
         if qrels:
-            pids = _load_pids(new)
+            # the corpus's pids among those the qrels name (not every pid: memory follows the qrels)
+            pids = _load_pids(new, {r["docid"] for path in qrels.values() for r in readers.read_qrels(path)})
             extra["qrels"] = {
                 split: _write_qrels(path, new / "qrels" / f"{split}.trec", pids, qids, on_unknown_qrels)
                 for split, path in sorted(qrels.items())
@@ -372,10 +374,13 @@ def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
             raise PipelineError(f"{p} is given both as a corpus file and as queries/qrels")
 
 
-def _load_pids(folder: Path) -> set[str]:
+def _load_pids(folder: Path, among: set[str]) -> set[str]:
+    """The pids of the corpus written at `folder` that are in `among`."""
+    want = pa.array(sorted(among), pa.string())
     pids: set[str] = set()
     for part in sorted((folder / "corpus").glob("part-*.parquet")):
-        pids.update(pq.read_table(part, columns=["pid"]).column("pid").to_pylist())
+        col = pq.read_table(part, columns=["pid"]).column("pid")
+        pids.update(col.filter(pc.is_in(col, value_set=want)).to_pylist())
     return pids
 
 

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -143,12 +144,25 @@ def qrels_examples(corpus_dir: str | Path, queries: str | Path, qrels: str | Pat
                    max_negatives: int = 30, skipped: dict | None = None,
                    need_negatives: bool = False, scratch: str | Path | None = None,
                    batch: int = 2_000) -> Iterator[dict]:
-    """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run).
+    """One example per (query, relevant passage) from an ingested corpus + qrels (+ a TREC run):
+    `qrels_example_tables`' rows as dicts."""
+    for table in qrels_example_tables(corpus_dir, queries, qrels, negatives_run, depth, rel_level, max_negatives,
+                                      skipped, need_negatives, scratch, batch):
+        yield from table.to_pylist()
+
+
+def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str | Path,
+                         negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
+                         max_negatives: int = 30, skipped: dict | None = None,
+                         need_negatives: bool = False, scratch: str | Path | None = None,
+                         batch: int = 2_000) -> Iterator[pa.Table]:
+    """The examples of `qrels_examples` as Arrow tables of `batch` rows (qid, query, positive,
+    negatives), in qid order.
 
     Memory grows with the number of queries (their texts, judged ids and negative ids), not with
     the run's lines or the passages' texts: a run grouped by query is read a query at a time, and the
     texts of every positive and negative are copied once into a memory-mapped Arrow file under
-    `scratch` (removed at the end) and looked up `batch` examples at a time."""
+    `scratch` (removed at the end) and gathered from it in Arrow (no Python string per text)."""
     skipped = skipped if skipped is not None else {}
     qtext = load_queries(queries)
     # per query, its positives and its judged passages as tuples (most queries have one or two: a
@@ -194,10 +208,17 @@ def qrels_examples(corpus_dir: str | Path, queries: str | Path, qrels: str | Pat
         pending: list[tuple[str, str, list[str]]] = []
 
         def emit():
-            ids = [p for _, pid, ns in pending for p in (pid, *ns)]
-            texts = iter(store.get(ids))
-            for qid, _, ns in pending:
-                yield {"qid": qid, "query": qtext[qid], "positive": next(texts), "negatives": [next(texts) for _ in ns]}
+            if not pending:
+                return
+            n = len(pending)
+            ids = [pid for _, pid, _ in pending] + [p for _, _, ns in pending for p in ns]
+            texts = store.take(ids).combine_chunks()
+            offsets = np.zeros(n + 1, dtype=np.int32)
+            np.cumsum([len(ns) for _, _, ns in pending], out=offsets[1:])
+            negatives = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), texts.slice(n))
+            yield pa.table({"qid": pa.array([q for q, _, _ in pending], pa.string()),
+                            "query": pa.array([qtext[q] for q, _, _ in pending], pa.string()),
+                            "positive": texts.slice(0, n), "negatives": negatives})
             pending.clear()
 
         for qid in sorted(positives):
@@ -253,10 +274,11 @@ def _run_negatives(run: str | Path, positives: dict[str, tuple[str, ...]], judge
     return negs
 
 
-def write_examples(examples: Iterator[dict], out: str | Path, meta: dict, part_rows: int = 50_000,
+def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: dict, part_rows: int = 50_000,
                    skipped: dict | None = None) -> dict:
     """Write examples as Parquet parts with a running `idx`; the meta file marks completion.
-    Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part."""
+    Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part;
+    an Arrow table among the examples (columns qid, query, positive, negatives) is one row group."""
     out = Path(out)
     n = 0
     batch_rows = min(part_rows, 5_000)
@@ -277,9 +299,25 @@ def write_examples(examples: Iterator[dict], out: str | Path, meta: dict, part_r
                 writer.close()
                 writer, parts, in_part = None, parts + 1, 0
 
+        def write_table(table: pa.Table) -> None:  # a batch already in Arrow: written as it is
+            nonlocal n, parts, in_part, writer
+            flush()
+            if writer is None:
+                writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", SCHEMA)
+            idx = pa.array(np.arange(n, n + table.num_rows, dtype=np.int64))
+            writer.write_table(pa.table([idx] + [table[f] for f in SCHEMA.names[1:]], schema=SCHEMA))
+            n += table.num_rows
+            in_part += table.num_rows
+            if in_part >= part_rows:
+                writer.close()
+                writer, parts, in_part = None, parts + 1, 0
+
         more = True
         try:
             for ex in examples:
+                if isinstance(ex, pa.Table):
+                    write_table(ex)
+                    continue
                 buf.append({"idx": n, **ex})
                 n += 1
                 if len(buf) >= batch_rows:
@@ -330,7 +368,7 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
                                      need_negatives=data_cfg.hard_negatives > 0)
     else:
-        examples = qrels_examples(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
+        examples = qrels_example_tables(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
                                   data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0,
                                   scratch=out.parent)
     result = write_examples(examples, out, meta, skipped=skipped)

@@ -35,6 +35,10 @@ class TrainDataConfig:
     # object store; the parts must be where every worker can read them, as checkpoints must);
     # ray-data = Ray Data streams them (needs a whole CPU beside the workers).
     streaming: Literal["files", "ray-data"] = "files"
+    # Build the examples in a child process, so that what the build holds (the queries, their
+    # judgements and negatives, the run being read) is returned to the system before training
+    # starts: auto = when the sources (data.path, queries, qrels, negatives_run) pass 64 MB.
+    build_apart: Literal["auto", "yes", "no"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ..errors import ConfigError, PipelineError, worker_error
 from ..io_utils import atomic_path, missing_dirs, remove_empty_dirs, sha256_files, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
-from ..storage import RemotePath
+from ..storage import RemotePath, is_uri
 from .config import TrainJobConfig, dump_job, job_to_dict
 from .loop import train_loop_per_worker
 from .methods import get_method
@@ -60,6 +60,79 @@ def _datasets(examples_dir, world: int, key: str) -> dict:
         return base.map_batches(keep, batch_format="pyarrow", batch_size=4096, num_cpus=DATA_TASK_CPUS)
 
     return {f"train_{r}": take(r) for r in range(world)}
+
+
+APART_BYTES = 64 * 2**20
+
+
+def _build_apart(data) -> bool:
+    """data.build_apart: yes, no, or auto (the example sources pass APART_BYTES)."""
+    if data.build_apart != "auto":
+        return data.build_apart == "yes"
+    total = 0
+    for f in (data.path, data.queries, data.qrels, data.negatives_run):
+        try:
+            total += Path(f).stat().st_size if f and not is_uri(str(f)) else 0
+        except OSError:
+            pass  # missing: the build itself reports it
+    return total > APART_BYTES
+
+
+def _child_main(task_file: str) -> None:
+    """The child's side of `_build_examples_in_child`: read the task, build, write the outcome."""
+    import pickle
+
+    from .. import progress as prog
+    from ..runtime_env import setup_offline_env
+
+    setup_offline_env()
+    task = Path(task_file)
+    job, out, progress = pickle.loads(task.read_bytes())
+
+    def sink(r: dict) -> None:
+        if r["total"] > 1:
+            print(f"[train-data] {job.train.name}: {prog.line(r)}", flush=True)
+
+    try:
+        with prog.sink(sink if progress else None):
+            result = ("ok", get_method(job.loss.name).build_examples(job, Path(out), progress=progress))
+    except PipelineError as e:
+        result = ("error", e)
+    except BaseException as e:  # anything else: its traceback, as text
+        import traceback
+
+        result = ("crash", "".join(traceback.format_exception(e)))
+    task.with_suffix(".out").write_bytes(pickle.dumps(result))
+
+
+def _build_examples_in_child(job: TrainJobConfig, out: Path, progress: bool) -> dict:
+    """method.build_examples in a fresh Python process: its peak memory ends with it, before
+    training starts. Output and progress lines go to this process's terminal; a PipelineError
+    raised there is raised here."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=out.parent) as tmp:
+        task = Path(tmp) / "task.pkl"
+        task.write_bytes(pickle.dumps((job, str(out), progress)))
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the pipeline package
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        code = f"from pipeline.train.trainer import _child_main; _child_main({str(task)!r})"
+        rc = subprocess.run([sys.executable, "-c", code], env=env).returncode
+        done = task.with_suffix(".out")
+        if not done.exists():
+            raise PipelineError(f"building the training examples in a child process failed (exit {rc}) before it "
+                                "reported; see the lines above (data.build_apart=no builds in this process)")
+        kind, value = pickle.loads(done.read_bytes())
+    if kind == "ok":
+        return value
+    if kind == "error":
+        raise value
+    raise PipelineError(f"building the training examples failed in its child process:\n{value}")
 
 
 def resolve_resume(job: TrainJobConfig, run_dir):
@@ -182,8 +255,11 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     def sink(r: dict) -> None:
         if r["total"] > 1:  # a one-part corpus is read in one go: nothing to follow
             print(f"[train-data] {tc.name}: {prog.line(r)}", flush=True)
-    with prog.sink(sink if progress else None):
-        meta = method.build_examples(job, work / "examples", progress=progress)
+    if method.builds_apart and _build_apart(job.data):
+        meta = _build_examples_in_child(job, work / "examples", progress)
+    else:
+        with prog.sink(sink if progress else None):
+            meta = method.build_examples(job, work / "examples", progress=progress)
     if remote:
         _publish_examples(work / "examples", run_dir / "examples", meta)
     digest = examples_digest(work / "examples", meta)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.errors import ResourceError
@@ -79,3 +81,56 @@ def test_raylet_worker_startup_notices_go_to_a_log_not_the_terminal(tmp_path):
     show({"lines": ["a task failed: out of memory", notice], "pid": "raylet", "is_err": False}, False)
     assert printed == [["a task failed: out of memory"]]  # everything else still reaches the user
     assert log.read_text().count("PYTHON worker processes") == 2
+
+
+def test_a_hanging_ray_shutdown_is_bounded(monkeypatch, capsys):
+    import time
+
+    import ray
+
+    import pipeline.ray_runtime as rr
+
+    monkeypatch.setattr(rr, "_started_local", True)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "shutdown", lambda: time.sleep(30))
+    t0 = time.time()
+    assert rr.shutdown_local_ray(timeout=0.3) is False
+    assert time.time() - t0 < 5 and "did not stop within 0 s" in capsys.readouterr().err
+    assert rr.shutdown_local_ray() is True  # nothing left to stop
+
+
+@pytest.mark.parametrize("how,rc", [("error", 2), ("hangup", 129), ("ok", 0)])
+def test_the_cli_exits_with_its_status_when_ray_will_not_stop(tmp_path, how, rc):
+    """`pipeline` ends with the status it had even when Ray's shutdown hangs (the watchdog cleans up)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "cli.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        import pipeline.ray_runtime as rr
+        from pipeline import cli
+        from pipeline.cli import spine
+        from pipeline.errors import PipelineError
+        import functools, time, ray
+        rr._started_local = True                    # as if this command had started a local Ray
+        ray.is_initialized = lambda: True
+        ray.shutdown = lambda *a, **k: time.sleep(600)  # ... whose shutdown hangs
+        rr.shutdown_local_ray = functools.partial(rr.shutdown_local_ray, timeout=1.0)
+        def cmd(args):
+            print("working", flush=True)
+            if {how!r} == "error":
+                raise PipelineError("boom")
+            if {how!r} == "hangup":
+                os.kill(os.getpid(), signal.SIGHUP)
+        spine.cmd_encode = cmd
+        sys.exit(cli.main(["encode", "--corpus", "c", "--out", "o"]))
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == rc, r.stderr
+    assert "did not stop within 1 s" in r.stderr
+    assert "working" in r.stdout and "Traceback" not in r.stderr
+    if how == "error":
+        assert "error: boom" in r.stderr

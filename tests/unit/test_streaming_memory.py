@@ -224,3 +224,17 @@ def test_pid_table_take_equals_indexing(tmp_path):
     assert table.take([3, 0, 1, 2, 1]) == ["last", "a", "bé", "", "bé"] == [table[i] for i in (3, 0, 1, 2, 1)]
     with pytest.raises(IndexError):
         table.take([4])
+
+
+def test_passage_store_looks_texts_up_by_pid(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.data.corpus import PassageStore
+    from pipeline.data.ingest import ingest
+
+    (tmp_path / "c.tsv").write_text("b\tsecond\na\tfirst\né\tthird\nzz9\tfourth\n10\tfifth\n")
+    ingest([tmp_path / "c.tsv"], "msmarco", tmp_path / "corpus", variant="custom", progress=False)
+    store = PassageStore(tmp_path / "corpus", pa.array(["a", "é", "10", "10", "nope"]), tmp_path / "s.arrow")
+    assert len(store) == 3 and store.missing.to_pylist() == ["nope"]
+    assert store.get(["é", "a", "nope", "10", "a", "b"]) == ["third", "first", None, "fifth", "first", None]
+    assert store.get([]) == []

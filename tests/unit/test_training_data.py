@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 from pathlib import Path
 
@@ -347,3 +348,23 @@ def test_qrels_examples_memory_does_not_grow_with_run_depth_or_corpus_size(tmp_p
     small = build("small", depth=20, n_p=3_000)
     big = build("big", depth=200, n_p=30_000)  # 10x the run's lines, 10x the corpus
     assert big < 1.5 * small, (small, big)
+
+
+def test_examples_built_in_a_child_process_equal_the_in_process_ones(corpus, tmp_path):
+    """data.build_apart: the child's examples are the same files; its errors are raised here as they are."""
+    from pipeline.errors import InputError
+    from pipeline.train.config import load_train_config
+    from pipeline.train.trainer import _build_apart, _build_examples_in_child
+
+    job = load_train_config(None, [f"data.corpus={corpus['dir']}", f"data.queries={corpus['queries']}",
+                                   f"data.qrels={corpus['qrels']}", f"data.negatives_run={corpus['run']}",
+                                   "data.negatives_depth=4", "loss.name=dpr", "train.name=x"])
+    assert not _build_apart(job.data)  # a few bytes of sources: built in this process
+    assert _build_apart(replace(job.data, build_apart="yes")) and not _build_apart(replace(job.data, build_apart="no"))
+    here = build_examples(job.data, tmp_path / "here", progress=False)
+    there = _build_examples_in_child(job, tmp_path / "there", progress=False)
+    assert there["digest"] == here["digest"] and there["examples"] == here["examples"] == 3
+    bad = replace(job, data=replace(job.data, qrels=str(tmp_path / "missing.trec")))
+    with pytest.raises(InputError, match="missing.trec: file not found"):
+        _build_examples_in_child(bad, tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".build-*"))

@@ -81,6 +81,9 @@ class Method:
     sections: dict = {}
     # whether the loop may swap in versioned negatives from a provider (ANCE-style)
     uses_negatives_provider: bool = False
+    # build_examples depends on (job, out_dir) only and writes everything it makes to out_dir, so
+    # the trainer may run it in a child process (data.build_apart) whose memory is gone before training
+    builds_apart: bool = False
 
     # ---- examples -----------------------------------------------------------------
     def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:

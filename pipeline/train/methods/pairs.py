@@ -33,6 +33,7 @@ class PairMethod(Method):
 
     terms = ("nll",)
     uses_negatives_provider = True
+    builds_apart = True
 
     def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:
         return build_examples(job.data, out_dir, progress=progress)

@@ -162,6 +162,7 @@ class RCL(PairMethod):
     terms = ("cl", "entropy", "regulator")
     sections = {"rcl": RCLSettings}
     uses_negatives_provider = False
+    builds_apart = False  # its STS pairs setting reads more than job.data
 
     def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:
         """`rcl.pairs` (the STS setting's sentence pairs, less the dev share) or DPR's sources."""
