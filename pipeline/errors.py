@@ -43,3 +43,10 @@ def worker_error(e: BaseException) -> PipelineError | None:
     # Ray does not pickle __cause__: the worker's error survives only in the message text
     found = re.findall(r"pipeline\.errors\.\w+: ([^\n]+)", str(e))
     return PipelineError(found[-1].strip()) if found else None
+
+
+def worker_os_error(e: BaseException) -> str | None:
+    """`[Errno 28] No space left on device` when a worker's OSError is what Ray hands the driver
+    (its message text: Ray does not pickle the chain), else None."""
+    found = re.findall(r"OSError: (\[Errno \d+\] [^\n]+)", str(e))
+    return found[-1].strip() if found else None

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
-from ..errors import PipelineError, ResourceError, worker_error
+from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
 from ..storage import RemotePath
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, layout_matches, location, plan_part, remove_shard,
@@ -288,7 +288,7 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
     with warnings.catch_warnings():  # Ray 2.60 deprecates the remote-args hook, with no named max_restarts yet
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
         ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors)
-    failure = _collect(ds, todo_rows, enc.show_progress)
+    failure = _collect(ds, todo_rows, enc.show_progress, out_dir)
     if failure is not None:
         raise failure  # (the actor that raised has left: ShardEncoder.__call__)
 
@@ -350,7 +350,7 @@ def _report_shard(name: str, rows: int) -> None:
     """Called on the driver as each shard's receipt arrives (the shard is already on disk)."""
 
 
-def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
+def _collect(ds, todo_rows: int, show_progress: bool, out_dir=None) -> PipelineError | None:
     """Drain the receipts: a name and a row count per shard, never vectors. A worker's
     PipelineError is returned, made outside the exception handler (no context chaining Ray's error)."""
     from tqdm import tqdm
@@ -370,6 +370,12 @@ def _collect(ds, todo_rows: int, show_progress: bool) -> PipelineError | None:
                 bar.update(int(rows))
     except Exception as e:  # a worker's PipelineError arrives wrapped by Ray: surface its message
         failure = worker_error(e)
+        if failure is None and (os_error := worker_os_error(e)) is not None:
+            # e.g. the disk filled: every shard written before is complete and kept (markers last)
+            kept = len(completed_shards(out_dir)) if out_dir is not None else 0
+            failure = PipelineError(f"{out_dir}: writing embedding shards failed: {os_error}; the {kept} shard(s) "
+                                    "finished before are kept: make room (or fix the folder) and run encode again "
+                                    "to encode the rest")
         if failure is None:
             raise
     finally:

@@ -170,7 +170,6 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     any work starts, and an existing index stays readable until the new one is complete.
     """
     import psutil
-    from tqdm import tqdm
 
     faiss = _faiss()
     out_loc = location(out_dir)
@@ -226,6 +225,22 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             print(f"[index] {cfg.factory} cannot run on GPU ({str(e).splitlines()[0]}); building on CPU", flush=True)
             on_gpu, work = False, index
     del sample, probe
+    try:
+        info = _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu, n_total, dim, per_vec, meta, t0, progress)
+    except OSError as e:  # the disk filled (or vanished) while the pids or metadata were written
+        raise OutputError(f"{out_dir}: cannot write the index ({e.strerror or e}); nothing was written"
+                          + (", the existing index is kept" if Path(out_dir).exists() else "")) from None
+    if progress:
+        print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
+              f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
+    return info
+
+
+def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int, dim: int, per_vec: float,
+                 meta: dict, t0: float, progress: bool) -> dict:
+    """Add every shard to `work` (batch by batch) and write the index folder atomically."""
+    from tqdm import tqdm
+
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         bar = tqdm(total=n_total, unit="vec", desc="index", disable=not progress, mininterval=2.0)
@@ -240,7 +255,11 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
         if work.ntotal != n_total:
             raise InputError(emb_dir, None, f"shards hold {work.ntotal} vectors, the manifest says {n_total}")
         final = faiss.index_gpu_to_cpu(work) if on_gpu else work
-        faiss.write_index(final, str(tmp / INDEX_FILE))
+        try:
+            faiss.write_index(final, str(tmp / INDEX_FILE))
+        except RuntimeError as e:  # e.g. the disk is full: a message, not FAISS's C++ trace
+            raise OutputError(f"{out_dir}: cannot write the index ({_faiss_reason(e)}); nothing was written"
+                              + (", the existing index is kept" if Path(out_dir).exists() else "")) from None
         info = {
             "factory": cfg.factory, "metric": cfg.metric, "ntotal": int(final.ntotal), "dim": dim,
             "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
@@ -249,9 +268,6 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
                                         "precision")},
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    if progress:
-        print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
-              f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
     return info
 
 

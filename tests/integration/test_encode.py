@@ -199,3 +199,37 @@ def test_a_part_changed_under_the_run_is_an_error_not_a_wrong_shard(ray_session,
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], \
         f"30 s after the failed encode its actors still hold CPUs: {ray.available_resources()}"
     assert not json.loads((emb / "embeddings.json").read_text())["complete"]
+
+
+def test_a_disk_that_fills_keeps_the_finished_shards_and_the_rerun_resumes(
+        ray_session, tiny_model_dir, collection, tmp_path, monkeypatch):
+    """Encoding into a small tmpfs: a clear error when it fills, every finished shard kept (and
+    complete), and once there is room the re-run reuses them and encodes only the rest."""
+    import subprocess
+
+    from pipeline.errors import PipelineError
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    # 300 x 32 float32 = 38 KB of vectors + ids + markers: 24 KB fills part way
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        corpus, emb = tmp_path / "corpus", mnt / "emb"
+        ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
+        cfg = _cfg(tiny_model_dir, "encode.num_actors=1", "encode.cpus_per_actor=1", "encode.shard_rows=20")
+        with pytest.raises(PipelineError, match="No space left on device") as e:
+            encode_corpus(corpus, emb, cfg)
+        assert "Traceback" not in str(e.value)
+        kept = completed_shards(emb)
+        assert kept, "no shard finished before the disk filled: make the tmpfs bigger"
+        assert not (emb / "embeddings.json").exists() or not json.loads((emb / "embeddings.json").read_text()).get(
+            "complete")
+        subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
+        found = watch_resume(monkeypatch)
+        encode_corpus(corpus, emb, cfg)
+        assert set(found) == set(kept) and json.loads((emb / "embeddings.json").read_text())["complete"]
+        pids = _all_pids(emb)
+        assert len(pids) == len(set(pids)) == N
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -238,3 +238,61 @@ def test_passage_store_looks_texts_up_by_pid(tmp_path):
     assert len(store) == 3 and store.missing.to_pylist() == ["nope"]
     assert store.get(["é", "a", "nope", "10", "a", "b"]) == ["third", "first", None, "fifth", "first", None]
     assert store.get([]) == []
+
+
+def test_a_full_disk_during_the_index_build_is_a_message_and_keeps_the_old_index(tmp_path, monkeypatch):
+    import errno
+
+    import pipeline.index.faiss_index as fi
+    from pipeline.config import IndexConfig
+    from pipeline.io_utils import OutputError
+
+    emb = _corpus_with_vectors(tmp_path, 2_000, 500)
+    out = tmp_path / "idx"
+    fi.build_index(emb, out, IndexConfig(), progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_write = fi._faiss().write_index
+
+    def full(*args):  # what FAISS raises when the disk fills under it (writing the index file)
+        real_write(*args)
+        if not (len(args) == 2 and str(args[1]).endswith("index.faiss")):
+            return  # serialize_index (the size estimate) writes through it too
+        raise RuntimeError("Error in void faiss::write_index(...) at index_write.cpp:499: Error: 'ret == "
+                           "(size * 4)' failed: write error in x: 1 != 2 (No space left on device)")
+
+    monkeypatch.setattr(fi._faiss(), "write_index", full)
+    with pytest.raises(OutputError, match=r"cannot write the index \(.*No space left on device\)+; nothing was "
+                                          r"written, the existing index is kept"):
+        fi.build_index(emb, out, IndexConfig(), progress=False, overwrite=True)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+    def no_space(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fi, "_write_index", no_space)
+    with pytest.raises(OutputError, match=r"cannot write the index \(No space left on device\)"):
+        fi.build_index(emb, tmp_path / "new", IndexConfig(), progress=False)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_real_full_disk_leaves_nothing(tmp_path):
+    """The same on a 300 KB tmpfs (root only: skipped where mounting is not allowed)."""
+    import subprocess
+
+    import pipeline.index.faiss_index as fi
+    from pipeline.config import IndexConfig
+    from pipeline.io_utils import OutputError
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        emb = _corpus_with_vectors(tmp_path, 5_000, 1_000)  # 5,000 x 16 float32 = 320 KB of index
+        with pytest.raises(OutputError, match="No space left on device"):
+            fi.build_index(emb, mnt / "idx", IndexConfig(), progress=False)
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
