@@ -372,9 +372,11 @@ def fmt_s(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def report(rows: list[dict], train: list[dict], ance: dict | None, args) -> str:
-    out = ["# Scale bench\n", f"{cpu_line()}; {round(__import__('psutil').virtual_memory().total / 2**30)} GiB RAM.",
-           f"Command: `python bench/scale.py {' '.join(sys.argv[1:])}`; tiny random BERT "
+def report(rows: list[dict], train: list[dict], ance: dict | None, args, command: str | None = None,
+           cpu: str | None = None) -> str:
+    command = command or "python bench/scale.py " + " ".join(sys.argv[1:])
+    out = ["# Scale bench\n", f"{cpu or cpu_line()}; {round(__import__('psutil').virtual_memory().total / 2**30)} GiB RAM.",
+           f"Command: `{command}`; tiny random BERT "
            f"(hidden 32, 2 layers); {args.queries:,} queries, top {args.top_k}.\n"]
     fits = {}
     for fmt in dict.fromkeys(r["format"] for r in rows):
@@ -486,8 +488,7 @@ def main() -> None:
         data = json.loads(Path(args.from_json).read_text())
         out = Path(args.out)
         args.queries, args.top_k = data["queries"], data["top_k"]
-        sys.argv = ["bench/scale.py"] + data["command"].split()[2:]
-        text, _ = report(data["stages"], data["training"], data["ance"], args)
+        text, _ = report(data["stages"], data["training"], data["ance"], args, data["command"], data.get("cpu"))
         (out / "scale.md").write_text(text + "\n")
         if data["stages"]:
             plot(data["stages"], out / "scale.png")
