@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent('''
         received = []
         real_collect = encode_mod._collect
 
-        def spy_collect(ds, todo_rows, show_progress):
+        def spy_collect(ds, todo_rows, show_progress, *rest):
             original = ds.iter_batches
 
             def iter_batches(*a, **k):
@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent('''
                     yield batch
 
             ds.iter_batches = iter_batches
-            return real_collect(ds, todo_rows, show_progress)
+            return real_collect(ds, todo_rows, show_progress, *rest)
 
         encode_mod._collect = spy_collect
         cfg = load_config(None, [f"model.name_or_path={model}", "model.pooling=mean", "encode.num_actors=2",
