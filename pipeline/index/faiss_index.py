@@ -192,12 +192,16 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
                           f"use at most IVF{max(1, n_total // 39)}, or Flat")
     sample = None
     if not index.is_trained:
-        sample = _sample(emb_dir, n_total, cfg.train_sample)
+        # FAISS wants 39 training vectors a list (and warns on stderr otherwise): the sample grows to
+        # that when index.train_sample is smaller, still bounded by the list count, never by N
+        want = max(cfg.train_sample, min(n_total, 39 * nlist)) if nlist else cfg.train_sample
+        sample = _sample(emb_dir, n_total, want)
         if nlist and len(sample) < nlist:
             raise ConfigError(f"index.factory={cfg.factory!r}: {nlist:,} lists but index.train_sample="
                               f"{cfg.train_sample:,} training vectors; raise index.train_sample to at least {nlist:,}")
         if progress:
-            print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors", flush=True)
+            raised = f" (index.train_sample={cfg.train_sample:,} raised to 39 a list)" if want > cfg.train_sample else ""
+            print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors{raised}", flush=True)
         try:
             index.train(sample)
         except RuntimeError as e:
