@@ -81,6 +81,20 @@ def watch_resume(monkeypatch) -> dict:
     return found
 
 
+def assert_cpus_freed(within: float = 30.0) -> None:
+    """Every CPU of the session's Ray is free again within `within` s: a failed run's actors left
+    (else the next encode's pool can never be placed and waits for them forever)."""
+    import time
+
+    import ray
+
+    deadline = time.time() + within
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], \
+        f"{within:.0f} s after the failed encode its actors still hold CPUs: {ray.available_resources()}"
+
+
 def random_embeddings(corpus: Path, out: Path, shard_rows: int = 4, dim: int = 8, seed: int = 0) -> Path:
     """Shards (`shard_rows` per shard) of seeded random float32 vectors for every passage of the
     ingested `corpus`, and a complete embeddings.json naming a made-up model."""

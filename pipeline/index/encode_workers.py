@@ -164,10 +164,11 @@ class ShardEncoder:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             return self._encode(batch)
-        except PipelineError:
-            # The run stops on this error; this actor leaves (its CPUs or GPU with it) once the
-            # error is on its way to the driver, so nothing a caller keeps of the failed run can
-            # hold it (actors are not restarted: `max_restarts=0`, a re-run resumes instead)
+        except Exception:
+            # Any error stops the run (Ray Data does not retry a task's own exception): this actor
+            # leaves (its CPUs or GPU with it) once the error is on its way to the driver, so nothing
+            # a caller keeps of the failed run can hold it: a PipelineError, or an OSError such as a
+            # full disk (actors are not restarted: `max_restarts=0`, a re-run resumes instead)
             import threading
 
             threading.Timer(2.0, os._exit, args=(0,)).start()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import SimulatedKill, kill_after, random_collection, watch_resume
+from fixtures import SimulatedKill, assert_cpus_freed, kill_after, random_collection, watch_resume
 
 from pipeline.config import load_config
 from pipeline.data.ingest import ingest
@@ -189,15 +189,7 @@ def test_a_part_changed_under_the_run_is_an_error_not_a_wrong_shard(ray_session,
     # the error chains nothing of Ray's: a caller keeping it (as `info` does) does not keep the
     # actor pool alive, and every CPU is free again for the next encode
     assert info.value.__context__ is None and info.value.__cause__ is None
-    import time
-
-    import ray
-
-    deadline = time.time() + 30
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], \
-        f"30 s after the failed encode its actors still hold CPUs: {ray.available_resources()}"
+    assert_cpus_freed()
     assert not json.loads((emb / "embeddings.json").read_text())["complete"]
 
 
@@ -221,6 +213,8 @@ def test_a_disk_that_fills_keeps_the_finished_shards_and_the_rerun_resumes(
         with pytest.raises(PipelineError, match="No space left on device") as e:
             encode_corpus(corpus, emb, cfg)
         assert "Traceback" not in str(e.value)
+        # the actor that hit the full disk left, though `e` (and its traceback) is kept
+        assert_cpus_freed()
         kept = completed_shards(emb)
         assert kept, "no shard finished before the disk filled: make the tmpfs bigger"
         assert not (emb / "embeddings.json").exists() or not json.loads((emb / "embeddings.json").read_text()).get(
