@@ -17,6 +17,14 @@ import sys
 import pytest
 
 
+def terminal_signals() -> None:
+    """preexec_fn: the child gets SIGINT and SIGHUP as a terminal's foreground process does. A test
+    run started in the background (`make test &`, nohup, a CI runner) has them ignored, children
+    inherit that, and the CLI rightly keeps an ignored signal ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

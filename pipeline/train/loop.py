@@ -419,6 +419,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             if b_idx < skip:
                 continue  # trained before the checkpoint we resumed from
             if tc.fail_at_step and step + 1 == tc.fail_at_step and not fail_marker.exists():
+                # a failure between steps: every rank's last report is done (rank 0's checkpoint upload
+                # too) before any rank raises, else a fast rank kills the group mid-upload
+                _barrier(world)
                 if rank == 0:
                     fail_marker.touch()
                 raise RuntimeError(f"simulated failure at step {step + 1} (train.fail_at_step)")

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from listening import cmdline, is_loopback, listening
+from subprocs import terminal_signals
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,11 +60,10 @@ def start_driver(tmp_path: Path, sleep: float, mode: str = "cli", dashboard: boo
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # init_ray must set it itself
     temp = Path("/tmp") / f"rayt-{os.getpid()}-{time.monotonic_ns() % 10**6}"  # short: unix socket paths
-    # a terminal's hangup, not nohup's: under `nohup make test` SIGHUP is ignored and children inherit
-    # that, and the CLI rightly keeps an ignored SIGHUP ignored (`_exit_on_hangup`)
+    # a terminal's Ctrl-C and hangup, not a background job's (`terminal_signals`)
     p = subprocess.Popen([sys.executable, str(script), str(sleep), mode, str(temp), "dash" if dashboard else "x"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                         preexec_fn=terminal_signals)
     line = p.stdout.readline().strip()
     if line != "ready":
         p.kill()

@@ -128,7 +128,10 @@ def test_the_cli_exits_with_its_status_when_ray_will_not_stop(tmp_path, how, rc)
         spine.cmd_encode = cmd
         sys.exit(cli.main(["encode", "--corpus", "c", "--out", "o"]))
     """))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    from subprocs import terminal_signals
+
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=terminal_signals)
     assert r.returncode == rc, r.stderr
     assert "did not stop within 1 s" in r.stderr
     assert "working" in r.stdout and "Traceback" not in r.stderr
