@@ -30,6 +30,23 @@ def sink(fn: Callable[[dict], None] | None, every: float = EVERY):
         _local.state = old
 
 
+def inherit() -> Callable[[], contextlib.AbstractContextManager]:
+    """For work another thread does on this thread's behalf (e.g. reading ahead of it): a context
+    manager that installs this thread's sink in the thread that enters it."""
+    state = getattr(_local, "state", None)
+
+    @contextlib.contextmanager
+    def installed():
+        old = getattr(_local, "state", None)
+        _local.state = state
+        try:
+            yield
+        finally:
+            _local.state = old
+
+    return installed
+
+
 def update(what: str, done: int, total: int) -> None:
     """`done` of `total` items of `what` (e.g. "encoding passages") are finished."""
     state = getattr(_local, "state", None)

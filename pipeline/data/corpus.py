@@ -82,8 +82,23 @@ class PassageStore:
             return self._table["text"].take(pa.nulls(len(want), pa.int64()))
         pos = np.minimum(np.searchsorted(self._sorted, want), len(self._sorted) - 1)
         found = self._sorted[pos] == want
-        rows = pa.array(self._order[pos], pa.int64(), mask=~found)
-        return self._table["text"].take(rows)
+        return pa.chunked_array([self._gather(self._order[pos].astype(np.int64), found)], pa.string())
+
+    def _gather(self, rows: np.ndarray, found: np.ndarray) -> pa.Array:
+        """The texts at `rows` (null where not `found`), taken chunk by chunk from the mapped file:
+        a ChunkedArray's own take concatenates every chunk first (the whole store, at every call)."""
+        chunks = self._table["text"].chunks
+        starts = np.cumsum([0] + [len(c) for c in chunks])
+        chunk_of = np.searchsorted(starts, rows, side="right") - 1
+        order = np.argsort(chunk_of, kind="stable")
+        bounds = np.searchsorted(chunk_of[order], np.arange(len(chunks) + 1))
+        pieces = [chunks[c].take(pa.array(rows[order[lo:hi]] - starts[c]))
+                  for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+        if not pieces:
+            return pa.nulls(len(rows), pa.string())
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order))
+        return pa.concat_arrays(pieces).take(pa.array(inverse, pa.int64(), mask=~found))
 
     def get(self, pids: list[str]) -> list[str | None]:
         return self.take(pids).to_pylist()

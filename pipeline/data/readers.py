@@ -371,6 +371,8 @@ def read_queries(path: str | Path, fmt: str = "auto") -> Iterator[dict]:
 def _whitespace_rows(path: Path, n: int, layout: str) -> Iterator[tuple[int, list[str]]]:
     """Non-blank lines of a whitespace-separated TREC file, each with exactly n columns."""
     for no, line in iter_lines(path):
+        if no == 1:
+            line = _strip_bom(line)  # else the first id would carry it
         if not line.strip():
             continue
         parts = line.split()

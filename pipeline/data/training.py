@@ -29,11 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..progress import inherit as inherit_progress
 from ..errors import InputError, PipelineError
 from ..io_utils import atomic_path, sha256_file, sha256_files
 from .corpus import PassageStore
 from .manifest import join_title, load_manifest
 from .readers import load_queries, read_qrels, read_run_file
+from .run_table import negatives_by_query
 
 EXAMPLES_META = "examples.json"
 SCHEMA = pa.schema([("idx", pa.int64()), ("qid", pa.string()), ("query", pa.string()),
@@ -239,7 +241,12 @@ def _run_negatives(run: str | Path, positives: dict[str, tuple[str, ...]], judge
                    max_negatives: int) -> dict[str, str]:
     """{qid: tab-joined negative ids}: the run's top `depth` by score (not its rank column, which may
     be 0- or 1-based), minus every judged passage, at most `max_negatives`; for the queries with
-    positives. A run grouped by query is read a query at a time; an interleaved one is read whole."""
+    positives. A plain run (one space between fields, as most tools write) is read column-wise in
+    blocks (`run_table`); any other is read line by line: grouped by query a query at a time, an
+    interleaved one whole."""
+    fast = negatives_by_query(run, positives, judged, depth, max_negatives)
+    if fast is not None:
+        return fast
     negs: dict[str, str] = {}
 
     def close(q: str, lst: list[tuple[float, str]]) -> None:
@@ -335,6 +342,58 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
     return meta
 
 
+def _read_ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """`items`, produced by a thread of their own at most `depth` ahead of the consumer. The
+    producer's error is raised here; a consumer that stops early stops (and closes) the producer."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    on_behalf = inherit_progress()  # the producer's progress goes where the consumer's would
+
+    def produce() -> None:
+        try:
+            with on_behalf():
+                for item in items:
+                    while not stop.is_set():
+                        try:
+                            q.put((item, None), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        break
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put((end, e))
+            return
+        finally:
+            if hasattr(items, "close"):
+                items.close()  # a generator's cleanup (e.g. its scratch folder) runs now
+        q.put((end, None))
+
+    worker = threading.Thread(target=produce, name="examples-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, error = q.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        worker.join()
+
+
 def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
     """Build (or reuse, when the sources are unchanged) the training examples for `data_cfg`."""
     out = Path(out)
@@ -371,7 +430,8 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         examples = qrels_example_tables(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
                                   data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0,
                                   scratch=out.parent)
-    result = write_examples(examples, out, meta, skipped=skipped)
+    # the next batch is gathered while this one is compressed and written (both release the GIL)
+    result = write_examples(_read_ahead(examples), out, meta, skipped=skipped)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""
         print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} -> {out}", flush=True)

@@ -320,9 +320,12 @@ def test_qrels_examples_from_an_interleaved_run_and_in_small_batches_are_the_sam
     assert not list(tmp_path.glob(".passages-*")) and not list(corpus["dir"].parent.glob(".passages-*"))
 
 
-def test_qrels_examples_memory_does_not_grow_with_run_depth_or_corpus_size(tmp_path):
+def test_qrels_examples_memory_does_not_grow_with_run_depth_or_corpus_size(tmp_path, monkeypatch):
     import random
     import tracemalloc
+
+    # the run is read in blocks: make both runs span many, so what grows with the file would show
+    monkeypatch.setattr("pipeline.data.run_table.BLOCK_BYTES", 1 << 15)
 
     rng = random.Random(0)
     n_q = 300
