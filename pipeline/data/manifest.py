@@ -54,6 +54,21 @@ def join_title(title: str, text: str, join: str) -> str:
     return TITLE_JOINS[join].format(title=title, text=text)
 
 
+def join_titles(titles, texts, join: str):
+    """`join_title` over Arrow columns in one pass (no Python string per row): the joined texts."""
+    import pyarrow.compute as pc
+
+    if join == "none":
+        return texts
+    template = TITLE_JOINS[join]
+    sep = template.removeprefix("{title}").removesuffix("{text}")
+    if f"{{title}}{sep}{{text}}" != template:
+        raise PipelineError(f"title join {join!r}: not of the form '{{title}}<separator>{{text}}'")
+    titles = pc.fill_null(titles, "")
+    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(titles)), 0)
+    return pc.if_else(blank, texts, pc.binary_join_element_wise(titles, texts, sep))
+
+
 def fingerprint(manifest: dict) -> str:
     """Identity of the corpus *as encoded*: variant, source bytes, title join, rows."""
     key = {

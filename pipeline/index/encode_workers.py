@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..config import ModelConfig
-from ..data.manifest import join_title
+from ..data.manifest import join_titles
 from ..errors import PipelineError
 from .shards import location, pids_digest, write_shard
 
@@ -63,8 +63,7 @@ def read_texts(spec: dict, title_join: str) -> tuple[list[str], list[str]]:
     table = read_slice(spec["path"], spec["start"], spec["end"])
     pids = [str(p) for p in table.column("pid").to_pylist()]
     _check_pids(spec, pids)
-    texts = [join_title(t, x, title_join)
-             for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+    texts = join_titles(table.column("title"), table.column("text"), title_join).to_pylist()
     return pids, texts
 
 

@@ -93,6 +93,8 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     assert len(done) == 1 and all(f"{k} " in done[0] for k in ("start-up", "training", "validation", "checkpoints",
                                                                "export")), done
     assert set(summary["time_split"]) == {"start-up", "training", "validation", "checkpoints", "export"}
+    # the parts add up to the wall time the line prints (both from the command's start)
+    assert abs(sum(summary["time_split"].values()) - summary["wall_seconds"]) < 1.0, summary["time_split"]
     watch.assert_loopback_only("RayTrainWorker")
     losses = [h["loss"] for h in summary["history"] if "loss" in h]
     assert len(losses) == summary["steps"] == 24

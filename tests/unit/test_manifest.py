@@ -114,3 +114,18 @@ def test_load_manifest_names_an_interrupted_ingest_and_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InputError, match="is a file"):
         load_manifest(tmp_path / "f")
+
+
+@pytest.mark.parametrize("join", ["none", "{title} [SEP] {text}", "{title} {text}"])
+def test_join_titles_over_arrow_equals_join_title_row_by_row(join):
+    """The column-wise join (passage store, encoder actors) gives exactly the row-wise texts, blank
+    and Unicode-whitespace titles included (no dangling separator)."""
+    import pyarrow as pa
+
+    from pipeline.data.manifest import join_title, join_titles
+
+    titles = ["Hamlet", "", " ", "\t", "\u3000", "\u00a0", "\u2028", "\x1c", "\x85", " a ", None, "Ünïcode",
+              "x\u200by", "\u200b", "\ufeff"]
+    texts = [f"text {i}" for i in range(len(titles))]
+    got = join_titles(pa.array(titles, pa.string()), pa.array(texts), join).to_pylist()
+    assert got == [join_title(t or "", x, join) for t, x in zip(titles, texts)]

@@ -240,6 +240,26 @@ def test_passage_store_looks_texts_up_by_pid(tmp_path):
     assert store.get([]) == []
 
 
+def test_passage_store_with_decimal_pids_keys_them_by_value_and_gathers_across_parts(tmp_path):
+    """Decimal pids (MS MARCO, DPR) are looked up by their integer value; an id that only looks
+    like one of them ("007", "+7", "7.0", " 7", one past int64) is not found, and texts come from
+    every corpus part (chunk) in the asked order."""
+    import pyarrow as pa
+
+    from pipeline.data.corpus import PassageStore
+    from pipeline.data.ingest import ingest
+
+    (tmp_path / "c.tsv").write_text("".join(f"{i}\tpassage {i}\n" for i in (0, 7, 70, 9, 123456789012345678, 5, 12)))
+    ingest([tmp_path / "c.tsv"], "msmarco", tmp_path / "corpus", variant="custom", part_rows=2, progress=False)
+    store = PassageStore(tmp_path / "corpus", pa.array(["0", "7", "70", "9", "123456789012345678", "5", "12"]),
+                         tmp_path / "s.arrow")
+    assert store._numeric and store._table["text"].num_chunks > 1
+    asked = ["12", "007", "7", "+7", "7.0", " 7", "0", "9223372036854775808", "123456789012345678", "5", "x", "70"]
+    assert store.get(asked) == ["passage 12", None, "passage 7", None, None, None, "passage 0", None,
+                                "passage 123456789012345678", "passage 5", None, "passage 70"]
+    assert store.take(pa.array(["9", "9"])).to_pylist() == ["passage 9", "passage 9"]
+
+
 def test_a_full_disk_during_the_index_build_is_a_message_and_keeps_the_old_index(tmp_path, monkeypatch):
     import errno
 

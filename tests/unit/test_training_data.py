@@ -365,8 +365,16 @@ def test_examples_built_in_a_child_process_equal_the_in_process_ones(corpus, tmp
     assert not _build_apart(job.data)  # a few bytes of sources: built in this process
     assert _build_apart(replace(job.data, build_apart="yes")) and not _build_apart(replace(job.data, build_apart="no"))
     here = build_examples(job.data, tmp_path / "here", progress=False)
-    there = _build_examples_in_child(job, tmp_path / "there", progress=False)
-    assert there["digest"] == here["digest"] and there["examples"] == here["examples"] == 3
+    meanwhile = []  # what the driver does while the child builds (Ray starts)
+    there = _build_examples_in_child(job, tmp_path / "there", progress=False, meanwhile=lambda: meanwhile.append(1))
+    assert there["digest"] == here["digest"] and there["examples"] == here["examples"] == 3 and meanwhile == [1]
+
+    def fails():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # the driver stops while the child builds: the child stops too
+        _build_examples_in_child(job, tmp_path / "stopped", progress=False, meanwhile=fails)
+    assert not (tmp_path / "stopped").exists() and not list(tmp_path.glob(".build-*"))
     bad = replace(job, data=replace(job.data, qrels=str(tmp_path / "missing.trec")))
     with pytest.raises(InputError, match="missing.trec: file not found"):
         _build_examples_in_child(bad, tmp_path / "bad", progress=False)
