@@ -58,12 +58,15 @@ def join_titles(titles, texts, join: str):
     """`join_title` over Arrow columns in one pass (no Python string per row): the joined texts."""
     import pyarrow.compute as pc
 
+    import pyarrow as pa
+
     if join == "none":
         return texts
-    template = TITLE_JOINS[join]
+    template = TITLE_JOINS.get(join, "")
     sep = template.removeprefix("{title}").removesuffix("{text}")
-    if f"{{title}}{sep}{{text}}" != template:
-        raise PipelineError(f"title join {join!r}: not of the form '{{title}}<separator>{{text}}'")
+    if f"{{title}}{sep}{{text}}" != template:  # another shape: row by row, as join_title does it
+        return pa.array([join_title(t or "", x, join) for t, x in zip(titles.to_pylist(), texts.to_pylist())],
+                        pa.string())
     titles = pc.fill_null(titles, "")
     blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(titles)), 0)
     return pc.if_else(blank, texts, pc.binary_join_element_wise(titles, texts, sep))
