@@ -427,11 +427,12 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
                                      need_negatives=data_cfg.hard_negatives > 0)
     else:
-        examples = qrels_example_tables(data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth,
-                                  data_cfg.rel_level, skipped=skipped, need_negatives=data_cfg.hard_negatives > 0,
-                                  scratch=out.parent)
-    # the next batch is gathered while this one is compressed and written (both release the GIL)
-    result = write_examples(_read_ahead(examples), out, meta, skipped=skipped)
+        # the next batch of 2,000 is gathered while this one is compressed and written (both release
+        # the GIL); DPR JSON comes an example at a time, where a hand-off per item would cost more
+        examples = _read_ahead(qrels_example_tables(
+            data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth, data_cfg.rel_level,
+            skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, scratch=out.parent))
+    result = write_examples(examples, out, meta, skipped=skipped)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""
         print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} -> {out}", flush=True)
