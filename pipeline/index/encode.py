@@ -201,7 +201,12 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     total_rows = manifest["rows"]
     todo_rows = sum(s["end"] - s["start"] for s in todo)
     shape = None
-    if todo:  # refuse a shape that cannot run before anything is written
+    if todo and enc.runner == "local":
+        shape = local_shape(enc)
+        from ..storage import check_writable
+
+        check_writable(out_dir)
+    elif todo:  # refuse a shape that cannot run before anything is written
         from ..ray_runtime import cluster_resources, init_ray
 
         init_ray(cfg.ray)
@@ -216,7 +221,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
-    if todo:
+    if todo and enc.runner == "local":
+        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows)
+    elif todo:
         _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
     markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
     problems = verify_shards(out_dir, specs, total_rows, done=markers, checked=reused)  # reused: checked above
@@ -236,7 +243,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
                "dim": dim, "dtype": dtype, "precision": resolved, "out": str(out_dir)}
     if shape:
         summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
-                       tokenize=resolve_tokenize(enc))
+                       tokenize=resolve_tokenize(enc), runner=enc.runner)
     split = ""
     if todo and _first_shard.get("started"):
         now = time.time()
@@ -246,10 +253,65 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         split = (f" (start-up {summary['startup_seconds']:.1f}s, encoding {summary['encoding_seconds']:.1f}s at "
                  f"{summary['encoding_rows_per_s']:,.0f} rows/s)")
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
+    where = " in this process (encode.runner=local)" if todo and enc.runner == "local" else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
-          f"({todo_rows:,} encoded now, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
+          f"({todo_rows:,} encoded now{where}, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
           f"dim {dim} {dtype}, computed in {resolved} (encode.precision={enc.precision}) -> {out_dir}", flush=True)
     return summary
+
+
+def local_shape(enc: EncodeConfig) -> tuple[int, float, int]:
+    """(1 encoder, its CPUs, torch threads) for encode.runner=local; ConfigError for what only the
+    Ray runner does (several actors, GPU actors, a tokenising stage)."""
+    import os
+
+    from ..errors import ConfigError
+
+    asked = [k for k, bad in (("encode.num_actors", (enc.num_actors or 1) > 1),
+                              ("encode.gpus_per_actor", enc.gpus_per_actor > 0),
+                              ("encode.tokenize=stage", enc.tokenize == "stage")) if bad]
+    if asked:
+        raise ConfigError(f"encode.runner=local runs one encoder in this process; {', '.join(asked)} "
+                          "need encode.runner=ray")
+    cpus = enc.cpus_per_actor or float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                       else os.cpu_count() or 1)
+    return 1, cpus, enc.torch_threads or max(1, int(cpus + 0.5))
+
+
+def _disk_error(out_dir, os_error: str) -> PipelineError:
+    """A shard write that failed (e.g. the disk filled): every shard written before is complete and
+    kept (markers last), and a re-run encodes the rest."""
+    kept = len(completed_shards(out_dir)) if out_dir is not None else 0
+    return PipelineError(f"{out_dir}: writing embedding shards failed: {os_error}; the {kept} shard(s) "
+                         "finished before are kept: make room (or fix the folder) and run encode again "
+                         "to encode the rest")
+
+
+def _run_local(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
+               enc: EncodeConfig, threads: int, todo_rows: int) -> None:
+    """encode.runner=local: the actors' own ShardEncoder in this process, shard after shard (no Ray
+    start, no actor start, the receipts as the Ray runner's)."""
+    import numpy as np
+    from tqdm import tqdm
+
+    encoder = ShardEncoder(asdict(model_cfg), title_join, threads, enc.precision, enc.batch_size, dtype,
+                           str(out_dir))
+    bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not enc.show_progress, smoothing=0.1,
+               mininterval=2.0)
+    _first_shard.clear()
+    try:
+        for spec in todo:
+            batch = {k: np.array([spec[k]], dtype=object) for k in SPEC_KEYS}
+            try:
+                receipt = encoder._encode(batch)  # not __call__: that one ends a failed actor's process
+            except OSError as e:
+                raise _disk_error(out_dir, f"[Errno {e.errno}] {e.strerror or e}") from None
+            if not _first_shard:
+                _first_shard["started"] = time.time() - float(receipt["seconds"][0])
+            _report_shard(str(receipt["name"][0]), int(receipt["rows"][0]))
+            bar.update(int(receipt["rows"][0]))
+    finally:
+        bar.close()
 
 
 def _check_output_writable(out_dir) -> None:
@@ -371,11 +433,7 @@ def _collect(ds, todo_rows: int, show_progress: bool, out_dir=None) -> PipelineE
     except Exception as e:  # a worker's PipelineError arrives wrapped by Ray: surface its message
         failure = worker_error(e)
         if failure is None and (os_error := worker_os_error(e)) is not None:
-            # e.g. the disk filled: every shard written before is complete and kept (markers last)
-            kept = len(completed_shards(out_dir)) if out_dir is not None else 0
-            failure = PipelineError(f"{out_dir}: writing embedding shards failed: {os_error}; the {kept} shard(s) "
-                                    "finished before are kept: make room (or fix the folder) and run encode again "
-                                    "to encode the rest")
+            failure = _disk_error(out_dir, os_error)
         if failure is None:
             raise
     finally:

@@ -227,3 +227,45 @@ def test_a_disk_that_fills_keeps_the_finished_shards_and_the_rerun_resumes(
         assert len(pids) == len(set(pids)) == N
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_the_local_runner_writes_the_ray_runners_shards_and_resumes_exactly_after_a_kill(
+        ray_session, tiny_model_dir, collection, tmp_path, monkeypatch):
+    """encode.runner=local: one encoder in this process (no Ray start, no actor) writes the shards
+    the Ray runner writes (same names, ids and vectors), and a killed local run resumes with exactly
+    the shards complete at the kill (nothing runs on after it) and encodes only the rest."""
+    import numpy as np
+
+    corpus = tmp_path / "corpus"
+    ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
+    shards = "encode.shard_rows=40"
+    by_ray = encode_corpus(corpus, tmp_path / "ray", _cfg(tiny_model_dir, shards, "encode.num_actors=1",
+                                                          "encode.cpus_per_actor=1"))
+    cfg = _cfg(tiny_model_dir, shards, "encode.runner=local", "encode.torch_threads=1")
+    kill_after(monkeypatch, 3)
+    with pytest.raises(SimulatedKill):
+        encode_corpus(corpus, tmp_path / "local", cfg)
+    kept = completed_shards(tmp_path / "local")
+    assert len(kept) == 3
+    monkeypatch.setattr(encode_mod, "_report_shard", lambda name, rows: None)
+    found = watch_resume(monkeypatch)
+    local = encode_corpus(corpus, tmp_path / "local", cfg)
+    assert set(found) == set(kept) and local["reused_shards"] == 3 and local["runner"] == "local"
+    assert local["encoded"] == N - sum(m["rows"] for m in kept.values()) and local["startup_seconds"] >= 0
+    assert by_ray["runner"] == "ray" and local["shards"] == by_ray["shards"]
+    assert _all_pids(tmp_path / "local") == _all_pids(tmp_path / "ray")
+    va = np.concatenate([v for _, v in iter_shards(tmp_path / "ray")])
+    vb = np.concatenate([v for _, v in iter_shards(tmp_path / "local")])
+    np.testing.assert_allclose(va, vb, rtol=0, atol=1e-6)
+    assert set(completed_shards(tmp_path / "local")) == set(completed_shards(tmp_path / "ray"))
+
+
+def test_the_local_runner_refuses_what_only_ray_does(tiny_model_dir, collection, tmp_path):
+    from pipeline.errors import ConfigError
+
+    corpus = tmp_path / "corpus"
+    ingest([collection], "msmarco", corpus, progress=False)
+    for extra in ("encode.num_actors=2", "encode.gpus_per_actor=1", "encode.tokenize=stage"):
+        with pytest.raises(ConfigError, match=f"{extra.split('=')[0]}.*need encode.runner=ray"):
+            encode_corpus(corpus, tmp_path / "emb", _cfg(tiny_model_dir, "encode.runner=local", extra))
+        assert not (tmp_path / "emb").exists()
