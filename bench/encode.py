@@ -77,6 +77,27 @@ def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int
     return summary
 
 
+# sentence-transformers as a user runs it: a whole process that loads the model and encodes the texts
+ST_PROCESS = ("import json, sys, torch; torch.set_num_threads(int(sys.argv[3])); "
+              "from sentence_transformers import SentenceTransformer; "
+              "m = SentenceTransformer(sys.argv[1], device='cpu'); m.max_seq_length = int(sys.argv[4]); "
+              "m.encode(json.load(open(sys.argv[2])), batch_size=int(sys.argv[5]))")
+
+
+def whole_process(argv: list[str]) -> tuple[float, str]:
+    """Wall time of a command from its start to its exit (Python start, imports, Ray or not, the
+    model load, the work), and its last line."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if r.returncode:
+        raise SystemExit(f"{' '.join(argv[:6])} ... failed (exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    return wall, lines[-1] if lines else ""
+
+
 def _ray_pss() -> int:
     """Proportional set size of every Ray process: shared object-store pages counted once."""
     import psutil
@@ -254,9 +275,31 @@ def throughput(args, tmp: Path) -> None:
     ray.shutdown()
     del st
 
+    # whole processes, as users run them (the rows above start timing with the model loaded and,
+    # for `pipeline encode`, Ray already up): sentence-transformers vs the CLI with each runner
+    texts_file = tmp / "texts.json"
+    texts_file.write_text(json.dumps(texts))
+    st_wall, _ = whole_process([sys.executable, "-c", ST_PROCESS, str(resolve_model_path(args.model)),
+                                str(texts_file), str(T), str(L), str(B)])
+    keep_best("sentence-transformers fp32 (whole process)", n / st_wall)
+    for prec in ("fp32", "auto"):
+        for runner in ("local", "ray"):
+            wall, line = whole_process(
+                [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out",
+                 str(tmp / f"cli-{prec}-{runner}"), "--model", args.model, f"model.doc_max_length={L}",
+                 f"encode.batch_size={B}", f"encode.torch_threads={T}", f"encode.precision={prec}",
+                 f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}", "encode.show_progress=false"])
+            label = f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''} runner={runner} (whole process)"
+            keep_best(label, n / wall)
+            split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
+            print(f"{label}: {wall:.1f}s {split}", flush=True)
+
     base = rates["sentence-transformers fp32"]
+    whole = rates["sentence-transformers fp32 (whole process)"]
     for label, rate in rates.items():
-        print(f"{label:52s} {rate:8.1f} psg/s   {rate / base:5.2f}x sentence-transformers fp32", flush=True)
+        ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
+        print(f"{label:72s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})",
+              flush=True)
     for tok, shape in shapes.items():
         print(f"(pipeline encode tokenize={tok}: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
               f"{shape['torch_threads']} threads; precisions used {shape['precisions']}"

@@ -110,8 +110,10 @@ class EncodeConfig:
     object_store_budget_mb: int = 512
     # Who encodes: ray = Ray Data's pool of encoder actors (any cluster); local = one encoder in
     # this process, shard after shard, same shards, markers and resume, without starting Ray or
-    # an actor (start-up ~3 s instead of ~11 s on a 2-core machine; no GPU actors, no stage).
-    runner: Literal["ray", "local"] = "ray"
+    # an actor (start-up ~3 s instead of ~11 s on a 2-core machine; no GPU, no stage, one encoder);
+    # auto = local when nothing asks for Ray (no ray.address / RAY_ADDRESS, Ray not running in this
+    # process, one CPU encoder, no tokenising stage, no CUDA device), else ray.
+    runner: Literal["auto", "ray", "local"] = "auto"
 
     def __post_init__(self):
         _check_min("encode", self, 1, "num_actors", optional=True)

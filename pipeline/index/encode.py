@@ -201,7 +201,8 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     total_rows = manifest["rows"]
     todo_rows = sum(s["end"] - s["start"] for s in todo)
     shape = None
-    if todo and enc.runner == "local":
+    runner = resolve_runner(enc, cfg.ray)
+    if todo and runner == "local":
         shape = local_shape(enc)
         from ..storage import check_writable
 
@@ -221,7 +222,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
-    if todo and enc.runner == "local":
+    if todo and runner == "local":
         _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows)
     elif todo:
         _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
@@ -243,7 +244,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
                "dim": dim, "dtype": dtype, "precision": resolved, "out": str(out_dir)}
     if shape:
         summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
-                       tokenize=resolve_tokenize(enc), runner=enc.runner)
+                       tokenize=resolve_tokenize(enc), runner=runner)
     split = ""
     if todo and _first_shard.get("started"):
         now = time.time()
@@ -253,11 +254,28 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         split = (f" (start-up {summary['startup_seconds']:.1f}s, encoding {summary['encoding_seconds']:.1f}s at "
                  f"{summary['encoding_rows_per_s']:,.0f} rows/s)")
     rate = f", {summary['rows_per_s']:,.0f} rows/s" if summary["rows_per_s"] else ""
-    where = " in this process (encode.runner=local)" if todo and enc.runner == "local" else ""
+    where = " in this process, no Ray (encode.runner=local)" if todo and runner == "local" else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
           f"({todo_rows:,} encoded now{where}, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
           f"dim {dim} {dtype}, computed in {resolved} (encode.precision={enc.precision}) -> {out_dir}", flush=True)
     return summary
+
+
+def resolve_runner(enc: EncodeConfig, ray_cfg) -> str:
+    """`ray` or `local` (see EncodeConfig.runner): auto = local unless something asks for Ray."""
+    import os
+    import sys
+
+    if enc.runner != "auto":
+        return enc.runner
+    ray = sys.modules.get("ray")
+    if (ray is not None and ray.is_initialized()) or ray_cfg.address or os.environ.get("RAY_ADDRESS"):
+        return "ray"  # a cluster, a job on one, or a Ray this process already runs (Tune, a recipe)
+    if (enc.num_actors or 1) > 1 or enc.gpus_per_actor > 0 or enc.tokenize == "stage":
+        return "ray"
+    import torch
+
+    return "ray" if torch.cuda.is_available() else "local"
 
 
 def local_shape(enc: EncodeConfig) -> tuple[int, float, int]:

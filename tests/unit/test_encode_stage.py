@@ -223,3 +223,36 @@ def test_an_encoder_built_outside_ray_starts_no_ray(tiny_dir, tmp_path):
     enc = ShardEncoder({"name_or_path": str(tiny_dir), "pooling": "mean", "normalize": True}, " ", 1, "fp32", 4,
                        "float32", str(tmp_path))
     assert enc.node is None and not ray.is_initialized()
+
+
+def test_the_runner_is_local_unless_something_asks_for_ray(monkeypatch):
+    """encode.runner=auto: one CPU encoder in the command's own process, unless a cluster (ray.address,
+    RAY_ADDRESS), a Ray already running here (Tune, recipes), several or GPU actors, a tokenising stage
+    or a CUDA device asks for Ray; an explicit runner is kept."""
+    import sys
+    import types
+
+    import torch
+
+    from pipeline.config import EncodeConfig, RayConfig
+    from pipeline.index.encode import resolve_runner
+
+    running = types.SimpleNamespace(is_initialized=lambda: False)
+    monkeypatch.setitem(sys.modules, "ray", running)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    auto, ray_cfg = EncodeConfig(), RayConfig()
+    assert resolve_runner(auto, ray_cfg) == "local"
+    assert resolve_runner(EncodeConfig(runner="ray"), ray_cfg) == "ray"
+    assert resolve_runner(auto, RayConfig(address="auto")) == "ray"
+    for enc in (EncodeConfig(num_actors=2), EncodeConfig(gpus_per_actor=1), EncodeConfig(tokenize="stage")):
+        assert resolve_runner(enc, ray_cfg) == "ray"
+    assert resolve_runner(EncodeConfig(num_actors=1, cpus_per_actor=1), ray_cfg) == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert resolve_runner(auto, ray_cfg) == "ray"
+    monkeypatch.delenv("RAY_ADDRESS")
+    running.is_initialized = lambda: True
+    assert resolve_runner(auto, ray_cfg) == "ray"
+    running.is_initialized = lambda: False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_runner(auto, ray_cfg) == "ray"
