@@ -203,7 +203,7 @@ def ndcg10(corpus: Path, model, pids: list[str], docs, precision: str, tmp: Path
     from pipeline.config import load_config
     from pipeline.data.readers import load_queries
     from pipeline.eval.metrics import evaluate_files
-    from pipeline.index.retrieve import write_run
+    from pipeline.eval.runs import write_run
 
     qrels = corpus / "qrels" / f"{split}.trec"
     if not qrels.exists() or not (corpus / "queries.tsv").exists():
