@@ -54,15 +54,16 @@ def model_identity(model_cfg: ModelConfig) -> dict:
             "doc_prefix": model_cfg.doc_prefix, "doc_max_length": model_cfg.doc_max_length}
 
 
-def _resolved_model_cfg(model_cfg: ModelConfig, title_join: str = " ") -> tuple[ModelConfig, int, TokenizeSpec]:
-    """Fill pooling/normalize/lengths from the model directory so every actor agrees; the
-    document tokenizer as the tokenising stage gets it."""
+def _resolved_model_cfg(model_cfg: ModelConfig, title_join: str = " "):
+    """(config, dim, tokenize spec, the loaded model): pooling/normalize/lengths filled from the
+    model directory so every actor agrees; the document tokenizer as the tokenising stage gets it;
+    the model itself for a local encoder (encode.runner=local), which then does not load it again."""
     from ..models import BiEncoder
 
     probe = BiEncoder.load(model_cfg)
     tok, prefix, max_len = probe.token_spec("doc")
     return (replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim,
-            TokenizeSpec(tok, prefix, max_len, title_join))
+            TokenizeSpec(tok, prefix, max_len, title_join), probe)
 
 
 def plan_shards(corpus_dir: Path, manifest: dict, shard_rows: int) -> list[dict]:
@@ -162,7 +163,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     check_embeddings_output(out_dir)  # a folder holding anything but embeddings is refused before any work
     enc: EncodeConfig = cfg.encode
     manifest = load_manifest(corpus_dir)
-    model_cfg, dim, tokenize_spec = _resolved_model_cfg(cfg.model, manifest["title_join"])
+    model_cfg, dim, tokenize_spec, probe = _resolved_model_cfg(cfg.model, manifest["title_join"])
     dtype = "float16" if enc.fp16 else "float32"
     specs = plan_shards(corpus_dir, manifest, enc.shard_rows)
     meta = {
@@ -223,8 +224,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
     if todo and runner == "local":
-        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows)
+        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe)
     elif todo:
+        del probe  # the actors load their own
         _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
     markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
     problems = verify_shards(out_dir, specs, total_rows, done=markers, checked=reused)  # reused: checked above
@@ -271,11 +273,18 @@ def resolve_runner(enc: EncodeConfig, ray_cfg) -> str:
     ray = sys.modules.get("ray")
     if (ray is not None and ray.is_initialized()) or ray_cfg.address or os.environ.get("RAY_ADDRESS"):
         return "ray"  # a cluster, a job on one, or a Ray this process already runs (Tune, a recipe)
-    if (enc.num_actors or 1) > 1 or enc.gpus_per_actor > 0 or enc.tokenize == "stage":
+    if _ray_only(enc):
         return "ray"
     import torch
 
     return "ray" if torch.cuda.is_available() else "local"
+
+
+def _ray_only(enc: EncodeConfig) -> list[str]:
+    """The settings asking for what only the Ray runner does (several actors, GPU actors, a stage)."""
+    return [k for k, asked in (("encode.num_actors", (enc.num_actors or 1) > 1),
+                               ("encode.gpus_per_actor", enc.gpus_per_actor > 0),
+                               ("encode.tokenize=stage", enc.tokenize == "stage")) if asked]
 
 
 def local_shape(enc: EncodeConfig) -> tuple[int, float, int]:
@@ -285,9 +294,7 @@ def local_shape(enc: EncodeConfig) -> tuple[int, float, int]:
 
     from ..errors import ConfigError
 
-    asked = [k for k, bad in (("encode.num_actors", (enc.num_actors or 1) > 1),
-                              ("encode.gpus_per_actor", enc.gpus_per_actor > 0),
-                              ("encode.tokenize=stage", enc.tokenize == "stage")) if bad]
+    asked = _ray_only(enc)
     if asked:
         raise ConfigError(f"encode.runner=local runs one encoder in this process; {', '.join(asked)} "
                           "need encode.runner=ray")
@@ -306,16 +313,14 @@ def _disk_error(out_dir, os_error: str) -> PipelineError:
 
 
 def _run_local(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
-               enc: EncodeConfig, threads: int, todo_rows: int) -> None:
+               enc: EncodeConfig, threads: int, todo_rows: int, model=None) -> None:
     """encode.runner=local: the actors' own ShardEncoder in this process, shard after shard (no Ray
-    start, no actor start, the receipts as the Ray runner's)."""
+    start, no actor start, the receipts as the Ray runner's); `model` is the driver's loaded one."""
     import numpy as np
-    from tqdm import tqdm
 
     encoder = ShardEncoder(asdict(model_cfg), title_join, threads, enc.precision, enc.batch_size, dtype,
-                           str(out_dir))
-    bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not enc.show_progress, smoothing=0.1,
-               mininterval=2.0)
+                           str(out_dir), model=model)
+    bar = _progress_bar(todo_rows, enc.show_progress)
     _first_shard.clear()
     try:
         for spec in todo:
@@ -426,6 +431,12 @@ def check_embeddings_output(out_dir) -> None:
 _first_shard: dict = {}  # when the run's first shard began encoding (set by _collect)
 
 
+def _progress_bar(todo_rows: int, show: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show, smoothing=0.1, mininterval=2.0)
+
+
 def _report_shard(name: str, rows: int) -> None:
     """Called on the driver as each shard's receipt arrives (the shard is already on disk)."""
 
@@ -433,10 +444,7 @@ def _report_shard(name: str, rows: int) -> None:
 def _collect(ds, todo_rows: int, show_progress: bool, out_dir=None) -> PipelineError | None:
     """Drain the receipts: a name and a row count per shard, never vectors. A worker's
     PipelineError is returned, made outside the exception handler (no context chaining Ray's error)."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show_progress, smoothing=0.1,
-               mininterval=2.0)
+    bar = _progress_bar(todo_rows, show_progress)
     batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy"))
     failure: PipelineError | None = None
     _first_shard.clear()

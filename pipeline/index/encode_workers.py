@@ -142,7 +142,7 @@ class ShardEncoder:
     `out_dir`, a receipt per shard out. Given token arrays, the actor only runs the model."""
 
     def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
-                 dtype: str, out_dir: str):
+                 dtype: str, out_dir: str, model=None):
         import torch
 
         from ..models import BiEncoder
@@ -150,7 +150,8 @@ class ShardEncoder:
 
         torch.set_num_threads(max(1, torch_threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = BiEncoder.load(ModelConfig(**model_cfg)).to(self.device).eval()
+        # `model`: one already loaded with this config (a local encoder gets the driver's), else loaded here
+        self.model = (model if model is not None else BiEncoder.load(ModelConfig(**model_cfg))).to(self.device).eval()
         self.precision = resolve_precision(precision, self.device)
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
