@@ -56,7 +56,6 @@ def job_overrides(args, corpus: Path, storage: Path, loss: str, name: str) -> li
 
 def plain(args, loss_name: str) -> dict:
     """The same steps as the Ray loop, in one process: tokenise, forward, loss, backward, step."""
-    import pyarrow.parquet as pq
     import torch
 
     from pipeline.losses import get_loss
@@ -73,8 +72,9 @@ def plain(args, loss_name: str) -> dict:
     from pipeline.data.training import build_examples
 
     build_examples(job.data, Path(args.storage) / "plain_examples", progress=False)
-    rows = [r for f in sorted((Path(args.storage) / "plain_examples").glob("part-*.parquet"))
-            for r in pq.read_table(f).to_pylist()]
+    from pipeline.data.training import read_examples_table
+
+    rows = read_examples_table(Path(args.storage) / "plain_examples").to_pylist()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = BiEncoder.load(job.model).to(device).train()
     opt = build_optimizer(model.parameters(), job.optim)

@@ -27,7 +27,6 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
 
 def plain_loop(job, examples_dir: Path, steps: int) -> tuple[object, float]:
-    import pyarrow.parquet as pq
     import torch
     from transformers import get_linear_schedule_with_warmup
 
@@ -36,7 +35,9 @@ def plain_loop(job, examples_dir: Path, steps: int) -> tuple[object, float]:
 
     torch.manual_seed(job.train.seed)
     torch.set_num_threads(max(1, job.train.torch_threads or 2))
-    rows = [r for f in sorted(examples_dir.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    from pipeline.data.training import read_examples_table
+
+    rows = read_examples_table(examples_dir).to_pylist()
     model = BiEncoder.load(job.model).train()
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith("bias") and "LayerNorm" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and (n.endswith("bias") or "LayerNorm" in n)]

@@ -53,7 +53,8 @@ class PassageStore:
                 writer.write_table(pa.table({"pid": table["pid"], "text": text}, schema=schema))
                 del table, text
                 progress.update("reading corpus parts", i, len(parts))
-        self._table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
+        self.texts = PassageTexts(self.path)
+        self._table = self.texts.table
         self._pids = self._table["pid"].combine_chunks() if self._table.num_rows else pa.array([], pa.string())
         self.missing = pc.filter(want, pc.invert(pc.is_in(want, value_set=self._pids)))
         # pid -> row by binary search in the sorted pids: one sort here instead of a hash table built
@@ -78,8 +79,15 @@ class PassageStore:
 
     def take(self, pids) -> pa.ChunkedArray:
         """The texts of `pids` (a list or an Arrow array) as Arrow, nulls for pids the store lacks."""
+        rows, found = self.rows(pids)
         if not len(self._sorted):
-            return pa.chunked_array([pa.nulls(len(pids), pa.string())], pa.string())
+            return pa.chunked_array([pa.nulls(len(rows), pa.string())], pa.string())
+        return pa.chunked_array([self.texts.take(rows, found)], pa.string())
+
+    def rows(self, pids) -> tuple[np.ndarray, np.ndarray]:
+        """(row in the store's file, found) per pid; the row is meaningless where not found."""
+        if not len(self._sorted):
+            return np.zeros(len(pids), dtype=np.int64), np.zeros(len(pids), dtype=bool)
         if self._numeric:
             want, valid = _int_keys(pids if isinstance(pids, pa.Array) else pa.array(pids, pa.string()))
         else:
@@ -89,23 +97,7 @@ class PassageStore:
             valid = True
         pos = np.minimum(np.searchsorted(self._sorted, want), len(self._sorted) - 1)
         found = (self._sorted[pos] == want) & valid
-        return pa.chunked_array([self._gather(self._order[pos], found)], pa.string())
-
-    def _gather(self, rows: np.ndarray, found: np.ndarray) -> pa.Array:
-        """The texts at `rows` (null where not `found`), taken chunk by chunk from the mapped file:
-        a ChunkedArray's own take concatenates every chunk first (the whole store, at every call)."""
-        chunks = self._table["text"].chunks
-        starts = np.cumsum([0] + [len(c) for c in chunks])
-        chunk_of = np.searchsorted(starts, rows, side="right") - 1
-        order = np.argsort(chunk_of, kind="stable")
-        bounds = np.searchsorted(chunk_of[order], np.arange(len(chunks) + 1))
-        pieces = [chunks[c].take(pa.array(rows[order[lo:hi]] - starts[c]))
-                  for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
-        if not pieces:
-            return pa.nulls(len(rows), pa.string())
-        inverse = np.empty(len(order), dtype=np.int64)
-        inverse[order] = np.arange(len(order))
-        return pa.concat_arrays(pieces).take(pa.array(inverse, pa.int64(), mask=~found))
+        return self._order[pos], found
 
     def get(self, pids: list[str]) -> list[str | None]:
         return self.take(pids).to_pylist()
@@ -123,3 +115,36 @@ def _int_keys(pids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if mask.any():
         keys[mask] = pc.cast(pids.filter(plain), pa.int64()).to_numpy(zero_copy_only=False)
     return keys, mask
+
+
+class PassageTexts:
+    """An Arrow file of passage texts (column `text`, e.g. a `PassageStore`'s or a training example
+    store's `passages.arrow`), memory-mapped: every process that opens it shares the page cache, none
+    holds a copy. `take` gathers texts by row."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.table = pa.ipc.open_file(pa.memory_map(str(self.path), "r")).read_all()
+        self._chunks = self.table["text"].chunks
+        self._starts = np.cumsum([0] + [len(c) for c in self._chunks])
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def take(self, rows: np.ndarray, found: np.ndarray | None = None) -> pa.Array:
+        """The texts at `rows` (null where not `found`), taken chunk by chunk from the mapped file:
+        a ChunkedArray's own take concatenates every chunk first (the whole file, at every call)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if found is None:
+            found = np.ones(len(rows), dtype=bool)
+        chunks, starts = self._chunks, self._starts
+        chunk_of = np.searchsorted(starts, rows, side="right") - 1
+        order = np.argsort(chunk_of, kind="stable")
+        bounds = np.searchsorted(chunk_of[order], np.arange(len(chunks) + 1))
+        pieces = [chunks[c].take(pa.array(rows[order[lo:hi]] - starts[c]))
+                  for c, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])) if lo < hi]
+        if not pieces:
+            return pa.nulls(len(rows), pa.string())
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order))
+        return pa.concat_arrays(pieces).take(pa.array(inverse, pa.int64(), mask=~found))

@@ -8,17 +8,27 @@ Sources
   (query, relevant passage); hard negatives from a TREC run (BM25 or dense) with every
   judged-relevant passage removed.
 
-Output (what Ray Data streams into the training workers):
+Output (what the training workers read, or Ray Data streams into them), in one of two forms:
 
+    texts (DPR JSON, sentence pairs: the texts come with the examples)
     examples/part-00000.parquet  idx, qid, query, positive, negatives (list<string>)
-    examples/examples.json       source, counts, skipped (with reasons), title join; written last
 
+    ids (qrels + corpus: every text is a corpus passage, most of them named by many examples)
+    examples/part-00000.parquet  idx, qid, query, positive_row, negative_rows (list<int64>)
+    examples/passages.arrow      pid, text: each passage the examples name, once (Arrow IPC,
+                                 uncompressed, memory-mapped by every reader: one copy per machine)
+
+    examples/examples.json       source, counts, skipped (with reasons), title join, digest; written last
+
+Readers see the texts form either way (`resolve_examples`, `iter_example_tables`,
+`read_examples_table`): an ids batch gets its texts gathered from the mapped file when it is read.
 Document texts are stored already title-joined with the corpus's template.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,14 +42,17 @@ import pyarrow.parquet as pq
 from ..progress import inherit as inherit_progress
 from ..errors import InputError, PipelineError
 from ..io_utils import atomic_path, sha256_file, sha256_files
-from .corpus import PassageStore
+from .corpus import PassageStore, PassageTexts
 from .manifest import join_title, load_manifest
 from .readers import load_queries, read_qrels, read_run_file
 from .run_table import negatives_by_query
 
 EXAMPLES_META = "examples.json"
+PASSAGES_FILE = "passages.arrow"
 SCHEMA = pa.schema([("idx", pa.int64()), ("qid", pa.string()), ("query", pa.string()),
                     ("positive", pa.string()), ("negatives", pa.list_(pa.string()))])
+ID_SCHEMA = pa.schema([("idx", pa.int64()), ("qid", pa.string()), ("query", pa.string()),
+                       ("positive_row", pa.int64()), ("negative_rows", pa.list_(pa.int64()))])
 
 
 def iter_json_array(path: str | Path, chunk_size: int = 1 << 20) -> Iterator[tuple[int, int, dict]]:
@@ -157,14 +170,17 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
                          negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
                          max_negatives: int = 30, skipped: dict | None = None,
                          need_negatives: bool = False, scratch: str | Path | None = None,
-                         batch: int = 2_000) -> Iterator[pa.Table]:
-    """The examples of `qrels_examples` as Arrow tables of `batch` rows (qid, query, positive,
-    negatives), in qid order.
+                         batch: int = 2_000, store_path: str | Path | None = None) -> Iterator[pa.Table]:
+    """The examples of `qrels_examples` as Arrow tables of `batch` rows, in qid order.
+
+    With `store_path`, the ids form: the texts of every positive and negative are copied once into
+    the Arrow file `store_path` (kept: the caller's), and the tables carry rows of that file
+    (qid, query, positive_row, negative_rows). Without it, the texts form (qid, query, positive,
+    negatives), gathered from such a file under `scratch`, removed at the end.
 
     Memory grows with the number of queries (their texts, judged ids and negative ids), not with
     the run's lines or the passages' texts: a run grouped by query is read a query at a time, and the
-    texts of every positive and negative are copied once into a memory-mapped Arrow file under
-    `scratch` (removed at the end) and gathered from it in Arrow (no Python string per text)."""
+    passages' texts live in the memory-mapped file (no Python string per text)."""
     skipped = skipped if skipped is not None else {}
     qtext = load_queries(queries)
     # per query, its positives and its judged passages as tuples (most queries have one or two: a
@@ -198,11 +214,13 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
             yield pc.unique(pa.array(chunk, pa.string()))
 
     need = pa.concat_arrays(list(needed()) or [pa.array([], pa.string())])
-    if scratch is not None:
-        Path(scratch).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".passages-", dir=scratch))
+    tmp = None
+    if store_path is None:
+        if scratch is not None:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".passages-", dir=scratch))
     try:
-        store = PassageStore(corpus_dir, need, tmp / "passages.arrow", join=None)
+        store = PassageStore(corpus_dir, need, store_path or tmp / PASSAGES_FILE, join=None)
         del need
         if len(store.missing):
             raise PipelineError(f"{len(store.missing)} qrels/run passages are not in {corpus_dir}, "
@@ -214,13 +232,15 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
                 return
             n = len(pending)
             ids = [pid for _, pid, _ in pending] + [p for _, _, ns in pending for p in ns]
-            texts = store.take(ids).combine_chunks()
+            rows, _ = store.rows(pa.array(ids, pa.string()))  # every one found: checked above
             offsets = np.zeros(n + 1, dtype=np.int32)
             np.cumsum([len(ns) for _, _, ns in pending], out=offsets[1:])
-            negatives = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), texts.slice(n))
-            yield pa.table({"qid": pa.array([q for q, _, _ in pending], pa.string()),
-                            "query": pa.array([qtext[q] for q, _, _ in pending], pa.string()),
-                            "positive": texts.slice(0, n), "negatives": negatives})
+            table = pa.table({"qid": pa.array([q for q, _, _ in pending], pa.string()),
+                              "query": pa.array([qtext[q] for q, _, _ in pending], pa.string()),
+                              "positive_row": pa.array(rows[:n], pa.int64()),
+                              "negative_rows": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                                                        pa.array(rows[n:], pa.int64()))})
+            yield table if store_path is not None else resolve_examples(table, store.texts)
             pending.clear()
 
         for qid in sorted(positives):
@@ -234,7 +254,104 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
                 yield from emit()
         yield from emit()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_examples(batch: pa.Table | pa.RecordBatch, texts: PassageTexts | None) -> pa.Table:
+    """An examples batch in the texts form: an ids batch (positive_row, negative_rows) gets its texts
+    from `texts` (the store's mapped `passages.arrow`); a texts batch is returned as it is. Columns
+    other than the two id columns are kept."""
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    if "positive_row" not in table.schema.names:
+        return table
+    if texts is None:
+        raise PipelineError(f"training examples in the ids form need their {PASSAGES_FILE}")
+    n = table.num_rows
+    negs = table["negative_rows"].combine_chunks() if n else pa.array([], pa.list_(pa.int64()))
+    flat = pc.list_flatten(negs).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = pc.list_value_length(negs).to_numpy(zero_copy_only=False).astype(np.int64)
+    got = texts.take(np.concatenate([table["positive_row"].to_numpy().astype(np.int64), flat]))
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    out = {}
+    for name in table.schema.names:
+        if name == "positive_row":
+            out["positive"] = got.slice(0, n)
+        elif name == "negative_rows":
+            out["negatives"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), got.slice(n))
+        else:
+            out[name] = table[name]
+    return pa.table(out)
+
+
+_OPEN_PASSAGES: dict[tuple, PassageTexts] = {}
+
+
+def open_passages(examples_dir, digest: str | None = None) -> PassageTexts | None:
+    """The example store's `passages.arrow` memory-mapped (kept open for the process's next batches),
+    or None for a store in the texts form. A store on remote storage (a `RemotePath`) is copied once
+    per machine into the temp folder under its digest: never a copy made for other examples."""
+    import os
+
+    from ..storage import RemotePath
+
+    src = examples_dir / PASSAGES_FILE
+    if isinstance(examples_dir, RemotePath):
+        if digest is None:
+            from .. import storage as st
+
+            try:
+                digest = st.read_json(examples_dir / EXAMPLES_META).get("digest")
+            except (OSError, ValueError):
+                digest = None
+        if not digest or not src.exists():
+            return None
+        key = ("remote", digest)
+        if key not in _OPEN_PASSAGES:
+            import pyarrow.fs as pafs
+
+            local = Path(tempfile.gettempdir()) / "pipeline-examples" / digest / PASSAGES_FILE
+            if not local.exists():
+                local.parent.mkdir(parents=True, exist_ok=True)
+                part = local.with_name(f".{PASSAGES_FILE}.{os.getpid()}.part")
+                pafs.copy_files(src.path, str(part), source_filesystem=src.fs,
+                                destination_filesystem=pafs.LocalFileSystem())
+                os.replace(part, local)
+            _OPEN_PASSAGES[key] = PassageTexts(local)
+        return _OPEN_PASSAGES[key]
+    try:
+        info = os.stat(src)
+    except FileNotFoundError:
+        return None
+    key = (str(Path(src).resolve()), info.st_ino, info.st_mtime_ns, info.st_size)  # a rebuilt store is another key
+    if key not in _OPEN_PASSAGES:
+        while len(_OPEN_PASSAGES) >= 4:  # a few stores open at most (tests, trials in one worker)
+            _OPEN_PASSAGES.pop(next(iter(_OPEN_PASSAGES)))
+        _OPEN_PASSAGES[key] = PassageTexts(src)
+    return _OPEN_PASSAGES[key]
+
+
+def iter_example_tables(examples_dir, batch_size: int = 1024, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """The examples of a store (either form, local or a `RemotePath`), part after part, in the texts
+    form, `batch_size` rows at a time."""
+    from ..storage import RemotePath
+
+    texts = open_passages(examples_dir)
+    for path in sorted(examples_dir.glob("part-*.parquet"), key=lambda p: p.name):
+        if isinstance(path, RemotePath):
+            f = pq.ParquetFile(path.fs.open_input_file(path.path))
+        else:
+            f = pq.ParquetFile(str(path), memory_map=True)
+        for batch in f.iter_batches(batch_size=batch_size):
+            table = resolve_examples(batch, texts)
+            yield table.select(columns) if columns else table
+
+
+def read_examples_table(examples_dir) -> pa.Table:
+    """Every example of a store in the texts form, as one table (for stores that fit in memory)."""
+    parts = list(iter_example_tables(examples_dir, batch_size=65_536))
+    return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
 
 
 def _run_negatives(run: str | Path, positives: dict[str, tuple[str, ...]], judged: dict[str, tuple[str, ...]], depth: int,
@@ -282,12 +399,15 @@ def _run_negatives(run: str | Path, positives: dict[str, tuple[str, ...]], judge
 
 
 def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: dict, part_rows: int = 50_000,
-                   skipped: dict | None = None) -> dict:
+                   skipped: dict | None = None, passages: str | Path | None = None) -> dict:
     """Write examples as Parquet parts with a running `idx`; the meta file marks completion.
     Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part;
-    an Arrow table among the examples (columns qid, query, positive, negatives) is one row group."""
+    an Arrow table among the examples (columns qid, query, positive, negatives) is one row group.
+    With `passages` (the Arrow file the tables' rows point into: the ids form), the tables carry
+    positive_row, negative_rows, and the file is moved into the store once every example is out."""
     out = Path(out)
     n = 0
+    schema = ID_SCHEMA if passages is not None else SCHEMA
     batch_rows = min(part_rows, 5_000)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
@@ -298,8 +418,8 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
             nonlocal buf, parts, in_part, writer
             if buf:
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", SCHEMA)
-                writer.write_table(pa.Table.from_pylist(buf, schema=SCHEMA))
+                    writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", schema)
+                writer.write_table(pa.Table.from_pylist(buf, schema=schema))
                 in_part += len(buf)
                 buf = []
             if writer is not None and (in_part >= part_rows or not more):
@@ -310,9 +430,9 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
             nonlocal n, parts, in_part, writer
             flush()
             if writer is None:
-                writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", SCHEMA)
+                writer = pq.ParquetWriter(tmp / f"part-{parts:05d}.parquet", schema)
             idx = pa.array(np.arange(n, n + table.num_rows, dtype=np.int64))
-            writer.write_table(pa.table([idx] + [table[f] for f in SCHEMA.names[1:]], schema=SCHEMA))
+            writer.write_table(pa.table([idx] + [table[f] for f in schema.names[1:]], schema=schema))
             n += table.num_rows
             in_part += table.num_rows
             if in_part >= part_rows:
@@ -336,8 +456,14 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
                 writer.close()
         if n == 0:
             raise PipelineError(f"no training examples from {meta.get('source')}")
-        digest = sha256_files(sorted(tmp.glob("part-*.parquet")))
-        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), "digest": digest}
+        files = sorted(tmp.glob("part-*.parquet"))
+        extra = {}
+        if passages is not None:
+            os.replace(passages, tmp / PASSAGES_FILE)
+            files.append(tmp / PASSAGES_FILE)
+            extra = {"form": "ids", "passages": PASSAGES_FILE, "passages_rows": len(PassageTexts(tmp / PASSAGES_FILE))}
+        digest = sha256_files(files)
+        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), "digest": digest, **extra}
         (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
 
@@ -427,11 +553,25 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
                                      need_negatives=data_cfg.hard_negatives > 0)
     else:
-        # the next batch of 2,000 is gathered while this one is compressed and written (both release
-        # the GIL); DPR JSON comes an example at a time, where a hand-off per item would cost more
-        examples = _read_ahead(qrels_example_tables(
-            data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth, data_cfg.rel_level,
-            skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, scratch=out.parent))
+        # The ids form: each passage's text stored once, the examples name its row (a 500k-pair set
+        # of 1 positive + 10 negatives would otherwise carry 5.5M texts, most of them repeats). The
+        # next batch of 2,000 is looked up while this one is written (a thread; DPR JSON comes an
+        # example at a time, where a hand-off per item would cost more).
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".passages-", dir=out.parent))
+        try:
+            store = scratch / PASSAGES_FILE
+            examples = _read_ahead(qrels_example_tables(
+                data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth, data_cfg.rel_level,
+                skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, store_path=store))
+            result = write_examples(examples, out, meta, skipped=skipped, passages=store)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if progress:
+            skip = f", skipped {skipped}" if skipped else ""
+            print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} "
+                  f"naming {result['passages_rows']:,} distinct passages -> {out}", flush=True)
+        return result
     result = write_examples(examples, out, meta, skipped=skipped)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""

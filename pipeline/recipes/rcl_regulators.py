@@ -31,12 +31,11 @@ def model_digest(path: str | Path) -> str:
 
 def regulator_texts(examples_dir: Path) -> tuple[list[str], list[str]]:
     """Every training query and every document text (positives and hard negatives), deduplicated."""
-    import pyarrow.parquet as pq
+    from ..data.training import iter_example_tables
 
     queries: dict[str, None] = {}
     docs: dict[str, None] = {}
-    for part in sorted(Path(examples_dir).glob("part-*.parquet")):
-        t = pq.read_table(part)
+    for t in iter_example_tables(Path(examples_dir), batch_size=65_536):
         queries.update(dict.fromkeys(t["query"].to_pylist()))
         docs.update(dict.fromkeys(t["positive"].to_pylist()))
         if "negatives" in t.column_names:

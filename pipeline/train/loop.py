@@ -110,7 +110,8 @@ def reduce_window(windows: list[dict], counts: list[int], stat_keys: set[str]) -
 
 class _Rows:
     """The worker's examples (key % world == rank), in file order: materialised once (object store),
-    read from the examples' Parquet parts a batch at a time, or streamed (Ray Data)."""
+    read from the examples' Parquet parts a batch at a time, or streamed (Ray Data). Examples in the
+    ids form get their texts from the store's memory-mapped passages here, a batch at a time."""
 
     def __init__(self, loop_cfg: dict, method, rank: int, world: int):
         import ray.train
@@ -130,7 +131,8 @@ class _Rows:
         elif loop_cfg.get("examples_files") is not None:
             run_dir = loop_cfg["run_dir"]
             base = st.resolve(run_dir) if st.is_uri(run_dir) else Path(run_dir)
-            self.files = [base / "examples" / name for name in loop_cfg["examples_files"]]
+            self.examples_dir = base / "examples"
+            self.files = [self.examples_dir / name for name in loop_cfg["examples_files"]]
         else:
             self.shard = ray.train.get_dataset_shard(f"train_{rank}")
 
@@ -138,6 +140,9 @@ class _Rows:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from ..data.training import open_passages, resolve_examples
+
+        texts = None
         for path in self.files:
             if isinstance(path, st.RemotePath):
                 f = pq.ParquetFile(path.fs.open_input_file(path.path))
@@ -145,7 +150,10 @@ class _Rows:
                 f = pq.ParquetFile(str(path), memory_map=True)
             for batch in f.iter_batches(batch_size=1024):
                 keep = batch.column(self.key).to_numpy() % self.world == self.rank
-                yield from batch.filter(pa.array(keep)).to_pylist()
+                batch = batch.filter(pa.array(keep))
+                if texts is None and "positive_row" in batch.schema.names:
+                    texts = open_passages(self.examples_dir)
+                yield from resolve_examples(batch, texts).to_pylist()
 
     def __iter__(self):
         if self.rows is not None:

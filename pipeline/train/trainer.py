@@ -38,8 +38,9 @@ from .methods import get_method
 DATA_TASK_CPUS = 0.1
 
 
-def _datasets(examples_dir, world: int, key: str) -> dict:
-    """One streamed dataset per worker: examples with key % world == rank, file order preserved."""
+def _datasets(examples_dir, world: int, key: str, digest: str | None = None) -> dict:
+    """One streamed dataset per worker: examples with key % world == rank, file order preserved, in
+    the texts form (an ids-form batch gets its texts from the store's mapped passages in the task)."""
     import ray.data
 
     # Workers stream these; Ray Data's cursor-drawing progress bars would garble their logs.
@@ -55,7 +56,12 @@ def _datasets(examples_dir, world: int, key: str) -> dict:
         def keep(table):  # Arrow in and out: list columns stay columnar
             import pyarrow as pa
 
-            return table.filter(pa.array(table[key].to_numpy() % world == rank))
+            from ..data.training import open_passages, resolve_examples
+
+            table = table.filter(pa.array(table[key].to_numpy() % world == rank))
+            if "positive_row" in table.schema.names:
+                table = resolve_examples(table, open_passages(examples_dir, digest))
+            return table
 
         return base.map_batches(keep, batch_format="pyarrow", batch_size=4096, num_cpus=DATA_TASK_CPUS)
 
@@ -192,7 +198,9 @@ def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
 def examples_digest(examples_dir: Path, meta: dict) -> str:
     if meta.get("digest"):
         return meta["digest"]
-    return sha256_files(sorted(examples_dir.glob("part-*.parquet")))
+    from ..data.training import PASSAGES_FILE
+
+    return sha256_files(sorted(examples_dir.glob("part-*.parquet")) + sorted(examples_dir.glob(PASSAGES_FILE)))
 
 
 def run_identity(job: TrainJobConfig, meta: dict, digest: str, world: int, spe: int) -> dict:
@@ -418,8 +426,6 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
          spe: int, total: int, identity: dict, resume, progress: bool,
          callbacks: list | None = None, work: Path | None = None) -> None:
     """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import ray
     from ray.data import ExecutionOptions
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -456,12 +462,13 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
     datasets, data_config = {}, None
     if materialize:
-        parts = sorted((work / "examples").glob("part-*.parquet"))
-        loop_cfg["examples_ref"] = ray.put(pa.concat_tables([pq.read_table(p) for p in parts]))
+        from ..data.training import read_examples_table
+
+        loop_cfg["examples_ref"] = ray.put(read_examples_table(work / "examples"))  # texts gathered once, here
     elif not ray_data:  # each worker reads the parts (run_dir/examples) a batch at a time
         loop_cfg["examples_files"] = sorted(p.name for p in (work / "examples").glob("part-*.parquet"))
     else:
-        datasets = _datasets(run_dir / "examples", world, method.partition_key)
+        datasets = _datasets(run_dir / "examples", world, method.partition_key, meta.get("digest"))
         data_config = DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True))
     ray_path, ray_fs = st.ray_storage(storage)
     queue = Queue(actor_options={"num_cpus": 0}) if progress else None

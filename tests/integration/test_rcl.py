@@ -8,7 +8,6 @@ import json
 from dataclasses import replace
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.recipes.rcl import run_rcl
@@ -53,7 +52,9 @@ def test_rcl_all_stages_then_reuse(ray_session, tiny_model_dir, faq, tmp_path):
         emb = load_meta(t0.folder / side)
         assert emb["complete"] and emb["shards"] >= 1
     assert t0.meta["layout"] == "shards" and len(t0.meta["files"]) >= 3
-    ex = pq.read_table(sorted((root / "examples").glob("part-*.parquet"))[0]).to_pylist()[:3]
+    from pipeline.data.training import read_examples_table
+
+    ex = read_examples_table(root / "examples").to_pylist()[:3]
     frozen = BiEncoder.load(replace(job.model, name_or_path=t0.meta["model"]))
     qs, ds = [r["query"] for r in ex], [r["positive"] for r in ex]
     np.testing.assert_allclose(t0.lookup(qs, "query"), frozen.embed(qs, "query"), atol=1e-4)

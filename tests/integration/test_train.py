@@ -192,3 +192,31 @@ def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_d
     assert summary["final_metrics"]["negatives_version"] == 1
     assert summary["final_metrics"]["negatives_staleness"] == 6 - 2
     assert summary["final_metrics"]["refresher_dev_metric"] == pytest.approx(0.1)
+
+
+def test_ray_data_streams_ids_form_examples_with_their_texts(ray_session, faq, tmp_path):
+    """data.streaming=ray-data: each worker's stream is its rows (idx % world == rank) in file order,
+    with the texts of their positive and hard negatives gathered from the store's passages."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data.manifest import load_manifest
+    from pipeline.data.readers import read_qrels
+    from pipeline.data.training import build_examples, read_examples_table
+    from pipeline.train.config import TrainDataConfig
+    from pipeline.train.trainer import _datasets
+
+    pids = [p for part in load_manifest(faq)["parts"] for p in pq.read_table(faq / part["file"])["pid"].to_pylist()]
+    judged: dict[str, set] = {}
+    for r in read_qrels(faq / "qrels" / "train.trec"):
+        judged.setdefault(r["qid"], set()).add(r["docid"])
+    run = tmp_path / "run.trec"  # 3 unjudged passages per query as its hard negatives
+    run.write_text("".join(f"{q} Q0 {d} {k} {-k} x\n" for q, js in judged.items()
+                           for k, d in enumerate([p for p in pids if p not in js][hash(q) % 50:][:3], 1)))
+    out = tmp_path / "examples"
+    meta = build_examples(TrainDataConfig(source="qrels", corpus=str(faq), negatives_run=str(run)), out, progress=False)
+    assert meta["form"] == "ids" and meta["examples"] > 100
+    rows = read_examples_table(out).to_pylist()
+    assert all(isinstance(r["positive"], str) and len(r["negatives"]) == 3 for r in rows)
+    for rank, ds in enumerate(_datasets(out, 2, "idx", meta["digest"]).values()):
+        got = [r for b in ds.iter_batches(batch_size=64, batch_format="pyarrow") for r in b.to_pylist()]
+        assert got == [r for r in rows if r["idx"] % 2 == rank]

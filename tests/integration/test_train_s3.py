@@ -23,14 +23,13 @@ pytestmark = pytest.mark.integration
 def _expected_batches(job, run_dir) -> dict[int, list]:
     """What an uninterrupted run trains on, step by step: the method's own sampler over the
     examples, per rank (the loop's data path without Ray)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from pipeline.train.methods import get_method
 
     method = get_method(job.loss.name)
-    parts = sorted((storage.staging_dir(run_dir) / "examples").glob("part-*.parquet"))
-    table = pa.concat_tables([pq.read_table(p) for p in parts])
+    from pipeline.data.training import read_examples_table
+
+    table = read_examples_table(storage.staging_dir(run_dir) / "examples")
     world, spe = job.train.num_workers, json.loads((run_dir / "summary.json").read_text())["steps_per_epoch"]
     out: dict[int, list] = {}
     for rank in range(world):

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data.ingest import ingest
-from pipeline.data.training import (EXAMPLES_META, build_examples, dpr_json_examples, iter_json_array,
+from pipeline.data.training import (EXAMPLES_META, build_examples, dpr_json_examples, iter_json_array, read_examples_table,
                                     qrels_examples)
 from pipeline.errors import InputError
 from pipeline.train.config import TrainDataConfig
@@ -222,7 +222,7 @@ def test_qrels_examples_passage_missing_from_corpus(corpus, tmp_path):
 
 
 def _rows(out: Path) -> list[dict]:
-    return [r for p in sorted(out.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+    return read_examples_table(out).to_pylist()
 
 
 def test_build_examples_dpr_json_reuse_and_rebuild(tmp_path):
@@ -379,3 +379,77 @@ def test_examples_built_in_a_child_process_equal_the_in_process_ones(corpus, tmp
     with pytest.raises(InputError, match="missing.trec: file not found"):
         _build_examples_in_child(bad, tmp_path / "bad", progress=False)
     assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".build-*"))
+
+
+def test_qrels_examples_are_stored_as_passage_rows_with_each_text_once(corpus, tmp_path):
+    """The ids form: the parts name rows of passages.arrow, each passage's text is stored once however
+    many examples name it, and every reader sees exactly the texts `qrels_examples` gives."""
+    import pyarrow as pa
+
+    from pipeline.data.corpus import PassageTexts
+    from pipeline.data.training import PASSAGES_FILE, iter_example_tables
+
+    cfg = TrainDataConfig(source="qrels", corpus=str(corpus["dir"]), negatives_run=str(corpus["run"]),
+                          negatives_depth=4)
+    out = tmp_path / "ex"
+    meta = build_examples(cfg, out, progress=False)
+    assert meta["form"] == "ids" and meta["passages"] == PASSAGES_FILE
+    assert not list(tmp_path.glob(".passages-*")) and not list(tmp_path.glob(".tmp-*"))  # no scratch left
+    parts = pa.concat_tables([pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))])
+    assert parts.column_names == ["idx", "qid", "query", "positive_row", "negative_rows"]  # no text in the parts
+    store = PassageTexts(out / PASSAGES_FILE)
+    named = {r["positive_row"] for r in parts.to_pylist()} | {n for r in parts.to_pylist() for n in r["negative_rows"]}
+    assert len(store) == meta["passages_rows"] == len(named) == 6  # p1 p2 p4 p5 p6 p8, p5 and p6 named twice
+    assert sorted(store.table["text"].to_pylist()) == sorted(CORPUS[p] for p in ("p1", "p2", "p4", "p5", "p6", "p8"))
+    expected = list(qrels_examples(corpus["dir"], corpus["queries"], corpus["qrels"], corpus["run"], depth=4))
+    assert [{k: r[k] for k in ("qid", "query", "positive", "negatives")} for r in _rows(out)] == expected
+    assert [r["idx"] for r in _rows(out)] == [0, 1, 2]
+    small = [r for t in iter_example_tables(out, batch_size=1) for r in t.to_pylist()]
+    assert small == _rows(out)  # batch by batch, the same rows
+
+
+def test_the_loop_reads_ids_form_examples_with_their_texts_per_rank(corpus, tmp_path):
+    """The workers' file reader (train.loop._Rows): each rank its rows, with their texts."""
+    from types import SimpleNamespace
+
+    from pipeline.train.loop import _Rows
+
+    cfg = TrainDataConfig(source="qrels", corpus=str(corpus["dir"]), negatives_run=str(corpus["run"]),
+                          negatives_depth=4)
+    run = tmp_path / "run"
+    build_examples(cfg, run / "examples", progress=False)
+    files = sorted(p.name for p in (run / "examples").glob("part-*.parquet"))
+    method = SimpleNamespace(partition_key="idx")
+    got = {rank: list(_Rows({"examples_files": files, "run_dir": str(run)}, method, rank, 2)) for rank in (0, 1)}
+    rows = _rows(run / "examples")
+    assert got == {0: [rows[0], rows[2]], 1: [rows[1]]}
+
+
+def test_the_passage_store_scales_with_distinct_passages_not_with_examples(tmp_path):
+    """500k pairs must not carry a text per example: 200 examples naming the same 20 long passages
+    store each text once (the parts hold row numbers), and 10x the examples adds no text."""
+    from pipeline.data.training import PASSAGES_FILE
+
+    text = {f"d{i}": f"passage {i} " + "word " * 2_000 for i in range(20)}  # ~10 kB each
+    src = _write(tmp_path / "collection.tsv", "".join(f"{p}\t{t}\n" for p, t in text.items()))
+    sizes = {}
+    for n in (200, 2_000):
+        queries = _write(tmp_path / f"q{n}.tsv", "".join(f"q{i}\tquery {i}\n" for i in range(n)))
+        qrels = _write(tmp_path / f"qrels{n}.trec", "".join(f"q{i} 0 d{i % 20} 1\n" for i in range(n)))
+        run = _write(tmp_path / f"run{n}.trec", "".join(f"q{i} Q0 d{(i + k) % 20} {k} {10 - k} x\n"
+                                                        for i in range(n) for k in range(1, 10)))
+        ingest([src], "msmarco", tmp_path / f"c{n}", variant="custom", progress=False)
+        cfg = TrainDataConfig(source="qrels", corpus=str(tmp_path / f"c{n}"), queries=str(queries), qrels=str(qrels),
+                              negatives_run=str(run), negatives_depth=9)
+        out = tmp_path / f"ex{n}"
+        meta = build_examples(cfg, out, progress=False)
+        assert meta["examples"] == n and meta["passages_rows"] == 20
+        parts = sum(p.stat().st_size for p in out.glob("part-*.parquet"))
+        sizes[n] = (parts, (out / PASSAGES_FILE).stat().st_size)
+        q7 = next(r for r in _rows(out) if r["qid"] == "q7")
+        assert q7["positive"] == text["d7"] and q7["negatives"][:2] == [text["d8"], text["d9"]]
+    texts = sum(len(t) for t in text.values())
+    for parts, store in sizes.values():
+        assert texts <= store < texts * 1.2  # each text once
+        assert parts < texts / 4  # the parts carry ids, not texts (a texts form would be ~10x the texts)
+    assert sizes[2_000][1] == sizes[200][1]
