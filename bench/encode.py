@@ -178,6 +178,33 @@ def corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
     return pids, texts
 
 
+def encoder_gflop(config, lengths) -> float:
+    """GFLOP of one forward pass of a BERT-style encoder over texts of these token lengths (unpadded:
+    the useful work; a multiply-add is 2 FLOP). Per layer and text of n tokens, hidden h, FFN width i:
+    Q, K, V and output projections 8nh², the FFN 4nhi, attention scores and their use of V 4n²h."""
+    import numpy as np
+
+    n = np.asarray(lengths, dtype=np.float64)
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    return float(layers * (8 * n * h * h + 4 * n * h * i + 4 * n * n * h).sum() / 1e9)
+
+
+def gemm_peak(threads: int) -> dict[str, float]:
+    """This CPU's measured matmul peak in GFLOP/s (torch.mm of 2048 x 2048 matrices, best of 5), fp32
+    and bf16: the ceiling an encoder's achieved rate is compared with (a datasheet peak would need the
+    core's vector width and clock, which /proc/cpuinfo does not tell reliably)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        torch.mm(a, b)
+        best = min(timed(lambda: torch.mm(a, b))[0] for _ in range(5))
+        out[name] = 2 * 2048 ** 3 / best / 1e9
+    return out
+
+
 def timed(fn) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
@@ -296,10 +323,18 @@ def throughput(args, tmp: Path) -> None:
 
     base = rates["sentence-transformers fp32"]
     whole = rates["sentence-transformers fp32 (whole process)"]
+    tok, prefix, max_len = model.token_spec("doc")
+    lengths = [len(x) for x in tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"]]
+    gflop = encoder_gflop(model.doc_encoder.config, lengths) / n  # per passage
+    peak = gemm_peak(T)
+    print(f"\nwork: {gflop:.2f} GFLOP per passage ({sum(lengths) / n:.0f} tokens on average); this CPU's measured "
+          f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s "
+          "(torch.mm 2048x2048)", flush=True)
     for label, rate in rates.items():
         ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
-        print(f"{label:72s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})",
-              flush=True)
+        kind = "bf16" if "bf16" in label else "fp32"
+        print(f"{label:72s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
+              f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak", flush=True)
     for tok, shape in shapes.items():
         print(f"(pipeline encode tokenize={tok}: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
               f"{shape['torch_threads']} threads; precisions used {shape['precisions']}"

@@ -200,12 +200,25 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
+def anon_rss(pid: int) -> int:
+    """A process's anonymous resident bytes (RssAnon: its heap, tensors, private copies), without the
+    file pages it maps (RssFile: e.g. a memory-mapped example store, shared with every process that
+    maps it and reclaimable) or shared memory (Ray's object store)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def run_stage(name: str, argv: list[str], log: Path, outputs: list[Path], env: dict) -> dict:
     """Run one CLI command; time it, sample RSS of the command's process and of the Ray workers under it."""
     import psutil
 
     log.parent.mkdir(parents=True, exist_ok=True)
-    peaks = {"driver": 0, "worker": 0, "worker_name": None, "total": 0}
+    peaks = {"driver": 0, "worker": 0, "worker_name": None, "total": 0, "worker_anon": 0}
     lines: list[tuple[float, str]] = []
     t0 = time.time()
     proc = psutil.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True,
@@ -235,6 +248,8 @@ def run_stage(name: str, argv: list[str], log: Path, outputs: list[Path], env: d
                     peaks["build"] = max(peaks.get("build", 0), rss)
                 if title.startswith("ray::") and rss > peaks["worker"]:
                     peaks["worker"], peaks["worker_name"] = rss, title.split()[0]
+                if title.startswith("ray::"):
+                    peaks["worker_anon"] = max(peaks["worker_anon"], anon_rss(child.pid))
             peaks["driver"] = max(peaks["driver"], driver)
             peaks["total"] = max(peaks["total"], total)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -249,6 +264,7 @@ def run_stage(name: str, argv: list[str], log: Path, outputs: list[Path], env: d
     summary = next((text for _, text in reversed(lines) if text.startswith("[")), "")
     return {"stage": name, "seconds": round(wall, 2), "driver_rss_mb": round(peaks["driver"] / 2**20, 1),
             "worker_rss_mb": round(peaks["worker"] / 2**20, 1), "worker": peaks["worker_name"],
+            "worker_anon_mb": round(peaks["worker_anon"] / 2**20, 1),
             "all_processes_rss_mb": round(peaks["total"] / 2**20, 1),
             "build_child_rss_mb": round(peaks.get("build", 0) / 2**20, 1),
             "bytes_written": sum(du(p) for p in outputs), "summary": summary, "log": str(log),
@@ -392,8 +408,17 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args, command
                            f"{fmt_s(r['seconds'])} | {r['rate']:,.0f} {unit} | {r['driver_rss_mb']:,.0f} MB | "
                            f"{r['worker_rss_mb']:,.0f} MB | {r['bytes_written'] / 1e6:,.1f} MB |")
         out += ["", "| stage | time exponent (1.0 = linear) | driver RSS, largest / smallest N | "
+                    "less the index it builds or searches | "
                     f"here at {target / 1e6:.1f}M (derived: linear fit) | driver RSS at {target / 1e6:.1f}M (derived) "
-                    "| cluster (derived) |", "|---|---:|---:|---:|---:|---|"]
+                    "| cluster (derived) |", "|---|---:|---:|---:|---:|---:|---|"]
+
+        def index_mb(r: dict) -> float | None:
+            """The bytes of the index an index or retrieve stage holds (its file: what it must hold)."""
+            if not r["stage"].startswith(("index ", "retrieve ")):
+                return None
+            name = "index " + r["stage"].split(" ", 1)[1]
+            built = next((x for x in rows if x["format"] == r["format"] and x["n"] == r["n"] and x["stage"] == name), None)
+            return built["bytes_written"] / 2**20 if built else None
         for st in stages:
             sel = sorted((x for x in rows if x["format"] == fmt and x["stage"] == st), key=lambda x: x["n"])
             ns, ts = [x["n"] for x in sel], [x["seconds"] for x in sel]
@@ -407,25 +432,35 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args, command
             if st == "encode":
                 cluster = (f"{fmt_s(target / GPU_RATE[fmt])} on one A10G with MiniLM "
                            f"({GPU_RATE[fmt]:,.0f} psg/s, SCALING.md §2), ÷ GPUs")
-            fits[(fmt, st)] = {"exponent": e, "here_s": here, "driver_rss_mb": mem, "rss_growth": growth}
+            less = None
+            if index_mb(sel[0]) is not None and index_mb(sel[-1]) is not None:
+                less = (sel[-1]["driver_rss_mb"] - index_mb(sel[-1])) / max(sel[0]["driver_rss_mb"] - index_mb(sel[0]), 1)
+            fits[(fmt, st)] = {"exponent": e, "here_s": here, "driver_rss_mb": mem, "rss_growth": growth,
+                               "rss_growth_less_index": less}
             out.append(f"| {st} | {'—' if e is None else f'{e:.2f}'} | {growth:.2f}x | "
+                       f"{'—' if less is None else f'{less:.2f}x'} | "
                        f"{'—' if here is None else fmt_s(here)} | {'—' if mem is None else f'{mem:,.0f} MB'} | {cluster} |")
         out.append("")
     if train:
         out += ["## Training side (`pipeline train`, DPR, tiny BERT, 1 worker, 1 hard negative)\n",
                 "| pairs | wall | examples built at | first report at | steps/s | driver peak RSS | example build "
-                "(child process) | worker peak RSS | all processes |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "(child process) | worker peak RSS | of it anonymous (not file pages) | all processes |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in train:
             out.append(f"| {human(r['pairs'])} | {fmt_s(r['seconds'])} | {r['examples_built_s'] if r['examples_built_s'] is not None else '—'} s | "
                        f"{r['first_report_s']} s | {r['steps_per_s']} | {r['driver_rss_mb']:,.0f} MB | "
                        f"{(str(round(r['build_child_rss_mb'])) + ' MB') if r.get('build_child_rss_mb') else 'in the driver'} | "
-                       f"{r['worker_rss_mb']:,.0f} MB | {r['all_processes_rss_mb']:,.0f} MB |")
+                       f"{r['worker_rss_mb']:,.0f} MB | "
+                       f"{(format(r['worker_anon_mb'], ',.0f') + ' MB') if r.get('worker_anon_mb') else '—'} | "
+                       f"{r['all_processes_rss_mb']:,.0f} MB |")
         out.append("")
     if train and len(train) > 1:
         a, b = train[0], train[-1]
         out += [f"{human(b['pairs'])} vs {human(a['pairs'])} pairs: driver peak RSS "
-                f"{b['driver_rss_mb'] / a['driver_rss_mb']:.2f}x, worker {b['worker_rss_mb'] / max(a['worker_rss_mb'], 1):.2f}x, "
+                f"{b['driver_rss_mb'] / a['driver_rss_mb']:.2f}x, worker {b['worker_rss_mb'] / max(a['worker_rss_mb'], 1):.2f}x"
+                + (f" (anonymous memory {b['worker_anon_mb'] / max(a['worker_anon_mb'], 1):.2f}x: the rest is the "
+                   "memory-mapped example store's file pages, shared and reclaimable)"
+                   if a.get("worker_anon_mb") and b.get("worker_anon_mb") else "") + ", "
                 f"first report {b['first_report_s'] - a['first_report_s']:+.1f} s, steps/s "
                 f"{b['steps_per_s'] / a['steps_per_s']:.2f}x.\n"]
     if ance:
@@ -487,6 +522,7 @@ def main() -> None:
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         args.queries, args.top_k = data["queries"], data["top_k"]
         text, _ = report(data["stages"], data["training"], data["ance"], args, data["command"], data.get("cpu"))
         (out / "scale.md").write_text(text + "\n")
