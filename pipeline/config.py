@@ -114,6 +114,11 @@ class EncodeConfig:
     # auto = local when nothing asks for Ray (no ray.address / RAY_ADDRESS, Ray not running in this
     # process, one CPU encoder, no tokenising stage, no CUDA device), else ray.
     runner: Literal["auto", "ray", "local"] = "auto"
+    # What runs the model on a CPU: torch (eager), openvino (the tower converted once to OpenVINO's
+    # IR, cached by the model's digest, and checked against torch's vectors: cosine >= 0.9999),
+    # or auto = openvino on a CPU when installed and its check passes, else torch (GPUs: torch).
+    # MiniLM on a 2-core AVX512-BF16 CPU: openvino 2.2x torch in fp32, 1.5x in bf16 (bench/encode.py).
+    backend: Literal["auto", "torch", "openvino"] = "auto"
 
     def __post_init__(self):
         _check_min("encode", self, 1, "num_actors", optional=True)

@@ -19,6 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-tests-hf"))
+# encode.backend=openvino's converted towers: a folder of this session's, not the user's cache
+os.environ.setdefault("PIPELINE_EXPORT_CACHE", tempfile.mkdtemp(prefix="pipeline-tests-exports-"))
 
 from pipeline.runtime_env import setup_offline_env  # noqa: E402
 

@@ -238,12 +238,17 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     used = sorted({str(markers[s["name"]]["precision"]) for s in specs
                    if markers.get(s["name"], {}).get("precision")})
     resolved = used[0] if len(used) == 1 else ("mixed: " + ", ".join(used) if used else enc.precision)
-    write_json(meta_path, {**meta, "precision_resolved": resolved, "complete": True})
+    # and with what (encode.backend resolved on each encoder; shards of an older run say nothing)
+    backends = sorted({str(markers[s["name"]].get("backend") or "torch") for s in specs if s["name"] in markers})
+    backend = backends[0] if len(backends) == 1 else "mixed: " + ", ".join(backends)
+    notes = sorted({markers[s["name"]]["backend_note"] for s in specs if markers.get(s["name"], {}).get("backend_note")})
+    write_json(meta_path, {**meta, "precision_resolved": resolved, "backend": enc.backend, "backend_resolved": backend,
+                           **({"backend_notes": notes} if notes else {}), "complete": True})
     secs = time.time() - t_entry  # the whole command: start-up + encoding (+ checks) add up to it
     summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
                "parts": len(manifest["parts"]), "seconds": round(secs, 2),
                "rows_per_s": round(todo_rows / secs, 1) if todo_rows and secs else None,
-               "dim": dim, "dtype": dtype, "precision": resolved, "out": str(out_dir)}
+               "dim": dim, "dtype": dtype, "precision": resolved, "backend": backend, "out": str(out_dir)}
     if shape:
         summary.update(actors=shape[0], cpus_per_actor=shape[1], torch_threads=shape[2],
                        tokenize=resolve_tokenize(enc), runner=runner)
@@ -259,7 +264,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     where = " in this process, no Ray (encode.runner=local)" if todo and runner == "local" else ""
     print(f"[encode] done: {total_rows:,} passages in {len(specs)} shards "
           f"({todo_rows:,} encoded now{where}, {len(reused)} shards already complete) in {secs:.1f}s{rate}{split}; "
-          f"dim {dim} {dtype}, computed in {resolved} (encode.precision={enc.precision}) -> {out_dir}", flush=True)
+          f"dim {dim} {dtype}, computed in {resolved} by {backend} (encode.precision={enc.precision}, "
+          f"encode.backend={enc.backend}) -> {out_dir}"
+          + "".join(f"\n[encode] note: {n}" for n in notes), flush=True)
     return summary
 
 
@@ -319,7 +326,7 @@ def _run_local(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: st
     import numpy as np
 
     encoder = ShardEncoder(asdict(model_cfg), title_join, threads, enc.precision, enc.batch_size, dtype,
-                           str(out_dir), model=model)
+                           str(out_dir), model=model, backend=enc.backend)
     bar = _progress_bar(todo_rows, enc.show_progress)
     _first_shard.clear()
     try:
@@ -385,7 +392,7 @@ def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus
         ShardEncoder,
         fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
                                "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
-                               "out_dir": str(out_dir)},
+                               "out_dir": str(out_dir), "backend": enc.backend},
         batch_size=1,
         batch_format="numpy",
         num_cpus=cpus,

@@ -142,17 +142,21 @@ class ShardEncoder:
     `out_dir`, a receipt per shard out. Given token arrays, the actor only runs the model."""
 
     def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
-                 dtype: str, out_dir: str, model=None):
+                 dtype: str, out_dir: str, model=None, backend: str = "torch"):
         import torch
 
         from ..models import BiEncoder
+        from ..models.backends import tower_runner
         from ..models.precision import resolve_precision
 
         torch.set_num_threads(max(1, torch_threads))
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         # `model`: one already loaded with this config (a local encoder gets the driver's), else loaded here
         self.model = (model if model is not None else BiEncoder.load(ModelConfig(**model_cfg))).to(self.device).eval()
-        self.precision = resolve_precision(precision, self.device)
+        # encode.backend: the tower run by torch, or converted (cached) and checked for OpenVINO;
+        # the precision is what the backend really computes in
+        self.backend, self.runner, self.precision, self.backend_note = tower_runner(
+            self.model, "doc", backend, resolve_precision(precision, self.device), torch_threads, self.device)
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
         self.node = None  # outside Ray (tests, plain use): no node id
@@ -193,11 +197,12 @@ class ShardEncoder:
                 tok, prefix, max_len = self.model.token_spec("doc")
                 toks = tokenize_sorted(tok, texts, prefix, max_len)
             vectors = self.model.embed_tokens(toks, "doc", batch_size=self.batch_size, device=self.device,
-                                              precision=self.precision)
+                                              precision=self.precision, runner=self.runner)
             secs.append(time.perf_counter() - t0)
             try:
                 write_shard(self.out_dir, spec, pids, vectors.astype(self.dtype, copy=False),
-                            precision=self.precision, device=str(self.device), node=self.node, pid=os.getpid(),
+                            precision=self.precision, backend=self.backend, backend_note=self.backend_note,
+                            device=str(self.device), node=self.node, pid=os.getpid(),
                             tokenize="stage" if staged else "actor", seconds=round(secs[-1], 3), **info)
             except ValueError as e:
                 raise PipelineError(str(e)) from None

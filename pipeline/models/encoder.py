@@ -210,12 +210,13 @@ class BiEncoder(nn.Module):
 
     @torch.inference_mode()
     def embed_tokens(self, tokens: dict, side: str, batch_size: int = 64, device: str | torch.device = "cpu",
-                     precision: str = "fp32"):
+                     precision: str = "fp32", runner=None):
         """`tokenize_sorted`'s arrays -> float32 numpy (N, D) in the texts' input order.
 
         Only the model's part of encoding (padding a batch is one vectorised copy), so a
         CPU stage can tokenise ahead of this. On CUDA each batch goes through pinned
-        memory with a non-blocking copy."""
+        memory with a non-blocking copy. `runner` (models/backends.py: e.g. the tower compiled
+        by OpenVINO) takes the padded numpy batch instead of this module."""
         import numpy as np
 
         self.eval()
@@ -233,6 +234,9 @@ class BiEncoder(nn.Module):
         for s in range(0, len(lengths), max(1, batch_size)):
             e = min(len(lengths), s + max(1, batch_size))
             batch = padded_batch(tokens, offsets, s, e, pad_id, left)
+            if runner is not None:
+                out[order[s:e]] = runner(batch)
+                continue
             if cuda:
                 batch = {k: torch.from_numpy(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
             else:

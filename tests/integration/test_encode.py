@@ -269,3 +269,29 @@ def test_the_local_runner_refuses_what_only_ray_does(tiny_model_dir, collection,
         with pytest.raises(ConfigError, match=f"{extra.split('=')[0]}.*need encode.runner=ray"):
             encode_corpus(corpus, tmp_path / "emb", _cfg(tiny_model_dir, "encode.runner=local", extra))
         assert not (tmp_path / "emb").exists()
+
+
+def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tiny_model_dir, collection, tmp_path):
+    """encode.backend: the Ray actors and the local encoder with OpenVINO write the vectors torch writes
+    (fp32: within 1e-5), and embeddings.json and the summary name the backend and precision used."""
+    import numpy as np
+
+    pytest.importorskip("openvino")
+    corpus = tmp_path / "corpus"
+    ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
+    common = ("encode.shard_rows=40", "encode.precision=fp32")
+    ref = encode_corpus(corpus, tmp_path / "torch", _cfg(tiny_model_dir, *common, "encode.backend=torch",
+                                                         "encode.runner=local"))
+    assert ref["backend"] == "torch"
+    va = np.concatenate([v for _, v in iter_shards(tmp_path / "torch")])
+    for runner in ("local", "ray"):
+        out = tmp_path / f"ov-{runner}"
+        extra = ("encode.num_actors=1", "encode.cpus_per_actor=1") if runner == "ray" else ()
+        got = encode_corpus(corpus, out, _cfg(tiny_model_dir, *common, "encode.backend=auto",
+                                              f"encode.runner={runner}", *extra))
+        assert got["backend"] == "openvino" and got["precision"] == "fp32" and got["runner"] == runner
+        meta = json.loads((out / "embeddings.json").read_text())
+        assert (meta["backend"], meta["backend_resolved"], meta["precision_resolved"]) == ("auto", "openvino", "fp32")
+        assert all(m["backend"] == "openvino" for m in completed_shards(out).values())
+        assert _all_pids(out) == _all_pids(tmp_path / "torch")
+        np.testing.assert_allclose(np.concatenate([v for _, v in iter_shards(out)]), va, rtol=0, atol=1e-5)
