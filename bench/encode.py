@@ -10,6 +10,12 @@ size and max length everywhere, passages/s of:
      model load included) and steady state (the actors' own encode time); with auto precision
      both `encode.tokenize=actor` (in the actor) and `stage` (a CPU task stage ahead of the
      actors, which leave it `encode.tokenize_cpus`), side by side;
+  4. the CPU backends side by side on the same tokens (OpenVINO fp32 / bf16, which
+     encode.backend=auto runs on a CPU; ONNX Runtime fp32 with its BERT fusions;
+     torch.compile fp32), each with its minimum cosine to torch's fp32 vectors;
+  5. whole processes as users run them: sentence-transformers, and `pipeline encode` per
+     precision, backend and runner;
+with each row's GFLOP/s against this CPU's measured matmul peak,
 and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
 cosine of bf16 to fp32 vectors, and nDCG@10 (queries and documents encoded in the same
 precision, exact search) of fp32 and bf16 when qrels are there.
@@ -58,7 +64,7 @@ def make_corpus(folder: Path, n: int, part_rows: int) -> Path:
 
 def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int, actors: int | None,
                cpus: float | None, threads: int, precision: str = "fp32", tokenize: str = "auto",
-               shard_rows: int = 2048) -> dict:
+               shard_rows: int = 2048, backend: str = "torch") -> dict:
     from pipeline.config import load_config
     from pipeline.index.encode import encode_corpus
 
@@ -66,7 +72,7 @@ def ray_encode(corpus: Path, out: Path, model_dir: str, batch: int, max_len: int
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"model.doc_max_length={max_len}",
                              f"encode.batch_size={batch}", f"encode.torch_threads={threads}",
                              f"encode.precision={precision}", f"encode.tokenize={tokenize}", f"encode.shard_rows={shard_rows}",
-                             "encode.show_progress=false", *shape])
+                             f"encode.backend={backend}", "encode.show_progress=false", *shape])
     t0 = time.perf_counter()
     summary = encode_corpus(corpus, out, cfg)
     summary["wall"] = time.perf_counter() - t0
@@ -178,6 +184,60 @@ def corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
     return pids, texts
 
 
+def backend_runners(model, texts: list[str], threads: int, tmp: Path, compile_torch: bool) -> dict:
+    """{label: (runner for BiEncoder.embed_tokens, precision, seconds spent making it)} for the CPU
+    backends measured side by side: OpenVINO (what encode.backend=auto runs here) in fp32 and bf16,
+    ONNX Runtime fp32 with its BERT fusions (attention / layer norm / GELU, as optimum's optimiser
+    does), and torch.compile fp32."""
+    import torch
+
+    from pipeline.models.backends import OpenVinoTower, _Tower, _input_names, _probe_batches
+    from pipeline.models.precision import cpu_has_bf16
+
+    out = {}
+    for prec in ("fp32",) + (("bf16",) if cpu_has_bf16() else ()):
+        t0 = time.perf_counter()
+        tower = OpenVinoTower(model, "doc", prec, threads, cache=tmp / "exports")
+        out[f"OpenVINO {prec}"] = (tower, prec, time.perf_counter() - t0)
+    names = _input_names(model, "doc")
+    try:
+        import onnxruntime as ort
+        from onnxruntime.transformers import optimizer
+
+        t0 = time.perf_counter()
+        onnx_path = tmp / "tower.onnx"
+        example = tuple(torch.from_numpy(_probe_batches(model, "doc")[0][n]) for n in names)
+        with torch.no_grad():
+            torch.onnx.export(_Tower(model, "doc").eval(), example, str(onnx_path), input_names=names,
+                              output_names=["vectors"], opset_version=17, dynamo=False,
+                              dynamic_axes={**{n: {0: "batch", 1: "width"} for n in names}, "vectors": {0: "batch"}})
+        cfg = model.doc_encoder.config
+        fused = optimizer.optimize_model(str(onnx_path), model_type="bert", num_heads=cfg.num_attention_heads,
+                                         hidden_size=cfg.hidden_size)
+        fused.save_model_to_file(str(tmp / "tower-fused.onnx"))
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(str(tmp / "tower-fused.onnx"), so, providers=["CPUExecutionProvider"])
+        out["ONNX Runtime fp32 (BERT fusions)"] = (lambda b: sess.run(None, {n: b[n] for n in names})[0], "fp32",
+                                                   time.perf_counter() - t0)
+    except ImportError as e:
+        print(f"(ONNX Runtime rows skipped: {e}; pip install onnxruntime onnx)", flush=True)
+    if compile_torch:
+        t0 = time.perf_counter()
+        compiled = torch.compile(_Tower(model, "doc").eval(), dynamic=True)
+
+        def run_compiled(b):
+            with torch.inference_mode():
+                return compiled(*(torch.from_numpy(b[n]) for n in names)).float().numpy()
+
+        tok, prefix, max_len = model.token_spec("doc")
+        from pipeline.models.tokens import tokenize_sorted
+
+        model.embed_tokens(tokenize_sorted(tok, texts[:256], prefix, max_len), "doc", runner=run_compiled)  # compiles
+        out["torch.compile fp32"] = (run_compiled, "fp32", time.perf_counter() - t0)
+    return out
+
+
 def encoder_gflop(config, lengths) -> float:
     """GFLOP of one forward pass of a BERT-style encoder over texts of these token lengths (unpadded:
     the useful work; a multiply-add is 2 FLOP). Per layer and text of n tokens, hidden h, FFN width i:
@@ -190,9 +250,12 @@ def encoder_gflop(config, lengths) -> float:
 
 
 def gemm_peak(threads: int) -> dict[str, float]:
-    """This CPU's measured matmul peak in GFLOP/s (torch.mm of 2048 x 2048 matrices, best of 5), fp32
-    and bf16: the ceiling an encoder's achieved rate is compared with (a datasheet peak would need the
-    core's vector width and clock, which /proc/cpuinfo does not tell reliably)."""
+    """This CPU's measured matmul peak in GFLOP/s: the best rate of a 2048 x 2048 matrix product by
+    torch.mm and numpy (fp32) and torch.mm (bf16), best of 5 each. It is the ceiling the encoders'
+    rates are set against (a datasheet peak needs the core's vector width and boost clock, which a
+    VM's /proc/cpuinfo does not tell); a backend with better kernels than these libraries' GEMMs can
+    pass 100 %."""
+    import numpy as np
     import torch
 
     torch.set_num_threads(threads)
@@ -201,6 +264,10 @@ def gemm_peak(threads: int) -> dict[str, float]:
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
         torch.mm(a, b)
         best = min(timed(lambda: torch.mm(a, b))[0] for _ in range(5))
+        if name == "fp32":  # numpy's BLAS (its own thread count: OPENBLAS/OMP_NUM_THREADS)
+            na, nb = a.numpy(), b.numpy()
+            na @ nb
+            best = min(best, min(timed(lambda: na @ nb)[0] for _ in range(5)))
         out[name] = 2 * 2048 ** 3 / best / 1e9
     return out
 
@@ -302,6 +369,24 @@ def throughput(args, tmp: Path) -> None:
     ray.shutdown()
     del st
 
+    # the CPU backends side by side, in this process, same tokens path as BiEncoder.embed
+    from pipeline.models.tokens import tokenize_sorted
+
+    tok, prefix, max_len = model.token_spec("doc")
+    ref32 = model.embed(texts, "doc", batch_size=B, precision="fp32")
+    cosines: dict[str, float] = {}
+    for label, (runner, prec, made) in backend_runners(model, texts, T, tmp, not args.skip_compile).items():
+        def run():
+            return model.embed_tokens(tokenize_sorted(tok, texts, prefix, max_len), "doc", batch_size=B,
+                                      precision=prec, runner=runner)
+        run()  # warm (shapes seen once)
+        secs, vecs = min((timed(run) for _ in range(args.rounds)), key=lambda x: x[0])
+        cos = (vecs * ref32).sum(1) / np.linalg.norm(vecs, axis=1) / np.linalg.norm(ref32, axis=1)
+        cosines[f"plain loop {label}"] = float(cos.min())
+        keep_best(f"plain loop {label}", n / secs)
+        print(f"plain loop {label}: {n / secs:.1f} psg/s, min cosine vs torch fp32 {cos.min():.6f} "
+              f"(made in {made:.1f}s)", flush=True)
+
     # whole processes, as users run them (the rows above start timing with the model loaded and,
     # for `pipeline encode`, Ray already up): sentence-transformers vs the CLI with each runner
     texts_file = tmp / "texts.json"
@@ -309,17 +394,26 @@ def throughput(args, tmp: Path) -> None:
     st_wall, _ = whole_process([sys.executable, "-c", ST_PROCESS, str(resolve_model_path(args.model)),
                                 str(texts_file), str(T), str(L), str(B)])
     keep_best("sentence-transformers fp32 (whole process)", n / st_wall)
-    for prec in ("fp32", "auto"):
-        for runner in ("local", "ray"):
-            wall, line = whole_process(
-                [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out",
-                 str(tmp / f"cli-{prec}-{runner}"), "--model", args.model, f"model.doc_max_length={L}",
-                 f"encode.batch_size={B}", f"encode.torch_threads={T}", f"encode.precision={prec}",
-                 f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}", "encode.show_progress=false"])
-            label = f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''} runner={runner} (whole process)"
-            keep_best(label, n / wall)
-            split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
-            print(f"{label}: {wall:.1f}s {split}", flush=True)
+    env_cache = os.environ.get("PIPELINE_EXPORT_CACHE")
+    os.environ["PIPELINE_EXPORT_CACHE"] = str(tmp / "exports")  # converted once (backend rows above), as a user's 2nd run
+    for prec, backend, runner in (("fp32", "torch", "local"), ("fp32", "auto", "local"), ("auto", "torch", "local"),
+                                  ("auto", "auto", "local"), ("auto", "auto", "ray")):
+        wall, line = whole_process(
+            [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out",
+             str(tmp / f"cli-{prec}-{backend}-{runner}"), "--model", args.model, f"model.doc_max_length={L}",
+             f"encode.batch_size={B}", f"encode.torch_threads={T}", f"encode.precision={prec}",
+             f"encode.backend={backend}", f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}",
+             "encode.show_progress=false"])
+        used = line[line.find(" by ") + 4:].split(" ", 1)[0] if " by " in line else backend
+        label = (f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''} backend={backend}"
+                 f"{f'={used}' if backend == 'auto' else ''} runner={runner} (whole process)")
+        keep_best(label, n / wall)
+        split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
+        print(f"{label}: {wall:.1f}s {split}", flush=True)
+    if env_cache is None:
+        os.environ.pop("PIPELINE_EXPORT_CACHE", None)
+    else:
+        os.environ["PIPELINE_EXPORT_CACHE"] = env_cache
 
     base = rates["sentence-transformers fp32"]
     whole = rates["sentence-transformers fp32 (whole process)"]
@@ -328,13 +422,14 @@ def throughput(args, tmp: Path) -> None:
     gflop = encoder_gflop(model.doc_encoder.config, lengths) / n  # per passage
     peak = gemm_peak(T)
     print(f"\nwork: {gflop:.2f} GFLOP per passage ({sum(lengths) / n:.0f} tokens on average); this CPU's measured "
-          f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s "
-          "(torch.mm 2048x2048)", flush=True)
+          f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s (best of torch.mm and numpy), bf16 "
+          f"{peak['bf16']:.0f} GFLOP/s (torch.mm), 2048x2048", flush=True)
     for label, rate in rates.items():
         ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
         kind = "bf16" if "bf16" in label else "fp32"
-        print(f"{label:72s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
-              f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak", flush=True)
+        print(f"{label:84s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
+              f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak"
+              + (f"   min cosine vs fp32 {cosines[label]:.6f}" if label in cosines else ""), flush=True)
     for tok, shape in shapes.items():
         print(f"(pipeline encode tokenize={tok}: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
               f"{shape['torch_threads']} threads; precisions used {shape['precisions']}"
@@ -355,11 +450,17 @@ def throughput(args, tmp: Path) -> None:
     print(f"cosine {auto} vs fp32 vectors: min {cos.min():.6f}, mean {cos.mean():.6f}")
     keep = [i for i, p in enumerate(pids) if "~" not in p]  # the original corpus, not the copies
     split = args.split or next((s for s in ("test", "all") if (corpus / "qrels" / f"{s}.trec").exists()), "test")
-    scores = {prec: ndcg10(corpus, model, [pids[i] for i in keep], v[keep], prec, tmp, split)
-              for prec, v in (("fp32", v32), (auto, va))}
+    pd, vd = load_vectors(tmp / "cli-auto-auto-local")  # the CLI's defaults (backend auto)
+    assert pd == pids
+    cos = (v32 * vd).sum(1) / np.linalg.norm(v32, axis=1) / np.linalg.norm(vd, axis=1)
+    print(f"cosine of the defaults' vectors (precision {auto}, backend auto) vs torch fp32: min {cos.min():.6f}, "
+          f"mean {cos.mean():.6f}")
+    scores = {prec: ndcg10(corpus, model, [pids[i] for i in keep], v[keep], p, tmp, split)
+              for prec, p, v in (("fp32", "fp32", v32), (auto, auto, va), ("defaults", auto, vd))}
     if scores["fp32"] is not None:
         print(f"nDCG@10 ({split} qrels, exact search): fp32 {scores['fp32']:.4f}, {auto} {scores[auto]:.4f} "
-              f"(diff {scores[auto] - scores['fp32']:+.4f})")
+              f"(diff {scores[auto] - scores['fp32']:+.4f}), defaults (backend auto, {auto}) {scores['defaults']:.4f} "
+              f"(diff {scores['defaults'] - scores['fp32']:+.4f}; queries encoded by torch in {auto})")
 
 
 def main() -> None:
@@ -377,6 +478,7 @@ def main() -> None:
     ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
     ap.add_argument("--skip-throughput", action="store_true", help="only the memory runs")
     ap.add_argument("--skip-memory", action="store_true", help="only the throughput runs")
+    ap.add_argument("--skip-compile", action="store_true", help="no torch.compile row (its compile takes a while)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, same for every row")
