@@ -397,15 +397,20 @@ def throughput(args, tmp: Path) -> None:
     env_cache = os.environ.get("PIPELINE_EXPORT_CACHE")
     os.environ["PIPELINE_EXPORT_CACHE"] = str(tmp / "exports")  # converted once (backend rows above), as a user's 2nd run
     for prec, backend, runner in (("fp32", "torch", "local"), ("fp32", "auto", "local"), ("auto", "torch", "local"),
-                                  ("auto", "auto", "local"), ("auto", "auto", "ray")):
+                                  ("auto", "auto", "local"), ("auto", "auto", "ray"), ("int8", "auto", "local"),
+                                  ("int8", "auto", "local-again")):
+        again = runner.endswith("-again")  # int8's second run: the quantised tower from the cache
+        runner = runner.removesuffix("-again")
         wall, line = whole_process(
             [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out",
-             str(tmp / f"cli-{prec}-{backend}-{runner}"), "--model", args.model, f"model.doc_max_length={L}",
+             str(tmp / f"cli-{prec}-{backend}-{runner}{'-again' if again else ''}"), "--model", args.model,
+             f"model.doc_max_length={L}",
              f"encode.batch_size={B}", f"encode.torch_threads={T}", f"encode.precision={prec}",
              f"encode.backend={backend}", f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}",
              "encode.show_progress=false"])
         used = line[line.find(" by ") + 4:].split(" ", 1)[0] if " by " in line else backend
-        label = (f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''} backend={backend}"
+        label = (f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''}"
+                 f"{' (opt-in, calibrated on the first 300 passages' + (', cached' if again else ', quantised now') + ')' if prec == 'int8' else ''} backend={backend}"
                  f"{f'={used}' if backend == 'auto' else ''} runner={runner} (whole process)")
         keep_best(label, n / wall)
         split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
@@ -426,7 +431,7 @@ def throughput(args, tmp: Path) -> None:
           f"{peak['bf16']:.0f} GFLOP/s (torch.mm), 2048x2048", flush=True)
     for label, rate in rates.items():
         ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
-        kind = "bf16" if "bf16" in label else "fp32"
+        kind = "bf16" if "bf16" in label else "fp32"  # (int8 rows: against the fp32 peak too)
         print(f"{label:84s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
               f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak"
               + (f"   min cosine vs fp32 {cosines[label]:.6f}" if label in cosines else ""), flush=True)
@@ -455,8 +460,15 @@ def throughput(args, tmp: Path) -> None:
     cos = (v32 * vd).sum(1) / np.linalg.norm(v32, axis=1) / np.linalg.norm(vd, axis=1)
     print(f"cosine of the defaults' vectors (precision {auto}, backend auto) vs torch fp32: min {cos.min():.6f}, "
           f"mean {cos.mean():.6f}")
+    p8, v8 = load_vectors(tmp / "cli-int8-auto-local")
+    assert p8 == pids
+    cos8 = (v32 * v8).sum(1) / np.linalg.norm(v32, axis=1) / np.linalg.norm(v8, axis=1)
+    print(f"cosine of int8 (opt-in) vectors vs torch fp32: min {cos8.min():.6f}, mean {cos8.mean():.6f}")
     scores = {prec: ndcg10(corpus, model, [pids[i] for i in keep], v[keep], p, tmp, split)
-              for prec, p, v in (("fp32", "fp32", v32), (auto, auto, va), ("defaults", auto, vd))}
+              for prec, p, v in (("fp32", "fp32", v32), (auto, auto, va), ("defaults", auto, vd), ("int8", "fp32", v8))}
+    if scores["int8"] is not None:
+        print(f"nDCG@10 ({split} qrels) with int8 documents (queries fp32): {scores['int8']:.4f} "
+              f"(diff {scores['int8'] - scores['fp32']:+.4f} vs fp32)")
     if scores["fp32"] is not None:
         print(f"nDCG@10 ({split} qrels, exact search): fp32 {scores['fp32']:.4f}, {auto} {scores[auto]:.4f} "
               f"(diff {scores[auto] - scores['fp32']:+.4f}), defaults (backend auto, {auto}) {scores['defaults']:.4f} "

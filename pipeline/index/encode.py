@@ -203,6 +203,10 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     todo_rows = sum(s["end"] - s["start"] for s in todo)
     shape = None
     runner = resolve_runner(enc, cfg.ray)
+    if enc.precision == "int8":  # refused up front (torch backend, GPU actors, no NNCF), before anything is written
+        from ..models.backends import resolve_backend
+
+        resolve_backend(enc.backend, "cuda" if enc.gpus_per_actor > 0 else "cpu", "int8")
     if todo and runner == "local":
         shape = local_shape(enc)
         from ..storage import check_writable
@@ -223,11 +227,15 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         remove_shard(out_dir, name)
     for stray in stray_files(out_dir, keep=reused):
         stray.unlink(missing_ok=True)
+    # int8: every encoder quantises on the same texts, the corpus's first passages (a resumed run too)
+    calibration = calibration_texts(specs, manifest["title_join"]) if todo and enc.precision == "int8" else None
     if todo and runner == "local":
-        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe)
+        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe,
+                   calibration)
     elif todo:
         del probe  # the actors load their own
-        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec)
+        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec,
+             calibration)
     markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
     problems = verify_shards(out_dir, specs, total_rows, done=markers, checked=reused)  # reused: checked above
     if problems:
@@ -310,6 +318,18 @@ def local_shape(enc: EncodeConfig) -> tuple[int, float, int]:
     return 1, cpus, enc.torch_threads or max(1, int(cpus + 0.5))
 
 
+def calibration_texts(specs: list[dict], title_join: str, n: int = 300) -> list[str]:
+    """encode.precision=int8's calibration set: the corpus's first `n` passages, in corpus order."""
+    from .encode_workers import read_texts
+
+    texts: list[str] = []
+    for spec in specs:
+        texts += read_texts(spec, title_join)[1][: n - len(texts)]
+        if len(texts) >= n:
+            break
+    return texts
+
+
 def _disk_error(out_dir, os_error: str) -> PipelineError:
     """A shard write that failed (e.g. the disk filled): every shard written before is complete and
     kept (markers last), and a re-run encodes the rest."""
@@ -320,13 +340,15 @@ def _disk_error(out_dir, os_error: str) -> PipelineError:
 
 
 def _run_local(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
-               enc: EncodeConfig, threads: int, todo_rows: int, model=None) -> None:
+               enc: EncodeConfig, threads: int, todo_rows: int, model=None,
+               calibration: list[str] | None = None) -> None:
     """encode.runner=local: the actors' own ShardEncoder in this process, shard after shard (no Ray
     start, no actor start, the receipts as the Ray runner's); `model` is the driver's loaded one."""
     import numpy as np
 
     encoder = ShardEncoder(asdict(model_cfg), title_join, threads, enc.precision, enc.batch_size, dtype,
-                           str(out_dir), model=model, backend=enc.backend)
+                           str(out_dir), model=model, backend=enc.backend,
+                           calibration=calibration)
     bar = _progress_bar(todo_rows, enc.show_progress)
     _first_shard.clear()
     try:
@@ -359,7 +381,7 @@ def _check_output_writable(out_dir) -> None:
 
 def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
          enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int,
-         tokenize_spec: "TokenizeSpec | None" = None) -> None:
+         tokenize_spec: "TokenizeSpec | None" = None, calibration: list[str] | None = None) -> None:
     import ray
     from ray.data import DataContext
 
@@ -379,20 +401,21 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
                             num_cpus=enc.tokenize_cpus, max_calls=TOKENIZE_MAX_CALLS)
     with warnings.catch_warnings():  # Ray 2.60 deprecates the remote-args hook, with no named max_restarts yet
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
-        ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors)
+        ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration)
     failure = _collect(ds, todo_rows, enc.show_progress, out_dir)
     if failure is not None:
         raise failure  # (the actor that raised has left: ShardEncoder.__call__)
 
 
-def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors):
+def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration=None):
     from ray.data import ActorPoolStrategy
 
     return ds.map_batches(
         ShardEncoder,
         fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
                                "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
-                               "out_dir": str(out_dir), "backend": enc.backend},
+                               "out_dir": str(out_dir), "backend": enc.backend,
+                               "calibration": calibration},
         batch_size=1,
         batch_format="numpy",
         num_cpus=cpus,

@@ -142,7 +142,7 @@ class ShardEncoder:
     `out_dir`, a receipt per shard out. Given token arrays, the actor only runs the model."""
 
     def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
-                 dtype: str, out_dir: str, model=None, backend: str = "torch"):
+                 dtype: str, out_dir: str, model=None, backend: str = "torch", calibration: list[str] | None = None):
         import torch
 
         from ..models import BiEncoder
@@ -155,8 +155,11 @@ class ShardEncoder:
         self.model = (model if model is not None else BiEncoder.load(ModelConfig(**model_cfg))).to(self.device).eval()
         # encode.backend: the tower run by torch, or converted (cached) and checked for OpenVINO;
         # the precision is what the backend really computes in
+        # (int8: quantised by NNCF on `calibration`, the driver's pick of the corpus's first passages,
+        # the same for every encoder)
+        wanted = precision if precision == "int8" else resolve_precision(precision, self.device)
         self.backend, self.runner, self.precision, self.backend_note = tower_runner(
-            self.model, "doc", backend, resolve_precision(precision, self.device), torch_threads, self.device)
+            self.model, "doc", backend, wanted, torch_threads, self.device, calibration=calibration)
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
         self.node = None  # outside Ray (tests, plain use): no node id

@@ -38,6 +38,7 @@ from ..errors import ConfigError, PipelineError
 BACKENDS = ("auto", "torch", "openvino")
 EXPORT_VERSION = 1  # bump when the conversion changes: earlier exports are not used
 COSINE_GATE = 0.9999
+INT8_MEAN_GATE = 0.99  # int8: the probe's mean cosine to torch fp32 (a broken quantisation, not its known cost)
 
 
 def export_cache() -> Path:
@@ -56,12 +57,22 @@ def openvino_available() -> bool:
     return True
 
 
-def resolve_backend(backend: str, device: str | torch.device = "cpu") -> str:
+def resolve_backend(backend: str, device: str | torch.device = "cpu", precision: str = "fp32") -> str:
     """`auto` -> openvino on a CPU when OpenVINO is installed, else torch; an explicit choice is
-    checked (openvino runs on the CPU only, and must be installed)."""
+    checked (openvino runs on the CPU only, and must be installed; int8 needs openvino and nncf)."""
     if backend not in BACKENDS:
         raise ConfigError(f"encode.backend={backend!r}: expected one of {list(BACKENDS)}")
     cpu = torch.device(device).type == "cpu"
+    if precision == "int8":
+        if backend == "torch" or not cpu:
+            raise ConfigError("encode.precision=int8 runs in OpenVINO on a CPU: it needs encode.backend=openvino "
+                              "or auto, and no GPU")
+        try:
+            import nncf  # noqa: F401
+        except ImportError:
+            raise ConfigError("encode.precision=int8 quantises the model with NNCF, which is not installed "
+                              "(pip install nncf)") from None
+        backend = "openvino"
     if backend == "auto":
         return "openvino" if cpu and openvino_available() else "torch"
     if backend == "openvino":
@@ -140,17 +151,21 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class OpenVinoTower:
-    """A tower compiled by OpenVINO for the CPU: numpy token batch in, float32 (B, D) vectors out."""
+    """A tower compiled by OpenVINO for the CPU: numpy token batch in, float32 (B, D) vectors out.
+    `precision` int8: the exported tower quantised by NNCF (post-training, transformer preset with
+    SmoothQuant), calibrated on `calibration` (texts), cached beside the export under their digest."""
 
     def __init__(self, model, side: str = "doc", precision: str = "fp32", threads: int = 1,
-                 cache: str | Path | None = None):
+                 cache: str | Path | None = None, calibration: list[str] | None = None):
         import openvino as ov
 
         self.side, self.names = side, _input_names(model, side)
         self.digest = tower_digest(model, side)
         self.folder = Path(cache or export_cache()) / "openvino" / self.digest[:32]
-        self.converted = False
+        self.converted = self.quantized = False
         xml = self._export(model)
+        if precision == "int8":
+            xml = self._quantize(model, xml, calibration or [])
         hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
         core = ov.Core()
         self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", {
@@ -160,6 +175,8 @@ class OpenVinoTower:
         used = str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()  # e.g. <Type: 'bfloat16'>
         self.precision = "bf16" if "bfloat16" in used or "bf16" in used else (
             "fp16" if "float16" in used or "f16" in used else "fp32")
+        if precision == "int8":
+            self.precision = "int8"  # the quantised matmuls in int8, the rest in f32
         self.request = self.compiled.create_infer_request()
         self.check = self._check(model)
 
@@ -196,6 +213,55 @@ class OpenVinoTower:
             shutil.rmtree(tmp, ignore_errors=True)
         return xml
 
+    def _quantize(self, model, xml: Path, texts: list[str]) -> Path:
+        """The int8 tower for these calibration texts: cached under their tokens' digest."""
+        import openvino as ov
+
+        from .tokens import padded_batch, tokenize_sorted
+
+        if not texts:
+            raise PipelineError("encode.precision=int8 needs calibration texts (the corpus's first passages)")
+        tok, prefix, max_len = model.token_spec(self.side)
+        tokens = tokenize_sorted(tok, texts, prefix, max_len)
+        key = hashlib.sha256(tokens["ids"].tobytes() + tokens["lengths"].tobytes()).hexdigest()[:16]
+        folder = self.folder / f"int8-{key}"
+        if (folder / "quantized.json").exists() and (folder / "tower.xml").exists():
+            return folder / "tower.xml"
+        import logging
+
+        import nncf
+
+        logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines and progress bars stay out
+        offsets = np.concatenate([[0], np.cumsum(tokens["lengths"], dtype=np.int64)])
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        left = getattr(tok, "padding_side", "right") == "left"
+        batches = [padded_batch(tokens, offsets, s, min(len(texts), s + 8), pad, left) for s in range(0, len(texts), 8)]
+        import contextlib
+        import io
+
+        core = ov.Core()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            quantized = nncf.quantize(core.read_model(str(xml)),  # (its progress bars stay out of the terminal)
+                                      nncf.Dataset(batches, lambda b: [b[n] for n in self.names]),
+                                      subset_size=len(batches), model_type=nncf.ModelType.TRANSFORMER,
+                                      preset=nncf.QuantizationPreset.PERFORMANCE)
+        tmp = Path(tempfile.mkdtemp(prefix=f".int8-{key}-", dir=self.folder))
+        try:
+            ov.save_model(quantized, str(tmp / "tower.xml"), compress_to_fp16=False)
+            (tmp / "quantized.json").write_text(json.dumps({"calibration_texts": len(texts), "tokens": key,
+                                                            "nncf": nncf.__version__}, indent=2) + "\n")
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                if not (folder / "quantized.json").exists():
+                    raise
+            self.quantized = True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder / "tower.xml"
+
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         out = self.request.infer([np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.names])
         return np.array(out[0], dtype=np.float32)
@@ -214,7 +280,11 @@ class OpenVinoTower:
                         near.append(encode(t).float().numpy())
                 ours.append(self(b))
         ref_v = np.concatenate(ref)
-        cos = float(_cosines(np.concatenate(ours), ref_v).min())
+        cosines = _cosines(np.concatenate(ours), ref_v)
+        cos = float(cosines.min())
+        if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): a sanity floor
+            return {"min_cosine": round(cos, 6), "mean_cosine": round(float(cosines.mean()), 6),
+                    "gate": INT8_MEAN_GATE, "passed": bool(cosines.mean() >= INT8_MEAN_GATE)}
         gate = COSINE_GATE
         if near:  # bf16: at least as close to fp32 as torch's own bf16 (less 1e-4)
             gate = min(COSINE_GATE, float(_cosines(np.concatenate(near), ref_v).min()) - 1e-4)
@@ -222,22 +292,30 @@ class OpenVinoTower:
 
 
 def tower_runner(model, side: str, backend: str, precision: str, threads: int,
-                 device: str | torch.device = "cpu", cache: str | Path | None = None):
+                 device: str | torch.device = "cpu", cache: str | Path | None = None,
+                 calibration: list[str] | None = None):
     """(backend used, runner or None for torch, precision used, note). `auto` falls back to torch
-    when OpenVINO's tower fails to convert or fails its check, with the reason in `note`."""
-    chosen = resolve_backend(backend, device)
+    when OpenVINO's tower fails to convert or fails its check, with the reason in `note` (int8 never
+    falls back: torch has no int8 path here)."""
+    chosen = resolve_backend(backend, device, precision)
     if chosen == "torch":
         return "torch", None, precision, None
     try:
-        runner = OpenVinoTower(model, side, precision, threads, cache)
+        runner = OpenVinoTower(model, side, precision, threads, cache, calibration)
     except Exception as e:  # conversion or compilation failed
-        if backend == "openvino":
+        if backend == "openvino" or precision == "int8":
             raise PipelineError(f"encode.backend=openvino: the model could not be converted or compiled "
                                 f"({type(e).__name__}: {e})") from None
         return "torch", None, precision, f"openvino could not convert this model ({type(e).__name__}), torch used"
     if not runner.check["passed"]:
-        reason = (f"openvino's vectors had a minimum cosine of {runner.check['min_cosine']} with torch's fp32 ones "
-                  f"(needed {runner.check['gate']})")
+        if "mean_cosine" in runner.check:
+            reason = (f"openvino's int8 vectors had a mean cosine of {runner.check['mean_cosine']} with torch's fp32 "
+                      f"ones (needed {runner.check['gate']})")
+        else:
+            reason = (f"openvino's vectors had a minimum cosine of {runner.check['min_cosine']} with torch's fp32 "
+                      f"ones (needed {runner.check['gate']})")
+        if precision == "int8":
+            raise PipelineError(f"encode.precision=int8: {reason}; the quantised model is broken, use fp32 or bf16")
         if backend == "openvino":
             raise PipelineError(f"encode.backend=openvino: {reason}; use encode.backend=torch")
         return "torch", None, precision, reason + ", torch used"

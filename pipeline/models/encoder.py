@@ -221,7 +221,8 @@ class BiEncoder(nn.Module):
 
         self.eval()
         device = torch.device(device)
-        precision = resolve_precision(precision, device)
+        if runner is None:  # a runner computes in its own precision (e.g. OpenVINO's int8)
+            precision = resolve_precision(precision, device)
         encode = self.encode_queries if side == "query" else self.encode_docs
         tok = self.token_spec(side)[0]
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0

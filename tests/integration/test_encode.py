@@ -295,3 +295,28 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
         assert all(m["backend"] == "openvino" for m in completed_shards(out).values())
         assert _all_pids(out) == _all_pids(tmp_path / "torch")
         np.testing.assert_allclose(np.concatenate([v for _, v in iter_shards(out)]), va, rtol=0, atol=1e-5)
+
+
+def test_int8_is_an_opt_in_of_the_openvino_backend(tiny_model_dir, collection, tmp_path):
+    """encode.precision=int8: refused with the torch backend before anything is written; otherwise the
+    tower quantised on the corpus's first passages, said in embeddings.json, near the fp32 vectors."""
+    import numpy as np
+
+    from pipeline.errors import ConfigError
+
+    pytest.importorskip("nncf")
+    corpus = tmp_path / "corpus"
+    ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
+    with pytest.raises(ConfigError, match="int8 runs in OpenVINO"):
+        encode_corpus(corpus, tmp_path / "refused", _cfg(tiny_model_dir, "encode.precision=int8", "encode.backend=torch"))
+    assert not (tmp_path / "refused").exists()
+    common = ("encode.shard_rows=40", "encode.runner=local")
+    ref = encode_corpus(corpus, tmp_path / "fp32", _cfg(tiny_model_dir, *common, "encode.precision=fp32"))
+    got = encode_corpus(corpus, tmp_path / "int8", _cfg(tiny_model_dir, *common, "encode.precision=int8"))
+    assert (got["backend"], got["precision"], ref["precision"]) == ("openvino", "int8", "fp32")
+    meta = json.loads((tmp_path / "int8" / "embeddings.json").read_text())
+    assert (meta["precision"], meta["precision_resolved"], meta["backend_resolved"]) == ("int8", "int8", "openvino")
+    a = np.concatenate([v for _, v in iter_shards(tmp_path / "fp32")])
+    b = np.concatenate([v for _, v in iter_shards(tmp_path / "int8")])
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert _all_pids(tmp_path / "int8") == _all_pids(tmp_path / "fp32") and cos.mean() >= 0.99

@@ -83,3 +83,28 @@ def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model
     with pytest.raises(PipelineError, match="encode.backend=openvino: openvino's vectors had a minimum cosine"):
         tower_runner(model, "doc", "openvino", "fp32", 1, cache=tmp_path)
     assert tower_runner(model, "doc", "torch", "fp32", 1) == ("torch", None, "fp32", None)
+
+
+def test_int8_is_opt_in_calibrated_cached_and_refused_without_openvino(tiny_model_dir, tmp_path):
+    """encode.precision=int8: OpenVINO + NNCF only (torch or a GPU refused), quantised on the given
+    texts and cached under their digest; its vectors stay near fp32 (a known cost, bounded here)."""
+    pytest.importorskip("nncf")
+    model = _model(tiny_model_dir)
+    calib = TEXTS[:24]
+    used, runner, precision, note = tower_runner(model, "doc", "auto", "int8", 1, cache=tmp_path, calibration=calib)
+    assert (used, precision, note) == ("openvino", "int8", None) and runner.quantized
+    toks = _tokens(model)
+    ref = model.embed_tokens(toks, "doc", precision="fp32")
+    got = model.embed_tokens(toks, "doc", precision="int8", runner=runner)
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.mean() >= 0.99 and runner.check["passed"] and "mean_cosine" in runner.check
+    again = OpenVinoTower(model, "doc", "int8", 1, tmp_path, calibration=calib)
+    assert not again.quantized and not again.converted  # both the export and the int8 tower from the cache
+    other = OpenVinoTower(model, "doc", "int8", 1, tmp_path, calibration=TEXTS[24:])
+    assert other.quantized  # other calibration texts: quantised anew
+    with pytest.raises(ConfigError, match="int8 runs in OpenVINO"):
+        tower_runner(model, "doc", "torch", "int8", 1)
+    with pytest.raises(ConfigError, match="int8 runs in OpenVINO"):
+        resolve_backend("auto", "cuda", "int8")
+    with pytest.raises(PipelineError, match="calibration texts"):
+        tower_runner(model, "doc", "openvino", "int8", 1, cache=tmp_path / "none", calibration=[])
