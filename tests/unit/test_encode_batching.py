@@ -183,7 +183,7 @@ def test_shapes_that_cannot_run_are_refused_with_what_to_set(cfg, nodes, gpus, m
 
 
 @pytest.mark.parametrize("override", ["num_actors=0", "num_actors=-1", "cpus_per_actor=0", "batch_size=0",
-                                      "shard_rows=0", "precision=int8", "gpus_per_actor=-1"])
+                                      "shard_rows=0", "precision=int4", "gpus_per_actor=-1"])
 def test_bad_encode_values_are_config_errors(override):
     from pipeline.config import load_config
 
