@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, PipelineError
+from ..io_utils import sha256_files
 
 BACKENDS = ("auto", "torch", "openvino")
 EXPORT_VERSION = 1  # bump when the conversion changes: earlier exports are not used
@@ -117,12 +118,7 @@ def tower_digest(model, side: str) -> str:
     cfg = model.cfg
     path = resolve_model_path(cfg.query_name_or_path if side == "query" and cfg.query_name_or_path
                               else cfg.name_or_path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(path)).encode())
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
+    h = hashlib.sha256(sha256_files(p for p in Path(path).rglob("*") if p.is_file()).encode())
     settings = {"side": side, "pooling": cfg.pooling, "normalize": cfg.normalize,
                 "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
                 "dim": model.dim, "export_version": EXPORT_VERSION, "torch": torch.__version__,
@@ -131,19 +127,39 @@ def tower_digest(model, side: str) -> str:
     return h.hexdigest()
 
 
+def _token_batches(model, side: str, tokens: dict, size: int) -> list[dict[str, np.ndarray]]:
+    """`tokenize_sorted`'s arrays as padded numpy batches of `size` rows (as embed_tokens pads them)."""
+    from .tokens import padded_batch
+
+    tok = model.token_spec(side)[0]
+    n = len(tokens["lengths"])
+    offsets = np.concatenate([[0], np.cumsum(tokens["lengths"], dtype=np.int64)])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    left = getattr(tok, "padding_side", "right") == "left"
+    return [padded_batch(tokens, offsets, s, min(n, s + size), pad, left) for s in range(0, n, size)]
+
+
 def _probe_batches(model, side: str) -> list[dict[str, np.ndarray]]:
     """Token batches of several lengths (real words of the tokenizer's vocabulary, seeded)."""
-    from .tokens import padded_batch, tokenize_sorted
+    from .tokens import tokenize_sorted
 
     tok, prefix, max_len = model.token_spec(side)
     rng = np.random.default_rng(0)
     vocab = [w for w in sorted(tok.get_vocab()) if w.isalpha() and len(w) > 2][:5000] or ["probe"]
     texts = [" ".join(rng.choice(vocab, size=n)) for n in (3, 9, 17, 30, 48, 70, 100, 140)]
-    tokens = tokenize_sorted(tok, texts, prefix, max_len)
-    offsets = np.concatenate([[0], np.cumsum(tokens["lengths"], dtype=np.int64)])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    left = getattr(tok, "padding_side", "right") == "left"
-    return [padded_batch(tokens, offsets, s, min(len(texts), s + 4), pad, left) for s in range(0, len(texts), 4)]
+    return _token_batches(model, side, tokenize_sorted(tok, texts, prefix, max_len), 4)
+
+
+def _publish(tmp: Path, folder: Path, marker: str) -> None:
+    """Put a finished export (`tmp`, its `marker` written last) at `folder`: a half-written one there
+    is replaced; one another process finished meanwhile is kept."""
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        os.rename(tmp, folder)
+    except OSError:
+        if not (folder / marker).exists():
+            raise
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -201,13 +217,7 @@ class OpenVinoTower:
             ov.save_model(converted, str(tmp / "tower.xml"), compress_to_fp16=False)
             (tmp / "export.json").write_text(json.dumps({"digest": self.digest, "side": self.side,
                                                          "inputs": self.names}, indent=2) + "\n")
-            if self.folder.exists():  # a half-written or damaged export of this digest: replaced
-                shutil.rmtree(self.folder, ignore_errors=True)
-            try:
-                os.rename(tmp, self.folder)
-            except OSError:
-                if not (self.folder / "export.json").exists():  # not another process's finished export
-                    raise
+            _publish(tmp, self.folder, "export.json")
             self.converted = True
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -217,7 +227,7 @@ class OpenVinoTower:
         """The int8 tower for these calibration texts: cached under their tokens' digest."""
         import openvino as ov
 
-        from .tokens import padded_batch, tokenize_sorted
+        from .tokens import tokenize_sorted
 
         if not texts:
             raise PipelineError("encode.precision=int8 needs calibration texts (the corpus's first passages)")
@@ -232,10 +242,7 @@ class OpenVinoTower:
         import nncf
 
         logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines and progress bars stay out
-        offsets = np.concatenate([[0], np.cumsum(tokens["lengths"], dtype=np.int64)])
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        left = getattr(tok, "padding_side", "right") == "left"
-        batches = [padded_batch(tokens, offsets, s, min(len(texts), s + 8), pad, left) for s in range(0, len(texts), 8)]
+        batches = _token_batches(model, self.side, tokens, 8)
         import contextlib
         import io
 
@@ -250,13 +257,7 @@ class OpenVinoTower:
             ov.save_model(quantized, str(tmp / "tower.xml"), compress_to_fp16=False)
             (tmp / "quantized.json").write_text(json.dumps({"calibration_texts": len(texts), "tokens": key,
                                                             "nncf": nncf.__version__}, indent=2) + "\n")
-            if folder.exists():
-                shutil.rmtree(folder, ignore_errors=True)
-            try:
-                os.rename(tmp, folder)
-            except OSError:
-                if not (folder / "quantized.json").exists():
-                    raise
+            _publish(tmp, folder, "quantized.json")
             self.quantized = True
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
