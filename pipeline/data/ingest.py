@@ -24,8 +24,11 @@ there (`emb/`, `index/`, `run.trec`, notes) is never touched:
   temporary folder, so a live run's folder is never mistaken for a stale one.
 
 Corpus parts are also the unit of resumable encoding. Duplicate ids are found
-with 8-byte hashes (not a set of strings), so ingest of 21M passages needs
-~170 MB for the check; a collision is confirmed on the real ids before failing.
+with 8-byte hashes (not a set of strings), held in memory up to 262,144 of them and
+beyond that spilled to 256 files in the temporary folder by their first byte,
+each checked on its own: the check's memory does not grow with the corpus
+(~2 MB; 21M passages put ~170 MB on disk, removed with the temporary
+folder). A collision is confirmed on the real ids before failing.
 """
 
 from __future__ import annotations
@@ -58,6 +61,52 @@ def _pid_hash(pid: str) -> int:
     return int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little")
 
 
+class _PidHashes:
+    """The 8-byte hashes of every pid written, and at the end the ones seen more than once.
+
+    Up to `spill_at` hashes stay in memory; beyond that every full buffer is appended to `BUCKETS`
+    files in `folder` by the hash's first byte, and each file is checked on its own, so memory is
+    bounded by `spill_at` (and a bucket, 1/256 of the corpus) whatever the corpus size."""
+
+    BUCKETS = 256
+
+    def __init__(self, folder: Path, spill_at: int = 1 << 18):
+        self.folder, self.spill_at = folder, spill_at
+        self._buf = array("Q")
+        self._spilled = False
+
+    def add(self, h: int) -> None:
+        self._buf.append(h)
+        if len(self._buf) >= self.spill_at:
+            self._spill()
+
+    def _spill(self) -> None:
+        arr = np.frombuffer(self._buf, dtype=np.uint64)
+        arr = arr[np.argsort(arr >> np.uint64(56), kind="stable")]
+        bounds = np.searchsorted(arr >> np.uint64(56), np.arange(self.BUCKETS + 1, dtype=np.uint64))
+        self.folder.mkdir(exist_ok=True)
+        for b in range(self.BUCKETS):
+            if bounds[b + 1] > bounds[b]:
+                with open(self.folder / f"{b:02x}.u64", "ab") as f:
+                    arr[bounds[b]:bounds[b + 1]].tofile(f)
+        self._buf = array("Q")
+        self._spilled = True
+
+    def repeated(self) -> set[int]:
+        if not self._spilled:
+            return _repeats(np.frombuffer(self._buf, dtype=np.uint64))
+        self._spill()
+        found: set[int] = set()
+        for p in sorted(self.folder.glob("*.u64")):
+            found |= _repeats(np.fromfile(p, dtype=np.uint64))
+        return found
+
+
+def _repeats(arr: np.ndarray) -> set[int]:
+    s = np.sort(arr)
+    return {int(h) for h in np.unique(s[1:][s[1:] == s[:-1]])}
+
+
 def _find_duplicate(records_factory, dup_hashes: set[int]):
     first: dict[str, int] = {}
     for r in records_factory():
@@ -69,32 +118,63 @@ def _find_duplicate(records_factory, dup_hashes: set[int]):
 
 
 class _PartWriter:
-    """Buffers rows and writes `part-NNNNN.parquet` files of `part_rows` rows."""
+    """Writes `part-NNNNN.parquet` files of `part_rows` rows, one row group of at most `ROW_GROUP`
+    rows at a time: only that row group is ever held in memory, whatever `part_rows` is."""
+
+    ROW_GROUP = 16_384
 
     def __init__(self, folder: Path, part_rows: int):
         self.folder = folder
         self.part_rows = part_rows
         self.parts: list[dict] = []
         self._buf: dict[str, list] = {"pid": [], "title": [], "text": []}
+        self._writer: pq.ParquetWriter | None = None
+        self._in_part = 0  # rows written to the open part
 
     def add(self, pid: str, title: str, text: str) -> None:
         self._buf["pid"].append(pid)
         self._buf["title"].append(title)
         self._buf["text"].append(text)
-        if len(self._buf["pid"]) >= self.part_rows:
-            self.flush()
+        if len(self._buf["pid"]) >= min(self.ROW_GROUP, self.part_rows - self._in_part):
+            self._write_group()
 
-    def flush(self) -> None:
+    def _write_group(self) -> None:
         n = len(self._buf["pid"])
         if not n:
             return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.folder / f"part-{len(self.parts):05d}.parquet", CORPUS_SCHEMA)
+        self._writer.write_table(pa.table(self._buf, schema=CORPUS_SCHEMA), row_group_size=n)
+        self._buf = {"pid": [], "title": [], "text": []}
+        self._in_part += n
+        if self._in_part >= self.part_rows:
+            self._close_part()
+
+    def _close_part(self) -> None:
         name = f"part-{len(self.parts):05d}.parquet"
-        table = pa.table(self._buf, schema=CORPUS_SCHEMA)
-        pq.write_table(table, self.folder / name, row_group_size=min(n, 16_384))
+        self._writer.close()
+        self._writer = None
         with open(self.folder / name, "rb") as f:
             os.fsync(f.fileno())
-        self.parts.append({"file": f"corpus/{name}", "rows": n})
-        self._buf = {"pid": [], "title": [], "text": []}
+        self.parts.append({"file": f"corpus/{name}", "rows": self._in_part})
+        self._in_part = 0
+
+    def __enter__(self) -> _PartWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self._writer is not None:  # the part is abandoned with its folder
+            try:
+                self._writer.close()
+            except Exception:
+                pass
+            self._writer = None
+
+    def flush(self) -> None:
+        """Writes what is buffered and closes the last part."""
+        self._write_group()
+        if self._writer is not None:
+            self._close_part()
 
 
 def ingest(
@@ -202,45 +282,46 @@ def ingest(
         t0 = time.time()
         skipped: list[dict] = []
         n_skipped = n_titled = 0
-        hashes = array("Q")
+        hashes = _PidHashes(stage.path / "pid-hashes")
         total = 0
         (new / "corpus").mkdir(parents=True)
-        writer = _PartWriter(new / "corpus", part_rows)
-        for r in records():
-            if content is not None:
-                content.update(f"{r['pid']}\0{r['title']}\0{r['text']}\n".encode())
-            if integer_pids and not (r["pid"].isascii() and r["pid"].isdigit()):
-                raise InputError(r["path"], r["line"], f"passage id {r['pid']!r} is not a non-negative integer, as "
-                                 f"every MS MARCO pid is (variant {variant}); use --variant custom for other corpora")
-            if not r["text"].strip():
-                if on_empty == "error":
-                    raise InputError(r["path"], r["line"], f"empty text for passage {r['pid']!r}")
-                n_skipped += 1
-                if len(skipped) < 20:
-                    skipped.append({"file": str(r["path"]), "line": r["line"], "pid": r["pid"], "reason": "empty text"})
-                continue
-            hashes.append(_pid_hash(r["pid"]))
-            writer.add(r["pid"], r["title"], r["text"])
-            n_titled += bool(r["title"].strip())
-            total += 1
-            if progress and total % 500_000 == 0:
-                rate = total / max(time.time() - t0, 1e-9)
-                print(f"[ingest] {total:,} passages ({rate:,.0f}/s)", flush=True)
-        writer.flush()
+        with _PartWriter(new / "corpus", part_rows) as writer:
+            for r in records():
+                if content is not None:
+                    content.update(f"{r['pid']}\0{r['title']}\0{r['text']}\n".encode())
+                if integer_pids and not (r["pid"].isascii() and r["pid"].isdigit()):
+                    raise InputError(r["path"], r["line"],
+                                     f"passage id {r['pid']!r} is not a non-negative integer, as every MS MARCO pid "
+                                     f"is (variant {variant}); use --variant custom for other corpora")
+                if not r["text"].strip():
+                    if on_empty == "error":
+                        raise InputError(r["path"], r["line"], f"empty text for passage {r['pid']!r}")
+                    n_skipped += 1
+                    if len(skipped) < 20:
+                        skipped.append({"file": str(r["path"]), "line": r["line"], "pid": r["pid"],
+                                        "reason": "empty text"})
+                    continue
+                hashes.add(_pid_hash(r["pid"]))
+                writer.add(r["pid"], r["title"], r["text"])
+                n_titled += bool(r["title"].strip())
+                total += 1
+                if progress and total % 500_000 == 0:
+                    rate = total / max(time.time() - t0, 1e-9)
+                    print(f"[ingest] {total:,} passages ({rate:,.0f}/s)", flush=True)
+            writer.flush()
         if total == 0:
             raise InputError(inputs[0], None, "no passages found")
         if variant == "msmarco-titled" and n_titled == 0:
             raise PipelineError(f"variant msmarco-titled, but no passage of {', '.join(map(str, inputs))} has a "
                                 "title: this is the official (untitled) collection; use --variant msmarco-official")
 
-        arr = np.frombuffer(hashes, dtype=np.uint64)
-        uniq, counts = np.unique(arr, return_counts=True)
-        if (counts > 1).any():
-            dup = _find_duplicate(records, set(int(h) for h in uniq[counts > 1]))
+        repeated = hashes.repeated()
+        if repeated:
+            dup = _find_duplicate(records, repeated)
             if dup is not None:
                 pid, first_at, path, line = dup
                 raise InputError(path, line, f"duplicate passage id {pid!r} (first seen at {first_at})")
-        del hashes, arr, uniq, counts
+        del hashes, repeated
 
         extra: dict = {}
         qids = None  # judgements are checked against the queries when there are queries

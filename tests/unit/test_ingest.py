@@ -413,16 +413,16 @@ def test_failure_while_building_keeps_the_old_corpus(tmp_path, monkeypatch):
     out = tmp_path / "d"
     ingest([old_src], "msmarco", out, part_rows=2, progress=False)
     before = _tree(tmp_path)
-    real_flush = ingest_mod._PartWriter.flush
+    real_close = ingest_mod._PartWriter._close_part
 
-    def flush(self):
-        real_flush(self)
+    def close_part(self):
+        real_close(self)
         if len(self.parts) == 2:
             # while the new corpus is half written, the old one is still complete and readable
             assert _corpus_rows(out) == [(str(i), "", f"old {i}") for i in range(6)]
             raise _Killed()
 
-    monkeypatch.setattr(ingest_mod._PartWriter, "flush", flush)
+    monkeypatch.setattr(ingest_mod._PartWriter, "_close_part", close_part)
     with pytest.raises(_Killed):
         ingest([_tsv(tmp_path / "new.tsv", [(i, "n") for i in range(9)])], "msmarco", out, part_rows=2,
                overwrite=True, progress=False)
@@ -538,10 +538,11 @@ def test_disk_errors_are_messages_and_keep_the_old_corpus(tmp_path, monkeypatch)
     ingest([src], "msmarco", out, part_rows=2, progress=False)
     before = _tree(tmp_path)
 
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device", "part-00000.parquet")
+    class Full(ingest_mod.pq.ParquetWriter):
+        def write_table(self, *a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device", "part-00000.parquet")
 
-    monkeypatch.setattr(ingest_mod.pq, "write_table", full)
+    monkeypatch.setattr(ingest_mod.pq, "ParquetWriter", Full)
     with pytest.raises(PipelineError, match="No space left on device.*nothing of this run was kept"):
         ingest([src], "msmarco", out, overwrite=True, progress=False)
     monkeypatch.undo()

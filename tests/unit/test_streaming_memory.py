@@ -316,3 +316,75 @@ def test_a_real_full_disk_leaves_nothing(tmp_path):
         assert list(mnt.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+# --------------------------------------------------------------------------- ingest
+
+def test_pid_hash_check_spilled_to_buckets_finds_the_same_repeats(tmp_path):
+    from pipeline.data.ingest import _PidHashes
+
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 2**64, 5_000, dtype=np.uint64, endpoint=False).tolist()
+    values += values[17:40] + values[4_000:4_003] * 2  # repeats far from their first sight, one thrice
+    rng.shuffle(values)
+    want = {v for v in set(values) if values.count(v) > 1}
+    spilled, in_memory = _PidHashes(tmp_path / "spill", spill_at=300), _PidHashes(tmp_path / "mem", spill_at=10**6)
+    for v in values:
+        spilled.add(v)
+        in_memory.add(v)
+    assert spilled.repeated() == in_memory.repeated() == want and len(want) == 26
+    files = sorted((tmp_path / "spill").glob("*.u64"))
+    assert len(files) > 200 and sum(f.stat().st_size for f in files) == 8 * len(values)
+    assert not (tmp_path / "mem").exists()
+
+
+def test_ingest_finds_a_duplicate_id_across_spilled_hashes(tmp_path, monkeypatch):
+    from pipeline.data import ingest as ingest_mod
+    from pipeline.errors import InputError
+
+    monkeypatch.setattr(ingest_mod._PidHashes.__init__, "__defaults__", (50,))
+    lines = [f"{i}\tpassage {i}\n" for i in range(1_000)] + ["17\tagain\n"]
+    (tmp_path / "c.tsv").write_text("".join(lines))
+    with pytest.raises(InputError, match=r"c\.tsv:1001: duplicate passage id '17' \(first seen at .*c\.tsv:18\)"):
+        ingest_mod.ingest([tmp_path / "c.tsv"], "msmarco", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_ingest_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
+    from fixtures import random_collection
+
+    from pipeline.data import ingest as ingest_mod
+
+    # a row group of 1,000 rows and hashes spilled beyond 2,000: the 10x corpus fits one 100k-row part,
+    # which a writer that buffered the part (or a reader that held the file) would hold whole
+    monkeypatch.setattr(ingest_mod._PartWriter, "ROW_GROUP", 1_000)
+    monkeypatch.setattr(ingest_mod._PidHashes.__init__, "__defaults__", (2_000,))
+    for n in (4_000, 40_000):
+        random_collection(tmp_path / f"c{n}.tsv", n, min_words=5, max_words=30)
+    ingest_mod.ingest([tmp_path / "c4000.tsv"], "msmarco", tmp_path / "warm", progress=False)  # lazy imports
+    p_small = _peak(lambda: ingest_mod.ingest([tmp_path / "c4000.tsv"], "msmarco", tmp_path / "small",
+                                              progress=False))
+    p_big = _peak(lambda: ingest_mod.ingest([tmp_path / "c40000.tsv"], "msmarco", tmp_path / "big",
+                                            progress=False))
+    assert p_big < 1.5 * p_small, (p_small, p_big)
+    import pyarrow.parquet as pq
+
+    part = pq.ParquetFile(tmp_path / "big" / "corpus" / "part-00000.parquet")
+    assert part.metadata.num_rows == 40_000 and part.metadata.num_row_groups == 40
+
+
+def test_ingest_parts_and_row_groups_follow_part_rows(tmp_path):
+    import pyarrow.parquet as pq
+    from fixtures import random_collection
+
+    from pipeline.data.ingest import ingest
+
+    texts = random_collection(tmp_path / "c.tsv", 40_000, min_words=1, max_words=3)
+    manifest = ingest([tmp_path / "c.tsv"], "msmarco", tmp_path / "out", part_rows=17_000, progress=False)
+    assert [p["rows"] for p in manifest["parts"]] == [17_000, 17_000, 6_000]
+    groups = [[pq.ParquetFile(tmp_path / "out" / p["file"]).metadata.row_group(g).num_rows
+               for g in range(pq.ParquetFile(tmp_path / "out" / p["file"]).metadata.num_row_groups)]
+              for p in manifest["parts"]]
+    assert groups == [[16_384, 616], [16_384, 616], [6_000]]
+    got = [t for p in manifest["parts"] for t in pq.read_table(tmp_path / "out" / p["file"]).column("text").to_pylist()]
+    assert got == texts
