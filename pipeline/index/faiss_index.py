@@ -354,6 +354,11 @@ def _faiss_reason(e: Exception) -> str:
     text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
     text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)
     text = re.sub(r"^Error: ", "", text)
+    # an I/O failure: "'ret == (size * 4)' failed: write error in <tmp file>: 106451 != 1280000 (No space left
+    # on device)" says no more to a user than the OS's reason
+    io = re.search(r"\b(write|read) error in .*\(([^()]+)\)\s*$", text)
+    if io:
+        return f"{io.group(1)} error: {io.group(2)}"
     return text or type(e).__name__
 
 

@@ -470,8 +470,15 @@ def test_killed_process_leaves_the_old_corpus_and_the_next_run_cleans_up(tmp_pat
             proc.kill()
     assert list(out.glob(".tmp-ingest-*"))                  # the killed run's temporary folder is left...
     assert _corpus_rows(out) == old_rows                    # ...and the old corpus is untouched and readable
-    ingest([tmp_path / "small.tsv"], "msmarco", out, overwrite=True, progress=False)
+    again = ingest([big], "msmarco", out, part_rows=500, overwrite=True, progress=False)
     assert not list(out.glob(".tmp-ingest-*"))              # the next run removed it
+    # and what it made is what an uninterrupted run makes: the same manifest, fingerprint and parts
+    whole = ingest([big], "msmarco", tmp_path / "whole", part_rows=500, progress=False)
+    assert again["fingerprint"] == whole["fingerprint"]
+    drop = lambda m: {k: v for k, v in m.items() if k != "created_at"}  # noqa: E731
+    assert drop(again) == drop(whole)
+    assert [(out / p["file"]).read_bytes() for p in again["parts"]] == \
+        [(tmp_path / "whole" / p["file"]).read_bytes() for p in whole["parts"]]
 
 
 @pytest.mark.parametrize("kwargs, match", [

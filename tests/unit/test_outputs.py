@@ -468,6 +468,32 @@ def test_read_only_filesystem_is_a_message(tmp_path, verb):
     assert "read-only filesystem" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_index_on_a_disk_that_fills_is_a_message_and_keeps_the_old_index(tmp_path):
+    """A private 256 KiB tmpfs: an index of 200 vectors fits; replacing it with one of 20,000
+    (1.3 MB) fills the disk. Exit 2 with the OS's reason, the old index still complete, and no
+    temporary left on the full disk."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if not _can_mount_read_only(mnt):
+        pytest.skip("needs root and unshare to mount a small filesystem")
+    small = make_embeddings(tmp_path / "small", n=200, dim=16)
+    big = make_embeddings(tmp_path / "big", n=20_000, dim=16)
+    cli = f"{sys.executable} -m pipeline.cli index --out {mnt / 'idx'} --embeddings"
+    check = ("import json, os, sys; from pipeline.index.faiss_index import LoadedIndex; "
+             f"print(json.dumps({{'ntotal': LoadedIndex({str(mnt / 'idx')!r}).index.ntotal, "
+             f"'left': sorted(os.listdir({str(mnt)!r}))}}))")
+    cmd = (f"mount -t tmpfs -o size=256k tmpfs {mnt} && {cli} {small} >/dev/null 2>&1 && "
+           f"{cli} {big} --overwrite 2>&1; echo EXIT=$?; {sys.executable} -c \"{check}\"")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO)
+    out = r.stdout.strip().splitlines()
+    assert "EXIT=2" in out, r.stdout + r.stderr
+    message = out[out.index("EXIT=2") - 1]
+    assert message.startswith("error: ") and "No space left on device" in message and "existing index is kept" \
+        in message, message
+    assert "Traceback" not in r.stdout + r.stderr
+    assert json.loads(out[-1]) == {"ntotal": 200, "left": ["idx"]}
+
+
 def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
     """Fallback path killed between its renames: the index is aside as .old-*; the next
     reader finds it (restored), and the next `pipeline index` without --overwrite is refused
