@@ -494,6 +494,42 @@ def test_index_on_a_disk_that_fills_is_a_message_and_keeps_the_old_index(tmp_pat
     assert json.loads(out[-1]) == {"ntotal": 200, "left": ["idx"]}
 
 
+def test_a_shard_on_a_disk_that_fills_raises_the_os_reason_and_leaves_no_part(tmp_path):
+    """np.save into a real file writes with C's fwrite, whose short write numpy reports as
+    "65536 requested and 51168 written" (errno None): the shard writer goes through `write`, so a
+    full disk says ENOSPC, and the shard that did not fit leaves nothing (no .npy, no marker)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if not _can_mount_read_only(mnt):
+        pytest.skip("needs root and unshare to mount a small filesystem")
+    code = textwrap.dedent(f"""
+        import json, os
+        import numpy as np
+        from pipeline.index import shards
+        v = np.random.default_rng(0).random((2048, 32), dtype=np.float32)
+        done = []
+        for k in range(4):  # 256 KiB of vectors a shard on a 600 KiB disk: the third does not fit
+            pids = [f"{{k}}-{{i}}" for i in range(2048)]
+            spec = {{"name": f"shard-00000-{{k:09d}}", "start": 0, "end": 2048, "part": "x", "part_index": 0,
+                    "part_rows": 2048, "pids_sha256": shards.pids_digest(pids)}}
+            try:
+                shards.write_shard({str(mnt)!r}, spec, pids, v)
+                done.append(spec["name"])
+            except OSError as e:
+                print(json.dumps({{"done": done, "errno": e.errno, "strerror": e.strerror,
+                                  "left": sorted(os.listdir({str(mnt)!r})),
+                                  "complete": sorted(shards.completed_shards({str(mnt)!r}))}}))
+                break
+    """)
+    (tmp_path / "fill.py").write_text(code)
+    cmd = f"mount -t tmpfs -o size=600k tmpfs {mnt} && {sys.executable} {tmp_path / 'fill.py'}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO)
+    got = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else r.stderr
+    assert got["errno"] == 28 and got["strerror"] == "No space left on device", got
+    assert len(got["done"]) == 2 and got["complete"] == got["done"]
+    assert got["left"] == sorted(f"{n}{ext}" for n in got["done"] for ext in (".done", ".npy", ".pids.txt"))
+
+
 def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
     """Fallback path killed between its renames: the index is aside as .old-*; the next
     reader finds it (restored), and the next `pipeline index` without --overwrite is refused
