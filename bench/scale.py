@@ -23,7 +23,12 @@ encoding (derived, assumption).
 
 `--train-pairs` adds the training side (`pipeline train`, DPR, tiny BERT, one worker, hard negatives
 from a generated TREC run) per number of query-positive pairs; `--ance` adds one ANCE refresh over the
-largest MS MARCO-layout corpus with `--ance-queries` training queries.
+largest MS MARCO-layout corpus with `--ance-queries` training queries. `--faults` adds the faults
+at scale: an ingest of the largest corpus SIGKILLed half way and run again (same manifest, fingerprint
+and parts as the uninterrupted one?), an index replacement of the largest corpus killed at several
+moments (the old index or the new, complete, every time?), an index and an encode on a disk that
+fills (a small tmpfs, when this user may mount one: a message, finished shards kept, a re-run on
+a bigger disk resumes?).
 """
 
 from __future__ import annotations
@@ -389,7 +394,7 @@ def fmt_s(s: float) -> str:
 
 
 def report(rows: list[dict], train: list[dict], ance: dict | None, args, command: str | None = None,
-           cpu: str | None = None) -> str:
+           cpu: str | None = None, faults: list[dict] | None = None) -> str:
     command = command or "python bench/scale.py " + " ".join(sys.argv[1:])
     out = ["# Scale bench\n", f"{cpu or cpu_line()}; {round(__import__('psutil').virtual_memory().total / 2**30)} GiB RAM.",
            f"Command: `{command}`; tiny random BERT "
@@ -472,6 +477,13 @@ def report(rows: list[dict], train: list[dict], ance: dict | None, args, command
                 f"{ance['refresh_seconds_meta']} s ({ance['encode_seconds_meta']} s) | "
                 f"{ance['seconds_per_1000_passages']} | {ance['refresh_rss_mb']:,.0f} MB | "
                 f"{ance['switch_load_seconds']} s | {ance['switch_rss_mb']:,.0f} MB | {ance['lookup_ms_per_query']} ms |", ""]
+    if faults:
+        out += ["## Faults at scale\n", "| fault | N | what was done | what was found | as it must be |",
+                "|---|---:|---|---|:---:|"]
+        for f in faults:
+            out.append(f"| {f['fault']} | {human(f['n'])} | {f['done']} | {f['found']} | "
+                       f"{'yes' if f['ok'] else '**no**' if f['ok'] is not None else 'skipped'} |")
+        out.append("")
     out.append("Wall times are whole commands (Python start, Ray start where the stage uses Ray, the work, "
                "the writes). RSS is sampled every 0.2 s. Derived figures extrapolate a linear fit of the measured "
                "ones; cluster figures also take SCALING.md's assumed GPU rate for encoding.")
@@ -515,6 +527,8 @@ def main() -> None:
     ap.add_argument("--no-spine", action="store_true", help="skip the spine stages (training side / ANCE only)")
     ap.add_argument("--ance", action="store_true", help="one ANCE refresh over the largest MS MARCO-layout corpus")
     ap.add_argument("--ance-queries", type=parse_size, default=100_000)
+    ap.add_argument("--faults", action="store_true", help="kills and full disks at scale (after the spine; "
+                    "with --no-spine, on the outputs of an earlier spine run under --work)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-scale"), help="generated data and stage outputs")
     ap.add_argument("--out", default=str(RESULTS), help="where scale.json, scale.md and scale.png go")
     ap.add_argument("--from-json", help="re-render scale.md and scale.png from a scale.json, run nothing")
@@ -524,7 +538,8 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         args.queries, args.top_k = data["queries"], data["top_k"]
-        text, _ = report(data["stages"], data["training"], data["ance"], args, data["command"], data.get("cpu"))
+        text, _ = report(data["stages"], data["training"], data["ance"], args, data["command"], data.get("cpu"),
+                         faults=data.get("faults"))
         (out / "scale.md").write_text(text + "\n")
         if data["stages"]:
             plot(data["stages"], out / "scale.png")
@@ -568,15 +583,17 @@ def main() -> None:
     ance = None
     if args.ance:
         ance = ance_refresh(formats, sizes, work, model, args, env, words)
+    fault_rows = faults(formats[0], sizes, work, model, args, env, words) if args.faults else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text, fits = report(rows, train_rows, ance, args)
+    text, fits = report(rows, train_rows, ance, args, faults=fault_rows)
     keep = lambda r: {k: v for k, v in r.items() if k != "lines"}  # noqa: E731
     (out / "scale.json").write_text(json.dumps({
         "cpu": cpu_line(), "command": "python bench/scale.py " + " ".join(sys.argv[1:]), "sizes": sizes,
         "queries": args.queries, "top_k": args.top_k, "stages": [keep(r) for r in rows],
         "fits": [{"format": f, "stage": s, **v} for (f, s), v in fits.items()],
-        "training": [keep(r) for r in train_rows], "ance": keep(ance) if ance else None}, indent=2) + "\n")
+        "training": [keep(r) for r in train_rows], "ance": keep(ance) if ance else None,
+        "faults": fault_rows}, indent=2) + "\n")
     (out / "scale.md").write_text(text + "\n")
     if rows:
         plot(rows, out / "scale.png")
@@ -630,6 +647,202 @@ def ance_refresh(formats, sizes, work, model, args, env, words) -> dict:
           f"{switch['load_seconds']}s (RSS {sw['driver_rss_mb']:.0f} MB), lookup {switch['lookup_ms_per_query']} "
           "ms/query", flush=True)
     return out
+
+
+# ---------------------------------------------------------------- faults at scale
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _can_mount(d: Path) -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
+                          capture_output=True).returncode == 0
+
+
+def _index_state(idx: Path) -> dict:
+    """What a reader finds at `idx`: its factory and vector count, or the error that it could not load."""
+    from pipeline.index.faiss_index import LoadedIndex
+
+    try:
+        loaded = LoadedIndex(idx)
+        return {"factory": loaded.meta.get("factory"), "ntotal": int(loaded.index.ntotal),
+                "written": (idx / "index.json").stat().st_mtime_ns}
+    except Exception as e:  # noqa: BLE001 - any failure to read is what this checks for
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def faults(fmt: str, sizes: list[int], work: Path, model: str, args, env: dict, words) -> list[dict]:
+    """The faults of issue #21 on the bench's own corpora, through the CLI:
+
+    1. an ingest of the largest corpus SIGKILLed when half its parts are written, then run again:
+       its manifest (all but created_at), fingerprint and part files equal the uninterrupted ingest's;
+    2. an index replacement (`--overwrite`, IVF-PQ over the Flat index) of the largest corpus killed at
+       several moments: every time a reader finds a complete index (the old or the new), and the run
+       after leaves no temporaries;
+    3. an index written to a disk that fills (a tmpfs a quarter of the index's size): exit 2, the OS's
+       reason, nothing left on the disk;
+    4. an encode of the smallest corpus to a disk that fills half way (a tmpfs): exit 2, the finished
+       shards kept; remounted bigger, the re-run encodes only the rest and the set is complete."""
+    big, small = sizes[-1], sizes[0]
+    w = work / "runs" / f"faults-{fmt}"
+    logs = w / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    found: list[dict] = []
+
+    def note(fault: str, n: int, done: str, what: str, ok: bool | None, **extra) -> None:
+        found.append({"fault": fault, "n": n, "done": done, "found": what, "ok": ok, **extra})
+        print(f"[scale] fault: {fault} at {human(n)}: {what} -> {'as it must be' if ok else 'NOT' if ok is not None else 'skipped'}",
+              flush=True)
+
+    # 1. ingest killed half way
+    gen = generate_corpus(fmt, big, args.queries, work, words)
+    ref = work / "runs" / f"{fmt}-{human(big)}" / "corpus"
+
+    def ingest_argv(out: Path) -> list[str]:
+        return PIPELINE + ["ingest", str(gen / FILES[fmt]), "--format", fmt, "--out", str(out),
+                           "--queries", str(gen / "queries.tsv"), "--qrels", f"test={gen / 'qrels.tsv'}"]
+    if not (ref / "manifest.json").exists():
+        run_stage("ingest (uninterrupted)", ingest_argv(ref), logs / "ingest-reference.log", [ref], env)
+    corpus = w / "corpus"
+    fresh(corpus)
+    half = max(1, math.ceil(big / 100_000) // 2)
+    t0 = time.time()
+    proc = subprocess.Popen(ingest_argv(corpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, env=env)
+    while not list(corpus.glob(f".tmp-ingest-*/new/corpus/part-{half:05d}.parquet")):
+        if proc.poll() is not None:
+            raise SystemExit("[scale] faults: the ingest finished before it could be killed")
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    killed_at = time.time() - t0
+    left = sorted(os.listdir(corpus))
+    r = run_stage("ingest after a kill", ingest_argv(corpus), logs / "ingest-rerun.log", [corpus], env)
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (corpus, ref))
+    drop = lambda m: {k: v for k, v in m.items() if k != "created_at"}  # noqa: E731
+    same_parts = [p["file"] for p in a["parts"]] == [p["file"] for p in b["parts"]] and all(
+        _sha256(corpus / p["file"]) == _sha256(ref / p["file"]) for p in a["parts"])
+    ok = drop(a) == drop(b) and a["fingerprint"] == b["fingerprint"] and same_parts and not any(
+        n == "manifest.json" for n in left)
+    note("ingest SIGKILLed half way, run again", big,
+         f"killed at {killed_at:.1f} s with {half} of {len(b['parts'])} parts written; re-run {r['seconds']:.1f} s",
+         f"after the kill the folder held {', '.join(left) or 'nothing'} (no manifest: not a corpus); the re-run's "
+         f"manifest {'equals' if drop(a) == drop(b) else 'differs from'} the uninterrupted one's, fingerprint "
+         f"{'equal' if a['fingerprint'] == b['fingerprint'] else 'differs'}, parts "
+         f"{'byte-identical' if same_parts else 'differ'}", ok, killed_at_s=round(killed_at, 2),
+         rerun_s=r["seconds"])
+
+    # 2. index replacement killed at several moments
+    emb = work / "runs" / f"{fmt}-{human(big)}" / "emb"
+    if not (emb / "embeddings.json").exists():
+        note("index replacement SIGKILLed", big, "—", f"no embeddings at {emb}: run the spine first", None)
+    else:
+        idx = w / "index"
+        fresh(idx)
+        run_stage("index Flat (to be replaced)", PIPELINE + ["index", "--embeddings", str(emb), "--out", str(idx)],
+                  logs / "index-old.log", [idx], env)
+        dim = json.loads((emb / "embeddings.json").read_text())["dim"]
+        factory = ivfpq_factory(big, dim)
+        argv = PIPELINE + ["index", "--embeddings", str(emb), "--out", str(idx), "--overwrite", "--factory", factory,
+                           f"index.train_sample={args.train_sample}"]
+        # a whole replacement first: when does its output start being written (its .tmp- folder appears)?
+        t0, t_tmp = time.time(), None
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+        while proc.poll() is None:
+            if t_tmp is None and any(n.startswith(".tmp-") for n in os.listdir(w)):
+                t_tmp = time.time() - t0
+            time.sleep(0.01)
+        whole = time.time() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"[scale] faults: `{' '.join(argv)}` failed (exit {proc.returncode})")
+        t_tmp = t_tmp or 0.8 * whole
+        states = []
+        # kills from the output's first write to just after a whole run's time (the swap is its last moment)
+        for delay in (0.9 * t_tmp, (t_tmp + whole) / 2, 0.95 * whole, whole, 1.05 * whole, 1.15 * whole):
+            before = _index_state(idx)
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+            t0 = time.time()
+            while proc.poll() is None and time.time() - t0 < delay:
+                time.sleep(0.01)
+            proc.kill()
+            proc.wait()
+            st = _index_state(idx)
+            st.update(at_s=round(time.time() - t0, 2), replaced=st.get("written") != before.get("written"))
+            states.append(st)
+        r = run_stage("index after the kills", argv, logs / "index-final.log", [idx], env)
+        temporaries = sorted(n for n in os.listdir(w) if n.startswith((".tmp-", ".old-")))
+        final = _index_state(idx)
+        ok = all(s.get("ntotal") == big and s.get("factory") == factory for s in states) and \
+            final.get("ntotal") == big and not temporaries
+        note("index replacement SIGKILLed", big,
+             f"`index --overwrite --factory {factory}` over the index, killed after "
+             f"{', '.join(format(s['at_s'], '.1f') for s in states)} s (a whole run: {whole:.1f} s, writing from "
+             f"{t_tmp:.1f} s)",
+             f"each time a reader found a complete index of {big:,} vectors: "
+             + ", ".join("the new one" if s.get("replaced") else "the old one" if "ntotal" in s else s["error"]
+                         for s in states)
+             + f"; the next run left {', '.join(temporaries) or 'no temporaries'}", ok, states=states,
+             whole_s=round(whole, 2), write_phase_from_s=round(t_tmp, 2))
+
+    # 3 and 4: disks that fill
+    mnt = w / "small-disk"
+    mnt.mkdir(exist_ok=True)
+    if not _can_mount(mnt):
+        note("disk fills during index / encode", big, "—", "cannot mount a tmpfs here (needs root and unshare)",
+             None)
+        return found
+    flat = work / "runs" / f"{fmt}-{human(big)}" / "flat"
+    if (emb / "embeddings.json").exists() and (flat / "index.faiss").exists():
+        size_kb = max(64, du(flat) // 4 // 1024)
+        cmd = (f"mount -t tmpfs -o size={size_kb}k tmpfs {mnt} && "
+               f"{' '.join(PIPELINE)} index --embeddings {emb} --out {mnt / 'idx'} > {logs / 'index-full.log'} 2>&1; "
+               f"echo EXIT=$?; ls -A {mnt}")
+        t0 = time.time()
+        p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=ROOT, env=env)
+        lines = p.stdout.split()
+        msg = next((ln for ln in reversed((logs / "index-full.log").read_text().splitlines())
+                    if ln.startswith("error:")), "")
+        left = [n for n in lines if not n.startswith("EXIT=")]
+        ok = "EXIT=2" in lines and "No space left on device" in msg and not left and "Traceback" not in \
+            (logs / "index-full.log").read_text()
+        note("index on a disk that fills", big, f"Flat index ({du(flat) / 1e6:,.0f} MB) to a {size_kb / 1024:,.0f} MB "
+             "tmpfs", f"{next((x for x in lines if x.startswith('EXIT=')), 'no exit')}, `{msg}`; on the disk after: "
+             f"{', '.join(left) or 'nothing'}", ok, seconds=round(time.time() - t0, 2))
+    corpus_small = work / "runs" / f"{fmt}-{human(small)}" / "corpus"
+    emb_small = work / "runs" / f"{fmt}-{human(small)}" / "emb"
+    if (corpus_small / "manifest.json").exists() and (emb_small / "embeddings.json").exists():
+        size_kb = max(64, du(emb_small) // 2 // 1024)
+        enc = f"{' '.join(PIPELINE)} encode --corpus {corpus_small} --out {mnt / 'emb'} --model {model} " \
+              "model.doc_max_length=128"
+        cmd = (f"mount -t tmpfs -o size={size_kb}k tmpfs {mnt} && {enc} > {logs / 'encode-full.log'} 2>&1; "
+               f"echo EXIT=$?; ls {mnt / 'emb'} | grep -c '\\.done$'; mount -o remount,size={4 * size_kb}k {mnt} && "
+               f"{enc} > {logs / 'encode-resume.log'} 2>&1; echo EXIT=$?; "
+               f"{sys.executable} -c \"import json; print(json.load(open('{mnt / 'emb' / 'embeddings.json'}'))['complete'])\"")
+        t0 = time.time()
+        p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=ROOT, env=env)
+        out = p.stdout.split()
+        full_log = (logs / "encode-full.log").read_text()
+        resume = (logs / "encode-resume.log").read_text().splitlines()
+        msg = next((ln for ln in reversed(full_log.splitlines()) if ln.startswith("error:")), "")
+        summary = next((ln for ln in reversed(resume) if ln.startswith("[encode] done")), "")
+        kept = int(out[1]) if len(out) > 1 and out[1].isdigit() else 0
+        m = re.search(r"(\d[\d,]*) shards already complete", summary)
+        reused = int(m.group(1).replace(",", "")) if m else -1
+        ok = out[:1] == ["EXIT=2"] and "No space left on device" in msg and "Traceback" not in full_log and \
+            kept > 0 and reused == kept and "EXIT=0" in out and out[-1] == "True"
+        note("encode on a disk that fills, re-run on a bigger one", small,
+             f"encode ({du(emb_small) / 1e6:,.1f} MB of shards) to a {size_kb / 1024:,.1f} MB tmpfs, then remounted "
+             f"at 4x", f"{out[0] if out else 'no exit'}, `{msg}`; {kept} finished shards kept; the re-run "
+             f"({out[2] if len(out) > 2 else 'no exit'}) reused {reused} shards and encoded the rest"
+             f"{', complete' if out[-1:] == ['True'] else ', NOT complete'}", ok, seconds=round(time.time() - t0, 2))
+    return found
 
 
 if __name__ == "__main__":
