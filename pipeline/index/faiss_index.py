@@ -245,6 +245,7 @@ def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int,
     """Add every shard to `work` (batch by batch) and write the index folder atomically."""
     from tqdm import tqdm
 
+    _reserve_codes(work, n_total)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         bar = tqdm(total=n_total, unit="vec", desc="index", disable=not progress, mininterval=2.0)
@@ -273,6 +274,18 @@ def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int,
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
+
+
+def _reserve_codes(index, n_total: int) -> None:
+    """An index that keeps its codes in one array (Flat, SQ, PQ) grows it as vectors are added, and
+    each growth copies the array: the build peaked at ~1.4x the index (3M x 32 Flat: 561 MB for a
+    384 MB index). Sized once to the final count and emptied (the capacity stays), adding never copies:
+    the peak is the index itself."""
+    codes = getattr(index, "codes", None)
+    if codes is None or not hasattr(codes, "resize") or index.ntotal != 0:
+        return
+    codes.resize(n_total * index.code_size)
+    codes.resize(0)
 
 
 def _check_remote_output(out: RemotePath, overwrite: bool) -> None:
