@@ -651,14 +651,6 @@ def ance_refresh(formats, sizes, work, model, args, env, words) -> dict:
 
 # ---------------------------------------------------------------- faults at scale
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _can_mount(d: Path) -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
@@ -690,6 +682,8 @@ def faults(fmt: str, sizes: list[int], work: Path, model: str, args, env: dict, 
        reason, nothing left on the disk;
     4. an encode of the smallest corpus to a disk that fills half way (a tmpfs): exit 2, the finished
        shards kept; remounted bigger, the re-run encodes only the rest and the set is complete."""
+    from pipeline.io_utils import sha256_file
+
     big, small = sizes[-1], sizes[0]
     w = work / "runs" / f"faults-{fmt}"
     logs = w / "logs"
@@ -728,7 +722,7 @@ def faults(fmt: str, sizes: list[int], work: Path, model: str, args, env: dict, 
     a, b = (json.loads((d / "manifest.json").read_text()) for d in (corpus, ref))
     drop = lambda m: {k: v for k, v in m.items() if k != "created_at"}  # noqa: E731
     same_parts = [p["file"] for p in a["parts"]] == [p["file"] for p in b["parts"]] and all(
-        _sha256(corpus / p["file"]) == _sha256(ref / p["file"]) for p in a["parts"])
+        sha256_file(corpus / p["file"]) == sha256_file(ref / p["file"]) for p in a["parts"])
     ok = drop(a) == drop(b) and a["fingerprint"] == b["fingerprint"] and same_parts and not any(
         n == "manifest.json" for n in left)
     note("ingest SIGKILLed half way, run again", big,

@@ -344,6 +344,29 @@ def check_output(path: str | os.PathLike, kind: str, overwrite: bool = False) ->
     return True
 
 
+# --------------------------------------------------------------------------- arrays
+
+class _ThroughWrite:
+    """A file numpy takes for a plain writable object: np.save then writes through `write` (chunks of
+    the array) instead of C's fwrite, whose short write on a full disk numpy reports as "65536
+    requested and 51168 written" (errno None) where `write` raises ENOSPC, "No space left on device"."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
+def save_npy(dest, array) -> None:
+    """np.save to `dest` (a path, or a file open for binary writing), the same bytes, with the OS's
+    error when the disk fills."""
+    import numpy as np
+
+    if hasattr(dest, "write"):
+        np.save(_ThroughWrite(dest), array)
+        return
+    with open(dest, "wb") as f:
+        np.save(_ThroughWrite(f), array)
+
+
 # --------------------------------------------------------------------------- hashing
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

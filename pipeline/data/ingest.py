@@ -33,6 +33,7 @@ folder). A collision is confirmed on the real ids before failing.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import os
@@ -64,31 +65,35 @@ def _pid_hash(pid: str) -> int:
 class _PidHashes:
     """The 8-byte hashes of every pid written, and at the end the ones seen more than once.
 
-    Up to `spill_at` hashes stay in memory; beyond that every full buffer is appended to `BUCKETS`
+    Up to `SPILL_AT` hashes stay in memory; beyond that every full buffer is appended to `BUCKETS`
     files in `folder` by the hash's first byte, and each file is checked on its own, so memory is
-    bounded by `spill_at` (and a bucket, 1/256 of the corpus) whatever the corpus size."""
+    bounded by `SPILL_AT` (and a bucket, 1/256 of the corpus) whatever the corpus size."""
 
     BUCKETS = 256
+    SPILL_AT = 1 << 18  # 2 MB of hashes
 
-    def __init__(self, folder: Path, spill_at: int = 1 << 18):
-        self.folder, self.spill_at = folder, spill_at
+    def __init__(self, folder: Path):
+        self.folder = folder
         self._buf = array("Q")
         self._spilled = False
 
     def add(self, h: int) -> None:
         self._buf.append(h)
-        if len(self._buf) >= self.spill_at:
+        if len(self._buf) >= self.SPILL_AT:
             self._spill()
 
     def _spill(self) -> None:
         arr = np.frombuffer(self._buf, dtype=np.uint64)
-        arr = arr[np.argsort(arr >> np.uint64(56), kind="stable")]
-        bounds = np.searchsorted(arr >> np.uint64(56), np.arange(self.BUCKETS + 1, dtype=np.uint64))
+        bucket = arr >> np.uint64(56)  # the first byte: BUCKETS = 256 files
+        order = np.argsort(bucket, kind="stable")
+        arr, bucket = arr[order], bucket[order]
+        bounds = np.searchsorted(bucket, np.arange(self.BUCKETS + 1, dtype=np.uint64))
         self.folder.mkdir(exist_ok=True)
         for b in range(self.BUCKETS):
             if bounds[b + 1] > bounds[b]:
                 with open(self.folder / f"{b:02x}.u64", "ab") as f:
-                    arr[bounds[b]:bounds[b + 1]].tofile(f)
+                    # through `write` (not ndarray.tofile's fwrite): a full disk raises ENOSPC
+                    f.write(arr[bounds[b]:bounds[b + 1]].tobytes())
         self._buf = array("Q")
         self._spilled = True
 
@@ -164,10 +169,8 @@ class _PartWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is not None and self._writer is not None:  # the part is abandoned with its folder
-            try:
+            with contextlib.suppress(OSError):  # (a full disk fails the close too; `exc` is what is reported)
                 self._writer.close()
-            except Exception:
-                pass
             self._writer = None
 
     def flush(self) -> None:

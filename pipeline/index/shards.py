@@ -33,6 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import InputError
+from ..io_utils import save_npy
 from ..io_utils import write_json_atomic as _write_json_local
 from ..storage import Location, RemotePath, resolve
 from ..storage import write_json_atomic as _write_json_remote
@@ -99,15 +100,6 @@ def _write_file(path: Location, write) -> None:
             tmp.unlink()
 
 
-class _ThroughWrite:
-    """A file seen by numpy as a plain writable object: np.save then writes through `write` (chunks of
-    the array) instead of C's fwrite, so a disk that fills raises the OS's error (ENOSPC, "No space
-    left on device") instead of numpy's "65536 requested and 51168 written"."""
-
-    def __init__(self, f):
-        self.write = f.write
-
-
 def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.ndarray, **info) -> dict:
     """Vectors and ids first (each via a unique temp file + rename), the `.done` marker last.
 
@@ -120,7 +112,7 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
     if pids_digest(pids) != spec["pids_sha256"]:
         raise ValueError(f"{name}: the pids read from {spec['part']} rows {spec['start']}-{spec['end']} are not "
                          "the ones planned (the corpus changed during the run?)")
-    _write_file(emb_dir / f"{name}.npy", lambda f: np.save(_ThroughWrite(f), vectors))
+    _write_file(emb_dir / f"{name}.npy", lambda f: save_npy(f, vectors))
     _write_file(emb_dir / f"{name}.pids.txt", lambda f: f.write("".join(f"{p}\n" for p in pids).encode("utf-8")))
     marker = {**{k: spec[k] for k in LAYOUT_KEYS}, "rows": len(pids), "dim": int(vectors.shape[1]),
               "dtype": str(vectors.dtype), **info}

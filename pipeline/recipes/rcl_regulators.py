@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PipelineError
-from ..io_utils import atomic_path, sha256_files, write_json_atomic
+from ..io_utils import atomic_path, save_npy, sha256_files, write_json_atomic
 
 
 def model_digest(path: str | Path) -> str:
@@ -64,7 +64,7 @@ def write_regulator_table(model_cfg, queries: list[str], docs: list[str], out: P
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "keys.txt").write_text("\n".join(keys) + "\n")
-        np.save(tmp / "vectors.npy", np.concatenate([qv, dv]).astype(np.float32))
+        save_npy(tmp / "vectors.npy", np.concatenate([qv, dv]).astype(np.float32))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks the table complete
     return meta
 

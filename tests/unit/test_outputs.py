@@ -441,7 +441,7 @@ def test_unwritable_place_is_a_message(tmp_path):
     assert (tmp_path / "f").read_text() == "x"
 
 
-def _can_mount_read_only(d: Path) -> bool:
+def _can_mount_private(d: Path) -> bool:
     import shutil as sh
 
     if os.geteuid() != 0 or not sh.which("unshare"):
@@ -455,7 +455,7 @@ def test_read_only_filesystem_is_a_message(tmp_path, verb):
     """Outputs on a read-only filesystem (a private read-only tmpfs mount): exit 2, one line."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    if not _can_mount_read_only(ro):
+    if not _can_mount_private(ro):
         pytest.skip("needs root and unshare to mount a read-only filesystem")
     emb = make_embeddings(tmp_path / "emb")
     args = {"index": ["index", "--embeddings", str(emb), "--out", str(ro / "idx")],
@@ -474,7 +474,7 @@ def test_index_on_a_disk_that_fills_is_a_message_and_keeps_the_old_index(tmp_pat
     temporary left on the full disk."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if not _can_mount_read_only(mnt):
+    if not _can_mount_private(mnt):
         pytest.skip("needs root and unshare to mount a small filesystem")
     small = make_embeddings(tmp_path / "small", n=200, dim=16)
     big = make_embeddings(tmp_path / "big", n=20_000, dim=16)
@@ -500,7 +500,7 @@ def test_a_shard_on_a_disk_that_fills_raises_the_os_reason_and_leaves_no_part(tm
     full disk says ENOSPC, and the shard that did not fit leaves nothing (no .npy, no marker)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    if not _can_mount_read_only(mnt):
+    if not _can_mount_private(mnt):
         pytest.skip("needs root and unshare to mount a small filesystem")
     code = textwrap.dedent(f"""
         import json, os

@@ -328,7 +328,8 @@ def test_pid_hash_check_spilled_to_buckets_finds_the_same_repeats(tmp_path):
     values += values[17:40] + values[4_000:4_003] * 2  # repeats far from their first sight, one thrice
     rng.shuffle(values)
     want = {v for v in set(values) if values.count(v) > 1}
-    spilled, in_memory = _PidHashes(tmp_path / "spill", spill_at=300), _PidHashes(tmp_path / "mem", spill_at=10**6)
+    spilled, in_memory = _PidHashes(tmp_path / "spill"), _PidHashes(tmp_path / "mem")
+    spilled.SPILL_AT, in_memory.SPILL_AT = 300, 10**6
     for v in values:
         spilled.add(v)
         in_memory.add(v)
@@ -342,7 +343,7 @@ def test_ingest_finds_a_duplicate_id_across_spilled_hashes(tmp_path, monkeypatch
     from pipeline.data import ingest as ingest_mod
     from pipeline.errors import InputError
 
-    monkeypatch.setattr(ingest_mod._PidHashes.__init__, "__defaults__", (50,))
+    monkeypatch.setattr(ingest_mod._PidHashes, "SPILL_AT", 50)
     lines = [f"{i}\tpassage {i}\n" for i in range(1_000)] + ["17\tagain\n"]
     (tmp_path / "c.tsv").write_text("".join(lines))
     with pytest.raises(InputError, match=r"c\.tsv:1001: duplicate passage id '17' \(first seen at .*c\.tsv:18\)"):
@@ -358,7 +359,7 @@ def test_ingest_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # a row group of 1,000 rows and hashes spilled beyond 2,000: the 10x corpus fits one 100k-row part,
     # which a writer that buffered the part (or a reader that held the file) would hold whole
     monkeypatch.setattr(ingest_mod._PartWriter, "ROW_GROUP", 1_000)
-    monkeypatch.setattr(ingest_mod._PidHashes.__init__, "__defaults__", (2_000,))
+    monkeypatch.setattr(ingest_mod._PidHashes, "SPILL_AT", 2_000)
     for n in (4_000, 40_000):
         random_collection(tmp_path / f"c{n}.tsv", n, min_words=5, max_words=30)
     ingest_mod.ingest([tmp_path / "c4000.tsv"], "msmarco", tmp_path / "warm", progress=False)  # lazy imports
