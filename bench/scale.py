@@ -674,7 +674,8 @@ def faults(fmt: str, sizes: list[int], work: Path, model: str, args, env: dict, 
     """The faults of issue #21 on the bench's own corpora, through the CLI:
 
     1. an ingest of the largest corpus SIGKILLed when half its parts are written, then run again:
-       its manifest (all but created_at), fingerprint and part files equal the uninterrupted ingest's;
+       its manifest (all but created_at), fingerprint and part files equal an uninterrupted ingest's
+       (both with at least 10 parts: 100k rows each at 1M and above);
     2. an index replacement (`--overwrite`, IVF-PQ over the Flat index) of the largest corpus killed at
        several moments: every time a reader finds a complete index (the old or the new), and the run
        after leaves no temporaries;
@@ -695,43 +696,47 @@ def faults(fmt: str, sizes: list[int], work: Path, model: str, args, env: dict, 
         print(f"[scale] fault: {fault} at {human(n)}: {what} -> {'as it must be' if ok else 'NOT' if ok is not None else 'skipped'}",
               flush=True)
 
-    # 1. ingest killed half way
+    # 1. ingest killed half way: against an uninterrupted ingest with the same parts (at least 10 of them,
+    #    so that "half way" is a moment between parts whatever N)
     gen = generate_corpus(fmt, big, args.queries, work, words)
-    ref = work / "runs" / f"{fmt}-{human(big)}" / "corpus"
+    part_rows = min(100_000, max(1_000, big // 10))
+    parts = math.ceil(big / part_rows)
+    half = parts // 2
 
     def ingest_argv(out: Path) -> list[str]:
         return PIPELINE + ["ingest", str(gen / FILES[fmt]), "--format", fmt, "--out", str(out),
-                           "--queries", str(gen / "queries.tsv"), "--qrels", f"test={gen / 'qrels.tsv'}"]
-    if not (ref / "manifest.json").exists():
-        run_stage("ingest (uninterrupted)", ingest_argv(ref), logs / "ingest-reference.log", [ref], env)
-    corpus = w / "corpus"
-    fresh(corpus)
-    half = max(1, math.ceil(big / 100_000) // 2)
+                           "--part-rows", str(part_rows), "--queries", str(gen / "queries.tsv"),
+                           "--qrels", f"test={gen / 'qrels.tsv'}"]
+    ref, corpus = w / "corpus-uninterrupted", w / "corpus"
+    fresh(ref, corpus)
+    run_stage("ingest (uninterrupted)", ingest_argv(ref), logs / "ingest-reference.log", [ref], env)
     t0 = time.time()
     proc = subprocess.Popen(ingest_argv(corpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=ROOT, env=env)
-    while not list(corpus.glob(f".tmp-ingest-*/new/corpus/part-{half:05d}.parquet")):
-        if proc.poll() is not None:
-            raise SystemExit("[scale] faults: the ingest finished before it could be killed")
-        time.sleep(0.02)
+    while proc.poll() is None and not list(corpus.glob(f".tmp-ingest-*/new/corpus/part-{half:05d}.parquet")):
+        time.sleep(0.01)
+    finished = proc.poll() is not None
     proc.kill()
     proc.wait()
     killed_at = time.time() - t0
-    left = sorted(os.listdir(corpus))
-    r = run_stage("ingest after a kill", ingest_argv(corpus), logs / "ingest-rerun.log", [corpus], env)
-    a, b = (json.loads((d / "manifest.json").read_text()) for d in (corpus, ref))
-    drop = lambda m: {k: v for k, v in m.items() if k != "created_at"}  # noqa: E731
-    same_parts = [p["file"] for p in a["parts"]] == [p["file"] for p in b["parts"]] and all(
-        sha256_file(corpus / p["file"]) == sha256_file(ref / p["file"]) for p in a["parts"])
-    ok = drop(a) == drop(b) and a["fingerprint"] == b["fingerprint"] and same_parts and not any(
-        n == "manifest.json" for n in left)
-    note("ingest SIGKILLed half way, run again", big,
-         f"killed at {killed_at:.1f} s with {half} of {len(b['parts'])} parts written; re-run {r['seconds']:.1f} s",
-         f"after the kill the folder held {', '.join(left) or 'nothing'} (no manifest: not a corpus); the re-run's "
-         f"manifest {'equals' if drop(a) == drop(b) else 'differs from'} the uninterrupted one's, fingerprint "
-         f"{'equal' if a['fingerprint'] == b['fingerprint'] else 'differs'}, parts "
-         f"{'byte-identical' if same_parts else 'differ'}", ok, killed_at_s=round(killed_at, 2),
-         rerun_s=r["seconds"])
+    if finished:
+        note("ingest SIGKILLed half way, run again", big, f"{parts} parts of {part_rows:,} rows",
+             f"the ingest finished in {killed_at:.1f} s, before it could be killed", None)
+    else:
+        left = sorted(os.listdir(corpus))
+        r = run_stage("ingest after a kill", ingest_argv(corpus), logs / "ingest-rerun.log", [corpus], env)
+        a, b = (json.loads((d / "manifest.json").read_text()) for d in (corpus, ref))
+        drop = lambda m: {k: v for k, v in m.items() if k != "created_at"}  # noqa: E731
+        same_parts = [p["file"] for p in a["parts"]] == [p["file"] for p in b["parts"]] and all(
+            sha256_file(corpus / p["file"]) == sha256_file(ref / p["file"]) for p in a["parts"])
+        ok = drop(a) == drop(b) and a["fingerprint"] == b["fingerprint"] and same_parts and "manifest.json" not in left
+        note("ingest SIGKILLed half way, run again", big,
+             f"killed at {killed_at:.1f} s with {half} of {parts} parts written; re-run {r['seconds']:.1f} s",
+             f"after the kill the folder held {', '.join(left) or 'nothing'} (no manifest: not a corpus); the "
+             f"re-run's manifest {'equals' if drop(a) == drop(b) else 'differs from'} the uninterrupted one's, "
+             f"fingerprint {'equal' if a['fingerprint'] == b['fingerprint'] else 'differs'}, parts "
+             f"{'byte-identical' if same_parts else 'differ'}", ok, killed_at_s=round(killed_at, 2),
+             rerun_s=r["seconds"])
 
     # 2. index replacement killed at several moments
     emb = work / "runs" / f"{fmt}-{human(big)}" / "emb"
