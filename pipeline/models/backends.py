@@ -23,8 +23,11 @@ torch, and the reason kept (`auto`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -237,15 +240,10 @@ class OpenVinoTower:
         folder = self.folder / f"int8-{key}"
         if (folder / "quantized.json").exists() and (folder / "tower.xml").exists():
             return folder / "tower.xml"
-        import logging
-
         import nncf
 
         logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines and progress bars stay out
         batches = _token_batches(model, self.side, tokens, 8)
-        import contextlib
-        import io
-
         core = ov.Core()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             quantized = nncf.quantize(core.read_model(str(xml)),  # (its progress bars stay out of the terminal)
