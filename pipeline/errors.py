@@ -27,6 +27,10 @@ class ConfigError(PipelineError):
     """A configuration value that cannot work (unknown key, bad type, impossible resources)."""
 
 
+class NonFiniteError(PipelineError):
+    """A NaN or inf where a number must be finite (a vector, a score, a loss): stopped where it appears."""
+
+
 class ResourceError(PipelineError):
     """The cluster or machine lacks what the step asks for (CPUs, GPUs, memory)."""
 

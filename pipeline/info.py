@@ -1,6 +1,7 @@
 """`pipeline info PATH`: what a project folder or file is, from the formats this tool writes.
 
-Recognised (by the files each writer leaves; nothing is loaded beyond JSON and line counts):
+Recognised (by the files each writer leaves; nothing is loaded beyond JSON and line counts, but for
+the vectors of a complete embedding set up to SCAN_VECTORS_BYTES, which are scanned for NaN/inf):
 
     corpus       manifest.json (+ corpus/part-*.parquet)              data/ingest.py, data/manifest.py
     embeddings   embeddings.json + shard-*.done/.npy/.pids.txt         index/encode.py, index/shards.py
@@ -80,6 +81,25 @@ def _corpus(d: Path) -> dict | None:
     return {"kind": "corpus", "fields": fields}
 
 
+SCAN_VECTORS_BYTES = 4 * 2**30  # a complete set up to this size is scanned for non-finite values
+
+
+def _vectors_problem(d: Path, names: list[str]) -> str | None:
+    """Why the vectors of a complete set cannot be indexed (a truncated shard, a NaN or inf), else
+    None; a set larger than SCAN_VECTORS_BYTES is not read (`pipeline index` checks every vector)."""
+    from .index.shards import iter_shards
+
+    size = sum((d / f"{n}.npy").stat().st_size for n in names if (d / f"{n}.npy").exists())
+    if size > SCAN_VECTORS_BYTES:
+        return None
+    try:
+        for _ in iter_shards(d):
+            pass
+    except PipelineError as e:
+        return str(e)
+    return None
+
+
 def _embeddings(d: Path) -> dict | None:
     meta = _json(d / "embeddings.json")
     if not isinstance(meta, dict) or "shards" not in meta:
@@ -91,6 +111,10 @@ def _embeddings(d: Path) -> dict | None:
     model = meta.get("model") or {}
     state = "yes" if meta.get("complete") else (f"no: {len(names) - len(have)} of {len(names)} shards missing "
                                                  "(run `pipeline encode` again to finish)")
+    if meta.get("complete"):
+        problem = _vectors_problem(d, names)
+        if problem:
+            state = f"NO, DAMAGED: {problem}"
     return {"kind": "embeddings", "fields": {
         "shards": f"{len(have)} of {meta.get('shards')} done ({_n(rows_done)} of {_n(meta.get('rows'))} rows)",
         "vectors": f"dim {meta.get('dim')}, stored {meta.get('dtype')}, encoded in {meta.get('precision')}",

@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import PosInt, Section, Seed, UnitFraction
 from ..errors import ConfigError, InputError, PipelineError
 from .checks import check_no_bare_cr
 
@@ -50,28 +51,24 @@ FORMATS = ("auto", "csv", "jsonl", "parquet")
 
 
 @dataclass(frozen=True)
-class SplitConfig:
+class SplitConfig(Section):
     """`authorship:` settings of `pipeline authorship split` (defaults = the paper's A.2)."""
 
-    author_fraction: float = 0.10
-    topic_fraction: float = 0.20
-    train_fraction: float = 0.80
-    seed: int = 0
+    author_fraction: UnitFraction = 0.10
+    topic_fraction: UnitFraction = 0.20
+    train_fraction: UnitFraction = 0.80
+    seed: Seed = 0
     text_column: str = "text"
     author_column: str = "author"
     topic_column: str = "topic"
     format: str = "auto"
-    min_test_queries: int = 2   # a test split must give at least this many queries (authors with >= 2 texts)
+    min_test_queries: PosInt = 2   # a test split must give at least this many queries (authors with >= 2 texts)
+
+    SECTION = "authorship"
 
     def validate(self) -> None:
-        for key in ("author_fraction", "topic_fraction", "train_fraction"):
-            v = getattr(self, key)
-            if not 0 < v <= 1:
-                raise ConfigError(f"authorship.{key} must be in (0, 1], got {v}")
         if self.format not in FORMATS:
             raise ConfigError(f"authorship.format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if self.min_test_queries < 1:
-            raise ConfigError(f"authorship.min_test_queries must be >= 1, got {self.min_test_queries}")
 
 
 # ---------------------------------------------------------------------------- reading

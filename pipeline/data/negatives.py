@@ -27,6 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..config import NonNegFloat, NonNegInt, PosFloat, PosInt, Section, Seed
 from ..errors import PipelineError
 from ..storage import RemotePath, is_uri, resolve
 
@@ -138,7 +139,7 @@ def _publish_remote(root: RemotePath, version: int, negatives: dict[str, list[st
 
 
 @dataclass(frozen=True)
-class RefresherConfig:
+class RefresherConfig(Section):
     """What the index refresher does per version (METHODS.md §5 defaults). Shared by the
     refresher (`index/refresher.py`) and the ANCE method's `ance:` section."""
 
@@ -149,44 +150,40 @@ class RefresherConfig:
     dev_queries: str | None = None           # the dev queries' own file (MS MARCO: queries.dev.small.tsv);
     dev_qrels: str | None = None             # with dev_qrels: the per-version dev metric (None: no dev metric)
     dev_metric: str = "RR@10"
-    top_k: int = 200                         # retrieved per training query
-    negatives: int = 20                      # sampled from the top-k after removing judged positives
-    rel_level: int = 1
+    top_k: PosInt = 200                         # retrieved per training query
+    negatives: PosInt = 20                      # sampled from the top-k after removing judged positives
+    rel_level: NonNegInt = 1
     factory: str = "Flat"                    # FAISS factory string (exact inner product by default)
-    nprobe: int = 0
-    batch_size: int = 64
+    nprobe: NonNegInt = 0
+    batch_size: PosInt = 64
     precision: str = "auto"                  # the refresher's encoding precision (auto: bf16 where fast)
-    keep_versions: int = 2
-    seed: int = 0
-    poll_seconds: float = 2.0                # how often the refresher looks for a newer checkpoint
-    cpus: float = 1.0                        # the refresher actor's resources
-    gpus: float = 0.0
-    max_restarts: int = 3                    # a dead actor is restarted this often (then it has failed for good)
-    refresh_retries: int = 2                 # a refresh that raises is retried this often, then its checkpoint skipped
-    retry_backoff_s: float = 5.0             # first retry after this long, doubling
+    keep_versions: PosInt = 2
+    seed: Seed = 0
+    poll_seconds: PosFloat = 2.0                # how often the refresher looks for a newer checkpoint
+    cpus: NonNegFloat = 1.0                        # the refresher actor's resources
+    gpus: NonNegFloat = 0.0
+    max_restarts: NonNegInt = 3                    # a dead actor is restarted this often (then it has failed for good)
+    refresh_retries: NonNegInt = 2                 # a refresh that raises is retried this often, then its checkpoint skipped
+    retry_backoff_s: NonNegFloat = 5.0             # first retry after this long, doubling
     # the run fails (exit 2) when no version was published for this many refresh intervals, or
     # the refresher failed for good; 0 = never for lateness. `continue` trains on, saying on
     # every report line that the negatives are stale and since when
-    max_missed_refreshes: int = 3
+    max_missed_refreshes: NonNegInt = 3
     on_refresher_failure: str = "fail"
+
+    SECTION = "ance"
 
     def __post_init__(self):
         from ..errors import ConfigError
 
+        super().__post_init__()
         if self.on_refresher_failure not in ("fail", "continue"):
             raise ConfigError(f"ance.on_refresher_failure must be fail or continue, got {self.on_refresher_failure!r}")
-        if self.max_missed_refreshes < 0 or self.refresh_retries < 0 or self.retry_backoff_s < 0:
-            raise ConfigError("ance.max_missed_refreshes, ance.refresh_retries and ance.retry_backoff_s must be >= 0")
         if self.dev_qrels and not self.dev_queries:
             raise ConfigError("ance.dev_qrels needs ance.dev_queries: the dev queries' own file (the training "
                               "queries file is never assumed to hold them; on MS MARCO it does not)")
-        for key in ("top_k", "negatives", "keep_versions", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"ance.{key} must be >= 1, got {getattr(self, key)}")
         if self.negatives > self.top_k:
             raise ConfigError(f"ance.negatives={self.negatives} is more than ance.top_k={self.top_k} retrieved")
-        if self.cpus < 0 or self.gpus < 0 or self.poll_seconds <= 0:
-            raise ConfigError("ance.cpus/gpus must be >= 0 and ance.poll_seconds > 0")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from ..data.readers import read_run_file
-from ..errors import InputError
+from ..errors import InputError, NonFiniteError
 from ..io_utils import atomic_path
 
 
@@ -79,6 +79,11 @@ class RunWriter:
     def write(self, qids, pids, scores: np.ndarray, ids: np.ndarray) -> int:
         """Rows of `scores`/`ids` (as FAISS returns them; -1 = no hit) for `qids`; `pids[row]` names a hit."""
         out, tag = [], self.tag
+        bad = ~np.isfinite(np.asarray(scores)) & (np.asarray(ids) >= 0)
+        if bad.any():
+            qi = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise NonFiniteError(f"{self.path}: non-finite scores (NaN or inf) for query {qids[qi]}; "
+                                 "a run cannot rank by them (nothing was written)")
         take = getattr(pids, "take", None)  # a PidTable decodes a batch of rows at once
         for qi, qid in enumerate(qids):
             rows = np.asarray(ids[qi])

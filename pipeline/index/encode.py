@@ -37,6 +37,7 @@ from pathlib import Path
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
 from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
+from ..io_utils import missing_dirs, remove_empty_dirs
 from ..storage import RemotePath
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, layout_matches, location, plan_part, remove_shard,
@@ -207,35 +208,45 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         from ..models.backends import resolve_backend
 
         resolve_backend(enc.backend, "cuda" if enc.gpus_per_actor > 0 else "cpu", "int8")
-    if todo and runner == "local":
-        shape = local_shape(enc)
-        from ..storage import check_writable
-
-        check_writable(out_dir)
-    elif todo:  # refuse a shape that cannot run before anything is written
-        from ..ray_runtime import cluster_resources, init_ray
-
-        init_ray(cfg.ray)
-        shape = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
-        _check_output_writable(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
-    write_json(meta_path, {**meta, "complete": False})
-    for name in set(done) - reused:
-        remove_shard(out_dir, name)
-    for stray in stray_files(out_dir, keep=reused):
-        stray.unlink(missing_ok=True)
     # int8: every encoder quantises on the same texts, the corpus's first passages (a resumed run too)
     calibration = calibration_texts(specs, manifest["title_join"]) if todo and enc.precision == "int8" else None
-    if todo and runner == "local":
-        _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe,
-                   calibration)
-    elif todo:
-        del probe  # the actors load their own
-        _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec,
-             calibration)
+    if todo:  # a model whose vectors are NaN/inf is refused before anything is written
+        probe.check_finite(probe.embed(calibration[:8] if calibration else
+                                       calibration_texts(specs, manifest["title_join"], 8), "doc"), "doc")
+    created = missing_dirs(out_dir) if isinstance(out_dir, Path) else []
+    try:
+        if todo and runner == "local":
+            shape = local_shape(enc)
+            from ..storage import check_writable
+
+            check_writable(out_dir)
+        elif todo:  # refuse a shape that cannot run before anything is written
+            from ..ray_runtime import cluster_resources, init_ray
+
+            init_ray(cfg.ray)
+            shape = resolve_shape(enc, _node_cpus(), cluster_resources()["GPU"])
+            _check_output_writable(out_dir)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
+        write_json(meta_path, {**meta, "complete": False})
+        for name in set(done) - reused:
+            remove_shard(out_dir, name)
+        for stray in stray_files(out_dir, keep=reused):
+            stray.unlink(missing_ok=True)
+        if todo and runner == "local":
+            _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe,
+                       calibration)
+        elif todo:
+            del probe  # the actors load their own
+            _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec,
+                 calibration)
+    except BaseException:
+        if created and not completed_shards(out_dir):  # a folder this run made, holding nothing of use
+            (out_dir / META_NAME).unlink(missing_ok=True)
+            remove_empty_dirs(created)
+        raise
     markers = completed_shards(out_dir)  # read once: verified, and the precision the actors used
     problems = verify_shards(out_dir, specs, total_rows, done=markers, checked=reused)  # reused: checked above
     if problems:

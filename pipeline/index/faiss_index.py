@@ -56,12 +56,16 @@ def _sample(emb_dir, n_total: int, k: int, seed: int = 0) -> np.ndarray:
     take = min(k, n_total)
     chosen = np.sort(rng.choice(n_total, size=take, replace=False))
     out, offset = [], 0
-    for _, vecs in iter_shards(emb_dir):
+    for _, vecs in iter_shards(emb_dir, check_finite=False):  # the sampled rows are checked below
         lo, hi = np.searchsorted(chosen, [offset, offset + len(vecs)])
         if hi > lo:
             out.append(np.asarray(vecs[chosen[lo:hi] - offset], dtype=np.float32))
         offset += len(vecs)
-    return np.concatenate(out)
+    sample = np.concatenate(out)
+    if not np.isfinite(sample).all():
+        for _ in iter_shards(emb_dir):  # raises, naming the shard, the row and the passage
+            pass
+    return sample
 
 
 def compressed_factory(n: int, dim: int) -> tuple[str, float]:

@@ -65,6 +65,9 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
             _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
             scores, ids = index.search(vecs, k)
             run.write(qids[s:s + bs], index.pids, scores, ids)
+        if run.lines == 0:  # raised inside the writer: nothing is left at run_path
+            raise PipelineError(f"{run_path}: the search found no passage for any of the {len(qids):,} queries "
+                                f"(index {index_dir}, {index.index.ntotal:,} vectors); an empty run is not written")
     lines = run.lines
     meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
     meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, NonFiniteError
 from ..io_utils import save_npy
 from ..io_utils import write_json_atomic as _write_json_local
 from ..storage import Location, RemotePath, resolve
@@ -112,12 +112,27 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
     if pids_digest(pids) != spec["pids_sha256"]:
         raise ValueError(f"{name}: the pids read from {spec['part']} rows {spec['start']}-{spec['end']} are not "
                          "the ones planned (the corpus changed during the run?)")
+    row = first_non_finite(vectors)  # float16 storage can overflow what float32 held
+    if row is not None:
+        raise NonFiniteError(f"{name}: the vector of passage {pids[row]} (row {row}) is not finite (NaN or inf"
+                             + (", beyond float16's range: encode.fp16=false keeps float32" if vectors.dtype == np.float16
+                                else "") + "); the shard is not written")
     _write_file(emb_dir / f"{name}.npy", lambda f: save_npy(f, vectors))
     _write_file(emb_dir / f"{name}.pids.txt", lambda f: f.write("".join(f"{p}\n" for p in pids).encode("utf-8")))
     marker = {**{k: spec[k] for k in LAYOUT_KEYS}, "rows": len(pids), "dim": int(vectors.shape[1]),
               "dtype": str(vectors.dtype), **info}
     write_json(emb_dir / f"{name}.done", marker)
     return marker
+
+
+def first_non_finite(vectors: np.ndarray, block: int = 65_536) -> int | None:
+    """The first row holding a NaN or inf (None when every value is finite); a block at a time, so a
+    memory-mapped shard is scanned without a second copy of it in memory."""
+    for s in range(0, len(vectors), block):
+        bad = ~np.isfinite(np.asarray(vectors[s:s + block])).all(axis=1)
+        if bad.any():
+            return s + int(np.flatnonzero(bad)[0])
+    return None
 
 
 def completed_shards(emb_dir: str | Path) -> dict[str, dict]:
@@ -264,8 +279,10 @@ def shard_shapes(emb_dir: str | Path) -> Iterator[tuple[str, int, tuple[int, ...
         yield name, len(pids), npy_shape(emb_dir / f"{name}.npy")
 
 
-def iter_shards(emb_dir: str | Path, require_complete: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
-    """Yield (pids, memory-mapped vectors) shard by shard, in corpus order.
+def iter_shards(emb_dir: str | Path, require_complete: bool = True,
+                check_finite: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
+    """Yield (pids, memory-mapped vectors) shard by shard, in corpus order; a shard holding a NaN or
+    inf is an InputError naming its file, row and passage (`check_finite`).
 
     Only the shards the encoding listed in its metadata are read, so files of
     another layout or of a killed writer are never mixed in.
@@ -286,4 +303,11 @@ def iter_shards(emb_dir: str | Path, require_complete: bool = True) -> Iterator[
         pids = (emb_dir / f"{name}.pids.txt").read_text(encoding="utf-8").splitlines()
         if len(pids) != len(vectors):
             raise InputError(emb_dir / f"{name}.pids.txt", None, f"{len(pids)} ids for {len(vectors)} vectors")
+        if check_finite:
+            row = first_non_finite(vectors)
+            if row is not None:
+                raise InputError(emb_dir / f"{name}.npy", None,
+                                 f"row {row} (passage {pids[row]}) holds a non-finite value (NaN or inf): a vector "
+                                 "that no search can rank; the embedding set is damaged: encode the corpus again "
+                                 "(a new --out folder)")
         yield pids, vectors

@@ -46,6 +46,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..config import PosFloat
 from .base import LossConfig
 
 MLL_HEADS = ("released", "pooled")
@@ -58,7 +59,7 @@ class SupConConfig(LossConfig):
 
     name: str = "arr_cl"
     similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: float | None = 0.07
+    temperature: PosFloat | None = 0.07
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class MLLConfig(LossConfig):
 
     name: str = "arr_mll"
     similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: float | None = 0.05          # mll_head: pooled only
+    temperature: PosFloat | None = 0.05       # mll_head: pooled only
     mll_head: Literal["released", "pooled"] = "released"
 
     def validate(self) -> None:
@@ -90,16 +91,14 @@ class ARRConfig(LossConfig):
 
     name: str = "arr"
     similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: float | None = 0.05          # τ of eq. 1 for G and F
-    bias_temperature: float | None = None     # τ of eq. 1 for H (default: temperature)
+    temperature: PosFloat | None = 0.05       # τ of eq. 1 for G and F
+    bias_temperature: PosFloat | None = None  # τ of eq. 1 for H (default: temperature)
     scaling: Literal["normalized", "released_code"] = "normalized"
 
     def validate(self) -> None:
         super().validate()
         from ..errors import ConfigError
 
-        if self.bias_temperature is not None and self.bias_temperature <= 0:
-            raise ConfigError("loss.bias_temperature must be > 0")
         if self.scaling not in SCALINGS:
             raise ConfigError(f"loss.scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
 

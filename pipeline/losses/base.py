@@ -13,11 +13,13 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..config import PosFloat, Section
+
 DEFAULT_COS_TEMPERATURE = 0.05
 
 
 @dataclass(frozen=True)
-class LossConfig:
+class LossConfig(Section):
     """Loss settings shared by every method.
 
     `similarity: auto` follows the model (METHODS.md §1): a model that L2-normalises its
@@ -27,13 +29,12 @@ class LossConfig:
 
     name: str = "dpr"
     similarity: Literal["auto", "dot", "cos"] = "auto"
-    temperature: float | None = None
+    temperature: PosFloat | None = None
+
+    SECTION = "loss"
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-
-        if self.temperature is not None and self.temperature <= 0:
-            raise ConfigError("loss.temperature must be > 0")
+        """Checks across keys (each key's own range is declared in its annotation)."""
 
     @property
     def tau(self) -> float:

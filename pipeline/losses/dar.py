@@ -63,6 +63,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..config import Fraction, NonNegInt, OpenFraction, PosFloat
 from .base import LossConfig, scores
 from .dpr import nll_from_scores
 
@@ -72,22 +73,13 @@ class DARConfig(LossConfig):
     """The `loss:` block of DAR (defaults = METHODS.md §2)."""
 
     name: str = "dar"
-    n_perturb: int = 7
-    dropout_p: float = 0.1
-    mix_weight: float = 0.1
-    mix_scale: float = 10.0
+    n_perturb: NonNegInt = 7
+    dropout_p: OpenFraction = 0.1
+    mix_weight: Fraction = 0.1
+    mix_scale: PosFloat = 10.0
     mix_detach_negatives: bool = False
     mix_grouping: Literal["drop_positive", "shift"] = "drop_positive"
     mix_hard_negatives: bool = True
-
-    def validate(self) -> None:
-        from ..errors import ConfigError
-
-        super().validate()
-        if self.n_perturb < 0 or not 0 <= self.dropout_p < 1 or not 0 <= self.mix_weight <= 1:
-            raise ConfigError("loss: need n_perturb >= 0, 0 <= dropout_p < 1, 0 <= mix_weight <= 1")
-        if self.mix_scale <= 0:
-            raise ConfigError("loss.mix_scale must be > 0")
 
 
 def mix_columns(pos_idx: torch.Tensor, n_pos: int, n_cols: int, cfg: DARConfig) -> torch.Tensor:

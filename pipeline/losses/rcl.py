@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..config import NonNegFloat
 from .base import LossConfig, scores
 
 
@@ -35,16 +36,14 @@ class RCLConfig(LossConfig):
     """`loss:` block of `loss.name: rcl` (each field a reconstruction switch, METHODS.md §3)."""
 
     name: str = "rcl"
-    entropy_lambda: float = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)
-    regulator_weight: float = 1.0        # eq. 3: w
+    entropy_lambda: NonNegFloat = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)
+    regulator_weight: NonNegFloat = 1.0        # eq. 3: w
     regulator_reduce: Literal["sum", "mean"] = "sum"  # eq. 3: Σ_k (paper) or mean over the 2K terms
 
     def validate(self) -> None:
         from ..errors import ConfigError
 
         super().validate()
-        if self.regulator_weight < 0:
-            raise ConfigError(f"loss.regulator_weight must be >= 0, got {self.regulator_weight}")
         if self.regulator_reduce not in ("sum", "mean"):
             raise ConfigError(f"loss.regulator_reduce must be sum or mean, got {self.regulator_reduce!r}")
 

@@ -279,6 +279,7 @@ class OpenVinoTower:
                         near.append(encode(t).float().numpy())
                 ours.append(self(b))
         ref_v = np.concatenate(ref)
+        model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
         cosines = _cosines(np.concatenate(ours), ref_v)
         cos = float(cosines.min())
         if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): a sanity floor
@@ -301,6 +302,8 @@ def tower_runner(model, side: str, backend: str, precision: str, threads: int,
         return "torch", None, precision, None
     try:
         runner = OpenVinoTower(model, side, precision, threads, cache, calibration)
+    except PipelineError:  # the model itself is unusable (non-finite vectors), or int8 has no calibration
+        raise
     except Exception as e:  # conversion or compilation failed
         if backend == "openvino" or precision == "int8":
             raise PipelineError(f"encode.backend=openvino: the model could not be converted or compiled "

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from .heads import Head
 from .loading import (BIENCODER_FILE, _declared_length, _detect_max_length, _load_tower, _lowercase, read_json,
                       resolve_model_path)
@@ -245,4 +245,18 @@ class BiEncoder(nn.Module):
             with torch.autocast(device_type=device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 vecs = encode(batch)
             out[order[s:e]] = vecs.float().cpu().numpy()
+        self.check_finite(out, side)
         return out
+
+    def check_finite(self, vectors, side: str) -> None:
+        """Refuse NaN/inf vectors where they are made: a model that gives them (weights from a training
+        run that diverged, a broken export) would otherwise be indexed, searched and scored silently."""
+        import numpy as np
+
+        bad = ~np.isfinite(vectors).all(axis=1)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise NonFiniteError(f"the model {self.cfg.name_or_path} gives non-finite vectors (NaN or inf) for "
+                                 f"{int(bad.sum()):,} of {len(vectors):,} {'queries' if side == 'query' else 'passages'} "
+                                 f"(the first at position {first}): its weights are unusable (a training run that "
+                                 "diverged?); nothing was written from them")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..config import EvalConfig, IndexConfig, ModelConfig, RayConfig, from_dict, merge_overrides, read_yaml
+from ..config import (EvalConfig, Fraction, IndexConfig, ModelConfig, NonNegFloat, NonNegInt, OpenFraction, PosFloat,
+                      PosInt, RayConfig, Section, Seed, from_dict, merge_overrides, read_yaml)
 from ..errors import ConfigError
 from ..losses.base import LossConfig
 
 
 @dataclass(frozen=True)
-class TrainDataConfig:
+class TrainDataConfig(Section):
     """Where training examples come from (see pipeline/data/training.py)."""
 
     source: Literal["qrels", "dpr-json"] = "qrels"
@@ -22,14 +23,14 @@ class TrainDataConfig:
     queries: str | None = None              # qrels: default <corpus>/queries.tsv
     qrels: str | None = None                # qrels: default <corpus>/qrels/train.trec
     negatives_run: str | None = None        # qrels: TREC run to mine hard negatives from
-    negatives_depth: int = 100
-    rel_level: int = 1
-    hard_negatives: int = 0                 # hard negatives per query per step
-    shuffle_window: int = 10_000            # seeded per-epoch shuffle buffer (examples)
+    negatives_depth: PosInt = 100
+    rel_level: NonNegInt = 1
+    hard_negatives: NonNegInt = 0                 # hard negatives per query per step
+    shuffle_window: PosInt = 10_000            # seeded per-epoch shuffle buffer (examples)
     # Hold the examples in the object store once per run instead of streaming them with
     # Ray Data every epoch: auto = when there are at most `materialize_max_examples`.
     materialize: Literal["auto", "always", "never"] = "auto"
-    materialize_max_examples: int = 200_000
+    materialize_max_examples: NonNegInt = 200_000
     # Examples not held in memory reach the workers as: files = each worker reads the examples'
     # Parquet parts itself, a batch at a time, keeping its own rows (no Ray Data, no copy in the
     # object store; the parts must be where every worker can read them, as checkpoints must);
@@ -40,69 +41,78 @@ class TrainDataConfig:
     # starts: auto = when the sources (data.path, queries, qrels, negatives_run) pass 64 MB.
     build_apart: Literal["auto", "yes", "no"] = "auto"
 
+    SECTION = "data"
+
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(Section):
     name: Literal["adamw", "lamb"] = "adamw"
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, ...] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.1               # METHODS.md §1: warmup, then linear decay
-    grad_clip: float = 2.0
+    lr: PosFloat = 2e-5
+    weight_decay: NonNegFloat = 0.0
+    betas: tuple[OpenFraction, ...] = (0.9, 0.999)
+    eps: PosFloat = 1e-8
+    warmup_steps: NonNegInt = 0
+    warmup_ratio: Fraction = 0.1            # docs/METHODS.md §1: warmup, then linear decay
+    grad_clip: NonNegFloat = 2.0            # max gradient norm; 0 = no clipping
+
+    SECTION = "optim"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if len(self.betas) != 2:
+            raise ConfigError(f"optim.betas: two values (beta1, beta2), got {list(self.betas)}")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Section):
     name: str = "dpr"
     storage_path: str = "runs/train"
     # auto: continue from the newest complete checkpoint of this run if there is one;
     # never: refuse to reuse a run name that has checkpoints; or a checkpoint path.
     resume: str = "auto"
-    epochs: int = 1
-    max_steps: int = 0                      # 0 = epochs x steps per epoch
-    batch_size: int = 32                    # per worker
-    num_workers: int = 1
+    epochs: PosInt = 1
+    max_steps: NonNegInt = 0                # 0 = epochs x steps per epoch
+    batch_size: PosInt = 32                 # per worker
+    num_workers: PosInt = 1
     use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0            # used when use_gpu
+    cpus_per_worker: PosFloat = 1.0
+    gpus_per_worker: NonNegFloat = 1.0      # used when use_gpu
     amp: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    seed: int = 0
-    checkpoint_every: int = 0               # steps; 0 = only at the end
-    keep_checkpoints: int = 2
-    eval_every: int = 0                     # steps; 0 = only at the end
-    report_every: int = 10
-    max_failures: int = 0
-    torch_threads: int = 0                  # 0 = max(1, floor(cpus_per_worker))
+    seed: Seed = 0
+    checkpoint_every: NonNegInt = 0         # steps; 0 = only at the end
+    keep_checkpoints: PosInt = 2
+    eval_every: NonNegInt = 0               # steps; 0 = only at the end
+    report_every: PosInt = 10
+    max_failures: NonNegInt = 0
+    torch_threads: NonNegInt = 0            # 0 = max(1, floor(cpus_per_worker))
     log_batches: bool = False               # write every step's example ids (resume audits)
     # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps.
-    negatives_poll_every: int = 100
-    fail_at_step: int = 0                   # testing: raise in the worker at this step
-    fail_after_checkpoint: int = 0          # testing: raise right after the checkpoint of this step
-    step_sleep_s: float = 0.0               # testing: pause after each step (a slower trainer, for ANCE tests)
+    negatives_poll_every: PosInt = 100
+    fail_at_step: NonNegInt = 0                   # testing: raise in the worker at this step
+    fail_after_checkpoint: NonNegInt = 0          # testing: raise right after the checkpoint of this step
+    step_sleep_s: NonNegFloat = 0.0               # testing: pause after each step (a slower trainer, for ANCE tests)
+
+    SECTION = "train"
 
 
 @dataclass(frozen=True)
-class ValidationConfig:
+class ValidationConfig(Section):
     """Held-out retrieval evaluation through encode -> index -> retrieve -> evaluate."""
 
     corpus: str | None = None
     queries: str | None = None              # default <corpus>/queries.tsv
     qrels: str | None = None                # default <corpus>/qrels/test.trec
     metric: str = "MRR@10"                  # the one reported as `val_metric` (for Tune)
-    top_k: int = 100
-    batch_size: int = 64
+    top_k: PosInt = 100
+    batch_size: PosInt = 64
     # > 0: a seeded share of the training queries, held out of training, is the dev split the run
     # validates (and a sweep selects) on, instead of `qrels` (train/dev_split.py)
-    dev_split: float = 0.0
+    dev_split: OpenFraction = 0.0
     # the split's seed, apart from train.seed: every trial of a sweep (whatever its seed) and every
     # method validates on the same held-out queries
-    dev_seed: int = 0
+    dev_seed: Seed = 0
 
-    def __post_init__(self):
-        if not 0 <= self.dev_split < 1:
-            raise ConfigError(f"validation.dev_split must be in [0, 1), got {self.dev_split}")
+    SECTION = "validation"
 
 
 @dataclass(frozen=True)
@@ -124,24 +134,6 @@ class TrainJobConfig:
         if name not in self.sections:
             raise ConfigError(f"method {self.loss.name!r} has no {name!r} section")
         return self.sections[name]
-
-
-    def validate(self) -> None:
-        tc = self.train
-        for key, value in (("train.batch_size", tc.batch_size), ("train.num_workers", tc.num_workers),
-                           ("train.epochs", tc.epochs), ("train.report_every", tc.report_every),
-                           ("train.negatives_poll_every", tc.negatives_poll_every),
-                           ("train.keep_checkpoints", tc.keep_checkpoints)):
-            if value < 1:
-                raise ConfigError(f"{key} must be >= 1, got {value}")
-        for key, value in (("train.max_steps", tc.max_steps), ("train.checkpoint_every", tc.checkpoint_every),
-                           ("train.eval_every", tc.eval_every), ("data.hard_negatives", self.data.hard_negatives)):
-            if value < 0:
-                raise ConfigError(f"{key} must be >= 0, got {value}")
-        if tc.cpus_per_worker <= 0:
-            raise ConfigError(f"train.cpus_per_worker must be > 0, got {tc.cpus_per_worker}")
-        if self.optim.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
 
 
 def job_from_dict(data: dict) -> TrainJobConfig:

@@ -25,7 +25,7 @@ import torch
 
 from .. import progress
 from .. import storage as st
-from ..errors import PipelineError
+from ..errors import NonFiniteError, PipelineError
 from ..models import BiEncoder
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
@@ -56,6 +56,29 @@ def _amp(cfg, device: torch.device):
     dtype = torch.bfloat16 if mode == "bf16" else torch.float16
     scaler = torch.amp.GradScaler("cuda") if mode == "fp16" else None
     return (lambda: torch.autocast("cuda", dtype=dtype)), scaler
+
+
+def check_finite_loss(loss: torch.Tensor, terms: dict, step: int, note) -> None:
+    """Stop the run at the first step whose loss (or one of its terms) is NaN or inf, naming the step
+    and the terms that went non-finite, before it reaches a gradient. `note()` says what is kept."""
+    values = {"loss": float(loss.detach()), **{k: float(v) for k, v in terms.items()}}
+    bad = [k for k, v in values.items() if not np.isfinite(v)]
+    if not bad:
+        return
+    named = [k for k in bad if k != "loss"] or ["loss"]
+    others = ", ".join(f"{k} {v:.6g}" for k, v in values.items() if k not in named and k != "loss")
+    raise NonFiniteError(f"training stopped at step {step}: the loss went non-finite in "
+                         + ", ".join(f"{k} ({values[k]})" for k in named) + (f" ({others})" if others else "")
+                         + f"; nothing of this step was applied. {note()}")
+
+
+def _stop_note(run_loc) -> str:
+    """What a run stopped by a non-finite value keeps: its last checkpoint (all of them finite)."""
+    from ..models.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(run_loc)
+    return (f"The last checkpoint, {last}, is kept (its weights are finite); lower optim.lr or check the data"
+            if last is not None else "No checkpoint was written yet; lower optim.lr or check the data")
 
 
 def _all_gather_object(obj, world: int):
@@ -367,6 +390,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             win_excluded += spent
 
     def _save_checkpoint(metrics: dict, stopped_early: bool) -> None:
+        if not all(torch.isfinite(p).all() for p in model.parameters()):  # same weights on every rank
+            raise NonFiniteError(f"training stopped at step {step}: the model's weights hold NaN or inf "
+                                 f"(optim.lr {job.optim.lr:g}), so no checkpoint is written. " + _stop_note(run_loc))
         rngs = _all_gather_object(_rng_state(), world)
         upload_batch_log()
         if rank != 0:
@@ -440,14 +466,23 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             with autocast():
                 out = method.forward(ddp, batch, sctx)
             loss, terms = method.loss(method.assemble(out, sctx), job.loss, training=True)
+            check_finite_loss(loss, terms, step + 1, lambda: _stop_note(run_loc))
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
             else:
                 loss.backward()
-            if job.optim.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), job.optim.grad_clip)
+            # the global gradient norm (the same on every rank after DDP's all-reduce), clipped when
+            # optim.grad_clip is set; a non-finite one stops the run before the update is applied (with
+            # fp16's GradScaler an overflow is expected: the scaler skips that step itself)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), job.optim.grad_clip or float("inf"))
+            if scaler is None and not torch.isfinite(norm):
+                raise NonFiniteError(f"training stopped at step {step + 1}: the gradient norm is {float(norm)} "
+                                     f"(loss {float(loss.detach()):.6g}"
+                                     + "".join(f", {k} {float(v):.6g}" for k, v in terms.items())
+                                     + f"; optim.lr {job.optim.lr:g}); nothing of this step was applied. "
+                                     + _stop_note(run_loc))
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()

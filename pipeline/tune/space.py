@@ -34,9 +34,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from ..config import from_dict, merge_overrides, read_yaml
+from annotated_types import Gt
+
+from ..config import NonNegFloat, NonNegInt, PosInt, Section, Seed, from_dict, merge_overrides, read_yaml
 from ..errors import ConfigError
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
@@ -46,37 +48,29 @@ RESERVED_SECTIONS = ("ray",)
 
 
 @dataclass(frozen=True)
-class SearchConfig:
+class SearchConfig(Section):
     searcher: Literal["grid", "random", "optuna"] = "grid"
     # grid: repeats of the whole grid; random/optuna: trials
-    num_samples: int = 1
+    num_samples: PosInt = 1
     metric: str = "val_metric"
     mode: Literal["auto", "max", "min"] = "auto"   # auto: max for val_*, min for loss terms
     scheduler: Literal["asha", "none"] = "asha"
     # ASHA, in training steps (the trainer's own `step`, which survives a restore)
-    grace_period: int = 10
-    reduction_factor: float = 2.0
-    max_t: int = 0                                 # 0 = the base config's train.max_steps
-    max_concurrent_trials: int = 0                 # 0 = as many as the cluster holds
-    seed: int = 0
-    trial_cpus: float = 0.1                        # the per-trial driver (the workers ask their own)
+    grace_period: PosInt = 10
+    reduction_factor: Annotated[float, Gt(1)] = 2.0
+    max_t: NonNegInt = 0                           # 0 = the base config's train.max_steps
+    max_concurrent_trials: NonNegInt = 0           # 0 = as many as the cluster holds
+    seed: Seed = 0
+    trial_cpus: NonNegFloat = 0.1                  # the per-trial driver (the workers ask their own)
     # a space key whose values are replicates (e.g. train.seed): select by the mean over them
     replicate_key: str | None = None
     # a sweep never selects on a test split (validation qrels named `test`, or an ir_datasets test
     # split); true is the only way past, and results.md then says so
     allow_test_selection: bool = False
 
+    SECTION = "search"
+
     def validate(self) -> None:
-        if self.num_samples < 1:
-            raise ConfigError(f"search.num_samples must be >= 1, got {self.num_samples}")
-        if self.grace_period < 1:
-            raise ConfigError(f"search.grace_period must be >= 1 step, got {self.grace_period}")
-        if self.reduction_factor <= 1:
-            raise ConfigError(f"search.reduction_factor must be > 1, got {self.reduction_factor}")
-        if self.max_t < 0 or self.max_concurrent_trials < 0:
-            raise ConfigError("search.max_t and search.max_concurrent_trials must be >= 0 (0 = automatic)")
-        if self.trial_cpus < 0:
-            raise ConfigError(f"search.trial_cpus must be >= 0, got {self.trial_cpus}")
         if self.replicate_key is not None and not str(self.replicate_key).strip():
             raise ConfigError("search.replicate_key must name a space key (e.g. train.seed) or be null")
 

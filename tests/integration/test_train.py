@@ -220,3 +220,28 @@ def test_ray_data_streams_ids_form_examples_with_their_texts(ray_session, faq, t
     for rank, ds in enumerate(_datasets(out, 2, "idx", meta["digest"]).values()):
         got = [r for b in ds.iter_batches(batch_size=64, batch_format="pyarrow") for r in b.to_pylist()]
         assert got == [r for r in rows if r["idx"] % 2 == rank]
+
+
+def test_training_stops_at_the_first_non_finite_step(ray_session, tiny_model_dir, faq, tmp_path):
+    """A learning rate that blows the weights up: the run stops at the first step whose loss (or
+    gradient) is NaN/inf, naming the step and the term, and every checkpoint it leaves is finite
+    (no NaN checkpoint, no exported model, no summary claiming a result)."""
+    from safetensors.torch import load_file
+
+    from pipeline.errors import PipelineError
+
+    job = dpr_job(tiny_model_dir, faq, tmp_path, "diverge", "optim.lr=1e30", "optim.warmup_ratio=0",
+                  "train.max_steps=6", "train.checkpoint_every=1", "train.keep_checkpoints=6")
+    with pytest.raises(PipelineError) as e:
+        train(job, progress=False)
+    msg = str(e.value)
+    assert "training stopped at step" in msg and ("loss went non-finite in nll" in msg or "gradient norm" in msg
+                                                  or "weights hold NaN or inf" in msg), msg
+    assert "nothing of this step was applied" in msg or "no checkpoint is written" in msg
+    steps = [s for s, _ in list_checkpoints(tmp_path / "diverge")]
+    assert steps and max(steps) < 6, steps
+    for _, ckpt in list_checkpoints(tmp_path / "diverge"):
+        for name, w in load_file(str(ckpt / "model" / "model.safetensors")).items():
+            assert torch.isfinite(w).all(), (ckpt.name, name)
+    assert f"step-{max(steps):08d}" in msg  # the kept checkpoint is named
+    assert not (tmp_path / "diverge" / "model").exists() and not (tmp_path / "diverge" / "summary.json").exists()

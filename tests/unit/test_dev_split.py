@@ -35,5 +35,5 @@ def test_a_dev_split_that_cannot_apply_is_refused(faq, tmp_path):
         apply_dev_split(_job(faq, tmp_path, f"validation.qrels={faq}/qrels/test.trec"))
     with pytest.raises(ConfigError, match="leaves no training query"):
         apply_dev_split(_job(faq, tmp_path, "validation.dev_split=0.9999"))
-    with pytest.raises(ConfigError, match=r"validation.dev_split must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"validation.dev_split: must be in \[0, 1\)"):
         _job(faq, tmp_path, "validation.dev_split=1.5")

@@ -78,7 +78,7 @@ def test_unknown_training_key_is_refused_with_its_name(tmp_path):
 def test_values_the_training_config_refuses(tmp_path):
     with pytest.raises(ConfigError, match=r"space.loss.n_perturb=2.5.*integer"):
         sweep(tmp_path, space={"loss.n_perturb": {"choice": [3, 2.5]}})
-    with pytest.raises(ConfigError, match=r"space.optim.lr=0.0.*optim.lr must be > 0"):
+    with pytest.raises(ConfigError, match=r"space.optim.lr=0.0.*optim.lr: must be > 0"):
         sweep(tmp_path, space={"optim.lr": {"uniform": [0.0, 1e-4]}}, search={"searcher": "random"})
     with pytest.raises(ConfigError, match="set by the sweep itself"):
         sweep(tmp_path, space={"train.name": {"grid": ["a", "b"]}})

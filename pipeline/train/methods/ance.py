@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...config import PosInt
 from ...data.negatives import RefresherConfig
 from ...data.training import build_examples
 from ...losses.ance import ANCEConfig, ANCEDARConfig, ance_batch_loss, ance_dar_batch_loss
@@ -26,7 +27,7 @@ class ANCESettings(RefresherConfig):
     """The `ance:` section: the refresher's settings plus how the trainer uses its versions."""
 
     # checkpoints (and so refreshes) every this many steps; sets train.checkpoint_every when that is 0
-    refresh_every: int = 100
+    refresh_every: PosInt = 100
     # run the refresher beside training (pipeline train); false = versions come from elsewhere
     # (`pipeline refresh` as a separate job) and the trainer only polls `versions_dir`
     start_refresher: bool = True

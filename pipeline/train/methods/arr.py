@@ -24,9 +24,12 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from annotated_types import Ge
 
+from ...config import Section
 from ...errors import ConfigError
 from ...losses.arr import (ARRConfig, MLLConfig, SupConConfig, arr_batch_loss, mll_batch_loss,
                            supcon_batch_loss)
@@ -39,23 +42,22 @@ EXAMPLES_META = "examples.json"
 
 
 @dataclass(frozen=True)
-class AuthorshipSettings:
+class AuthorshipSettings(Section):
     """`authorship:` section of the ARR methods. Paths are made absolute where the config is
     first read (the driver), so workers in another directory find the same files."""
 
     split: str | None = None        # folder written by `pipeline authorship split`
-    m: int = 2                      # texts per author in a batch
+    m: Annotated[int, Ge(2)] = 2    # texts per author in a batch (a text needs a same-author partner)
     teacher: str | None = None      # arr: the base model G (a model folder, e.g. <arr_cl run>/model)
 
+    SECTION = "authorship"
+
     def __post_init__(self):
+        super().__post_init__()
         for key in ("split", "teacher"):
             v = getattr(self, key)
             if v and v != "minilm" and not Path(v).is_absolute():
                 object.__setattr__(self, key, str(Path(v).expanduser().resolve()))
-
-    def validate(self) -> None:
-        if self.m < 2:
-            raise ConfigError(f"authorship.m must be >= 2 (a text needs a same-author partner), got {self.m}")
 
 
 class ReleasedMLLHead(torch.nn.Linear):
