@@ -36,6 +36,7 @@ Fraction = Annotated[float, Ge(0), Le(1)]          # [0, 1]
 OpenFraction = Annotated[float, Ge(0), Lt(1)]      # [0, 1)
 UnitFraction = Annotated[float, Gt(0), Le(1)]      # (0, 1]
 Seed = Annotated[int, Ge(0)]
+Real = Annotated[float, Ge(-math.inf)]             # any finite number (a sign that means something)
 
 
 def _numeric_bounds(tp) -> tuple[type | None, tuple]:
@@ -65,6 +66,8 @@ def bounds_text(bounds) -> str:
               None)
     hi = next(((b.le, "]") if hasattr(b, "le") else (b.lt, ")") for b in bounds if hasattr(b, "le") or hasattr(b, "lt")),
               None)
+    if lo and lo[0] == -math.inf and not hi:
+        return "any finite number"
     if lo and hi:
         return f"in {lo[1]}{lo[0]:g}, {hi[0]:g}{hi[1]}"
     if lo:

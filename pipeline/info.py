@@ -118,10 +118,20 @@ def _embeddings(d: Path) -> dict | None:
     return {"kind": "embeddings", "fields": {
         "shards": f"{len(have)} of {meta.get('shards')} done ({_n(rows_done)} of {_n(meta.get('rows'))} rows)",
         "vectors": f"dim {meta.get('dim')}, stored {meta.get('dtype')}, encoded in {meta.get('precision')}",
-        "model": model.get("path") if isinstance(model, dict) else model,
+        "model": _model_line(model),
         "corpus": f"{meta.get('corpus')} ({meta.get('variant')}, fingerprint {meta.get('corpus_fingerprint')})",
         "complete": state,
     }}
+
+
+def _model_line(model) -> str | None:
+    """`minilm (digest 1a2b3c4d5e6f) at /path`: the recorded model, as an index or embedding set names it."""
+    if not isinstance(model, dict):
+        return model
+    if not model.get("digest"):
+        return model.get("path")
+    name = model.get("name") or model.get("path")
+    return f"{name} (digest {model['digest'][:12]})" + (f" at {model['path']}" if model.get("path") != name else "")
 
 
 def _index(d: Path) -> dict | None:
@@ -135,9 +145,14 @@ def _index(d: Path) -> dict | None:
         "vectors": f"{_n(meta.get('ntotal'))} x dim {meta.get('dim')}"
                    + (f", index.faiss {faiss_file.stat().st_size / 1e6:,.1f} MB" if faiss_file.exists() else
                       ", index.faiss MISSING"),
-        "model": model.get("path") if isinstance(model, dict) else model,
+        "model": _model_line(model),
         "corpus": f"{meta.get('corpus')} ({meta.get('variant')}, fingerprint {meta.get('corpus_fingerprint')})",
-        "queries encoded in": meta.get("precision") or "fp32",
+        "documents encoded in": f"{meta.get('precision_resolved') or meta.get('precision') or 'fp32'}"
+                                + (f" by {meta['backend_resolved']}" if meta.get("backend_resolved") else "")
+                                + (f" (encode.precision={meta['precision']})" if meta.get("precision_resolved")
+                                   and meta.get("precision") != meta.get("precision_resolved") else ""),
+        "queries encoded in": f"{meta.get('query_precision') or 'fp32'} by torch (retrieve, Searcher and QueryEncoder alike, whatever "
+                              "the documents' precision)",
     }
     if (d / "index").exists() and (d / "docid").exists():
         fields["pyserini"] = "index + docid present (FaissSearcher layout)"

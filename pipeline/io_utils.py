@@ -386,6 +386,23 @@ def sha256_files(paths) -> str:
     return h.hexdigest()
 
 
+def sha256_tree(folder: str | Path) -> str:
+    """One digest over every file under `folder`: each file's path inside the folder and its content.
+    Symlinked files and folders are followed (a model folder of links to a cache is the files it links
+    to), and a file moved to another subfolder changes the digest."""
+    folder = Path(folder)
+    entries = []
+    for root, _, files in os.walk(folder, followlinks=True):
+        for name in files:
+            path = Path(root) / name
+            if path.is_file():
+                entries.append((path.relative_to(folder).as_posix(), path))
+    h = hashlib.sha256()
+    for rel, path in sorted(entries):
+        h.update(rel.encode() + b"\0" + sha256_file(path).encode() + b"\n")
+    return h.hexdigest()
+
+
 def missing_dirs(path: Path) -> list[Path]:
     """`path` and its ancestors that do not exist yet (deepest first): what a mkdir(parents=True) creates."""
     return [p for p in (path, *path.parents) if not p.exists()]

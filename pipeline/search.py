@@ -28,6 +28,7 @@ from .config import IndexConfig, ModelConfig
 from .errors import ConfigError, InputError, PipelineError
 from .index.faiss_index import INDEX_FILE, META_FILE, PIDS_FILE, LoadedIndex
 from .index.retrieve import query_model_config
+from .models.precision import query_precision
 from .io_utils import OutputKind, atomic_path, check_output, register_output_kind
 
 PYSERINI_INDEX, PYSERINI_DOCID, EXPORT_FILE = "index", "docid", "pipeline_export.json"
@@ -100,7 +101,7 @@ def _load_model(model, meta: dict, where: Path):
         if not meta.get("model_config"):
             raise ConfigError(f"{where}: the index does not say which model encoded it; "
                               "pass one: Searcher(index_dir, model='path/to/model')")
-        return BiEncoder.load(query_model_config(meta, None))
+        return BiEncoder.load(query_model_config(meta, None, str(where)))
     if isinstance(model, ModelConfig):
         return BiEncoder.load(model)
     if isinstance(model, (str, os.PathLike)):
@@ -127,7 +128,7 @@ class QueryEncoder:
         self.device = _device(device)
         self.model.to(self.device).eval()
         self.batch_size = batch_size
-        self.precision = meta.get("precision") or "fp32"  # the documents' precision
+        self.precision = query_precision()  # as `pipeline retrieve` encodes them, whatever the index holds
 
     def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):

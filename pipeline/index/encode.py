@@ -44,15 +44,29 @@ from .shards import (META_NAME, completed_shards, layout_matches, location, plan
                      shard_problem, stray_files, verify_shards, write_json)
 
 def model_identity(model_cfg: ModelConfig) -> dict:
-    """What makes two embedding sets comparable: weights digest + encoding settings."""
+    """What makes two embedding sets comparable, and finds the model again on another machine: its
+    name as given (an alias such as "minilm", or the path), its folder here, the digest of its files
+    (models/loading.model_record), and the encoding settings."""
+    from ..models.loading import model_record
+
+    return {**model_record(model_cfg.name_or_path), "pooling": model_cfg.pooling, "normalize": model_cfg.normalize,
+            "doc_prefix": model_cfg.doc_prefix, "doc_max_length": model_cfg.doc_max_length}
+
+
+def same_model(old: dict, new: dict) -> bool:
+    """Two model identities name the same model with the same settings: by the files' digest (or, for
+    a set written before digests were recorded, the weights' digest and the settings)."""
+    settings = ("pooling", "normalize", "doc_prefix", "doc_max_length")
+    if any(old.get(k) != new.get(k) for k in settings if k in old):
+        return False
+    if old.get("digest"):
+        return old["digest"] == new.get("digest")
     from ..io_utils import sha256_files
     from ..models.loading import resolve_model_path
 
-    path = resolve_model_path(model_cfg.name_or_path)
+    path = resolve_model_path(new["path"])
     weights = sorted(path.rglob("*.safetensors")) or sorted(path.rglob("*.bin"))
-    return {"path": str(path), "weights_sha256": sha256_files(weights) if weights else None,
-            "pooling": model_cfg.pooling, "normalize": model_cfg.normalize,
-            "doc_prefix": model_cfg.doc_prefix, "doc_max_length": model_cfg.doc_max_length}
+    return old.get("weights_sha256") == (sha256_files(weights) if weights else None)
 
 
 def _resolved_model_cfg(model_cfg: ModelConfig, title_join: str = " "):
@@ -186,8 +200,9 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     meta_path = out_dir / META_NAME
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        diff = [k for k in ("corpus_fingerprint", "model", "dim", "dtype", "precision")
-                if k in old and old.get(k) != meta[k]]
+        diff = [k for k in ("corpus_fingerprint", "dim", "dtype", "precision") if k in old and old.get(k) != meta[k]]
+        if "model" in old and not same_model(old["model"], meta["model"]):
+            diff.insert(1, "model")
         if diff:
             raise PipelineError(f"{out_dir} holds embeddings from a different {', '.join(diff)}; "
                                 "use a new output folder (or delete this one)")
@@ -208,11 +223,11 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
         from ..models.backends import resolve_backend
 
         resolve_backend(enc.backend, "cuda" if enc.gpus_per_actor > 0 else "cpu", "int8")
-    # int8: every encoder quantises on the same texts, the corpus's first passages (a resumed run too)
-    calibration = calibration_texts(specs, manifest["title_join"]) if todo and enc.precision == "int8" else None
+    # the corpus's first passages, the same for every encoder and a resumed run: int8 is calibrated on
+    # them, and bf16 / int8 towers are checked on them (models/backends.py)
+    calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
     if todo:  # a model whose vectors are NaN/inf is refused before anything is written
-        probe.check_finite(probe.embed(calibration[:8] if calibration else
-                                       calibration_texts(specs, manifest["title_join"], 8), "doc"), "doc")
+        probe.check_finite(probe.embed(calibration[:8], "doc"), "doc")
     created = missing_dirs(out_dir) if isinstance(out_dir, Path) else []
     try:
         if todo and runner == "local":
@@ -261,8 +276,12 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     backends = sorted({str(markers[s["name"]].get("backend") or "torch") for s in specs if s["name"] in markers})
     backend = backends[0] if len(backends) == 1 else "mixed: " + ", ".join(backends)
     notes = sorted({markers[s["name"]]["backend_note"] for s in specs if markers.get(s["name"], {}).get("backend_note")})
+    # the measured figures of every encoder's check against torch (one entry per distinct result)
+    checks = sorted({json.dumps(markers[s["name"]]["backend_check"], sort_keys=True) for s in specs
+                     if markers.get(s["name"], {}).get("backend_check")})
     write_json(meta_path, {**meta, "precision_resolved": resolved, "backend": enc.backend, "backend_resolved": backend,
-                           **({"backend_notes": notes} if notes else {}), "complete": True})
+                           **({"backend_notes": notes} if notes else {}),
+                           **({"backend_checks": [json.loads(c) for c in checks]} if checks else {}), "complete": True})
     secs = time.time() - t_entry  # the whole command: start-up + encoding (+ checks) add up to it
     summary = {"rows": total_rows, "encoded": todo_rows, "reused_shards": len(reused), "shards": len(specs),
                "parts": len(manifest["parts"]), "seconds": round(secs, 2),

@@ -160,6 +160,7 @@ class ShardEncoder:
         wanted = precision if precision == "int8" else resolve_precision(precision, self.device)
         self.backend, self.runner, self.precision, self.backend_note = tower_runner(
             self.model, "doc", backend, wanted, torch_threads, self.device, calibration=calibration)
+        self.backend_check = getattr(self.runner, "check", None)  # the figures of its check against torch
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
         self.node = None  # outside Ray (tests, plain use): no node id
@@ -205,6 +206,7 @@ class ShardEncoder:
             try:
                 write_shard(self.out_dir, spec, pids, vectors.astype(self.dtype, copy=False),
                             precision=self.precision, backend=self.backend, backend_note=self.backend_note,
+                            backend_check=self.backend_check,
                             device=str(self.device), node=self.node, pid=os.getpid(),
                             tokenize="stage" if staged else "actor", seconds=round(secs[-1], 3), **info)
             except ValueError as e:

@@ -21,6 +21,7 @@ import numpy as np
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, PipelineError, ResourceError
 from ..io_utils import OutputError, atomic_path, check_output, recover_stale
+from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
 from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
@@ -274,7 +275,8 @@ def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int,
             "gpu_build": on_gpu, "bytes_per_vector_est": round(per_vec, 1),
             "seconds": round(time.time() - t0, 2), "embeddings": str(emb_dir),
             **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus",
-                                        "precision")},
+                                        "precision", "precision_resolved", "backend_resolved")},
+            "query_precision": query_precision(),  # how retrieve, Searcher and QueryEncoder encode queries
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info

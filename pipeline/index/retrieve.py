@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import ModelConfig, PipelineConfig
@@ -10,15 +11,21 @@ from ..data.readers import load_queries
 from ..errors import ConfigError, InputError, PipelineError
 from ..eval.runs import RunWriter
 from ..io_utils import check_output, write_json_atomic
+from ..models.precision import query_precision
 from .faiss_index import LoadedIndex
 
 
-def query_model_config(index_meta: dict, override: ModelConfig | None) -> ModelConfig:
-    """The model that encoded the corpus, unless the caller names another."""
+def query_model_config(index_meta: dict, override: ModelConfig | None, where: str = "the index") -> ModelConfig:
+    """The model that encoded the corpus, unless the caller names another: found by its recorded name
+    (an alias resolves anywhere), else its recorded path, and checked against its recorded digest
+    (models/loading.locate_recorded_model)."""
+    from ..models.loading import locate_recorded_model
+
     if override is not None:
         return override
-    saved = dict(index_meta["model_config"])
-    return ModelConfig(**saved)
+    saved = ModelConfig(**dict(index_meta["model_config"]))
+    record = index_meta.get("model") if isinstance(index_meta.get("model"), dict) else {}
+    return replace(saved, name_or_path=locate_recorded_model(saved.name_or_path, record, where))
 
 
 def _check_query_dim(dim: int | None, index: LoadedIndex, index_dir, model) -> None:
@@ -52,12 +59,11 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     if model is None:
         from ..models import BiEncoder
 
-        model = BiEncoder.load(query_model_config(index.meta, model_cfg))
+        model = BiEncoder.load(query_model_config(index.meta, model_cfg, str(index_dir)))
     _check_query_dim(getattr(model, "dim", None), index, index_dir, model)
     qids = list(queries)
     bs = cfg.retrieve.batch_size
-    # queries in the documents' precision (encode.precision recorded in the index), unless told otherwise
-    precision = index.meta.get("precision") or "fp32"
+    precision = query_precision()  # the same for every index and every caller (models/precision.py)
     # the run is written batch by batch (memory holds one batch's hits), and appears only when complete
     with RunWriter(run_path, cfg.retrieve.run_tag) as run:
         for s in range(0, len(qids), bs):

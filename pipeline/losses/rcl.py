@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..config import NonNegFloat
+from ..config import NonNegFloat, Real
 from .base import LossConfig, scores
 
 
@@ -36,7 +36,7 @@ class RCLConfig(LossConfig):
     """`loss:` block of `loss.name: rcl` (each field a reconstruction switch, METHODS.md §3)."""
 
     name: str = "rcl"
-    entropy_lambda: NonNegFloat = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)
+    entropy_lambda: Real = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)
     regulator_weight: NonNegFloat = 1.0        # eq. 3: w
     regulator_reduce: Literal["sum", "mean"] = "sum"  # eq. 3: Σ_k (paper) or mean over the 2K terms
 

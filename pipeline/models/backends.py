@@ -8,17 +8,21 @@
 - `auto`: openvino on a CPU when it is installed and passes its check, else torch.
 
 The conversion (~1.5 s for MiniLM) is cached under `export_cache()` in a folder named by a digest of
-everything the tower's output depends on: the model folder's files, the tower's settings (pooling,
-normalisation, prompt length, the tokenizer's input names) and the torch, transformers and OpenVINO
-versions. Another model, or the same folder with a changed file, is another digest, so a stale export
-is never used; an export is written to a temporary folder and renamed into place, its `export.json`
-last, so a half-written one is never read. The cache is not kept in the model's folder: a model may
+everything the tower's output depends on: the model folder's files (each by its place in the folder,
+symlinks followed), the tower's settings (pooling, normalisation, prompt length, the tokenizer's input
+names) and the torch, transformers and OpenVINO versions. Another model, or the same folder with a
+changed file, is another digest, so a stale export is never used. An entry is made under a lock in a
+temporary folder and renamed into place with its marker (`export.json`, listing each file's digest):
+two processes converting one model at once do it once, a complete entry is never replaced, one whose
+files no longer match their digests is set aside and made again (with a note naming it), and what a
+killed converter left is cleaned by the next. The cache is not kept in the model's folder: a model may
 sit in a read-only package, and files added there would change its digest.
 
-Every OpenVINO tower is checked when it is made: on a probe of token batches of several lengths its
-vectors must have a cosine of at least 0.9999 with torch's fp32 ones (or, in bf16, be no further from
-them than torch's own bf16, less 1e-4). A tower that fails is refused (`openvino`) or replaced by
-torch, and the reason kept (`auto`).
+Every OpenVINO tower is checked when it is made, against torch's fp32 vectors: fp32 on seeded probe
+batches (minimum cosine >= 0.9999, the same computation); bf16 on the corpus's first CHECK_TEXTS
+passages (minimum cosine >= 0.999); int8 on the same passages (mean >= 0.99, minimum >= 0.95). The
+figures go into each shard's marker and embeddings.json. A tower that fails is refused (`openvino`,
+int8) or replaced by torch, and the reason kept (`auto`).
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ from ..errors import ConfigError, PipelineError
 from ..io_utils import sha256_files
 
 BACKENDS = ("auto", "torch", "openvino")
-EXPORT_VERSION = 1  # bump when the conversion changes: earlier exports are not used
-COSINE_GATE = 0.9999
-INT8_MEAN_GATE = 0.99  # int8: the probe's mean cosine to torch fp32 (a broken quantisation, not its known cost)
+EXPORT_VERSION = 2  # bump when the conversion changes: earlier exports are not used
+COSINE_GATE = 0.9999   # fp32: min cosine to torch's fp32 vectors on the probe batches (the same computation)
+BF16_MIN_GATE = 0.999  # bf16: min cosine to torch's fp32 vectors on the corpus's first passages
+INT8_MEAN_GATE = 0.99  # int8, on the corpus's first passages: mean cosine to torch fp32 (a broken quantisation,
+INT8_MIN_GATE = 0.95   # not its known cost: FAQ MiniLM min 0.986, mean 0.997) and a floor for the worst passage
+CHECK_TEXTS = 128      # passages of the corpus's first ones that bf16 and int8 are checked on
 
 
 def export_cache() -> Path:
@@ -112,16 +119,17 @@ def _input_names(model, side: str) -> list[str]:
 
 
 def tower_digest(model, side: str) -> str:
-    """What the tower's output depends on: the model folder's files, its settings and the versions."""
+    """What the tower's output depends on: the model folder's files (each by its place in the folder,
+    symlinks followed: models/loading.model_digest), its settings and the versions."""
     import openvino
     import transformers
 
-    from .loading import resolve_model_path
+    from .loading import model_digest, resolve_model_path
 
     cfg = model.cfg
     path = resolve_model_path(cfg.query_name_or_path if side == "query" and cfg.query_name_or_path
                               else cfg.name_or_path)
-    h = hashlib.sha256(sha256_files(p for p in Path(path).rglob("*") if p.is_file()).encode())
+    h = hashlib.sha256(model_digest(path).encode())
     settings = {"side": side, "pooling": cfg.pooling, "normalize": cfg.normalize,
                 "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
                 "dim": model.dim, "export_version": EXPORT_VERSION, "torch": torch.__version__,
@@ -153,26 +161,137 @@ def _probe_batches(model, side: str) -> list[dict[str, np.ndarray]]:
     return _token_batches(model, side, tokenize_sorted(tok, texts, prefix, max_len), 4)
 
 
-def _publish(tmp: Path, folder: Path, marker: str) -> None:
-    """Put a finished export (`tmp`, its `marker` written last) at `folder`: a half-written one there
-    is replaced; one another process finished meanwhile is kept."""
-    if folder.exists():
-        shutil.rmtree(folder, ignore_errors=True)
+# ---------------------------------------------------------------------------------------- the cache
+# An entry (an export folder, or an `int8-*` folder inside one) is complete when its marker file is
+# there and the files the marker lists have the digests it records. Whoever makes or repairs an entry
+# holds its lock (`.<entry>.lock` beside it, fcntl.flock: also across the nodes sharing a home folder
+# over NFS), so two encoders converting one model at once do the work once: the second waits, then
+# finds the entry complete. A complete entry is never removed or replaced; one whose files no longer
+# match their digests is set aside and made again, once, with a note naming it. What a killed converter
+# left (`.<entry>-tmp-*`) is removed by the next lock holder.
+
+
+def export_cache_dir(cache: str | Path | None = None) -> Path:
+    """The cache folder, checked: $PIPELINE_EXPORT_CACHE (or `cache`) naming a file is a ConfigError."""
+    folder = Path(cache) if cache is not None else export_cache()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"PIPELINE_EXPORT_CACHE={folder}: not a folder (a file is there); point it at a folder "
+                          "for the converted models (or unset it: the default is ~/.cache/dense-retrieval-pipeline)")
+    return folder
+
+
+@contextlib.contextmanager
+def _entry_lock(entry: Path, wait: bool = True):
+    """Exclusive lock of one cache entry, held while it is made, checked or repaired. Yields False
+    (without the lock) when `wait` is off and another process holds it."""
+    import fcntl
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _file_digests(folder: Path, names) -> dict[str, str]:
+    from ..io_utils import sha256_file
+
+    return {n: sha256_file(folder / n) for n in names}
+
+
+def entry_problem(entry: Path, marker: str) -> str | None:
+    """None when `entry` is complete and whole; else why not ("missing" when there is no marker)."""
     try:
-        os.rename(tmp, folder)
-    except OSError:
-        if not (folder / marker).exists():
-            raise
+        record = json.loads((entry / marker).read_text())
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError) as e:
+        return f"its {marker} is unreadable ({e})"
+    files = record.get("files") or {}
+    if not files:
+        return f"its {marker} lists no file digests (made by an older version)"
+    for name, want in files.items():
+        try:
+            got = _file_digests(entry, [name])[name]
+        except OSError:
+            return f"{name} is missing"
+        if got != want:
+            return f"{name} does not match its recorded digest (truncated or altered)"
+    return None
+
+
+def _set_aside(entry: Path) -> None:
+    """Move a broken entry out of the way (one rename), then delete it."""
+    aside = entry.with_name(f".{entry.name}-broken-{os.getpid()}-{os.urandom(4).hex()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(entry, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _clean_temporaries(entry: Path) -> None:
+    """What a converter killed while making `entry` left beside it (only the lock holder calls this)."""
+    for tmp in entry.parent.glob(f".{entry.name}-tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_entry(entry: Path, marker: str, make, notes: list[str]) -> bool:
+    """Make sure `entry` holds a complete, whole export: `make(tmp)` writes one into a temporary folder
+    (its files; the marker with their digests is written here, last) when there is none, or when the one
+    there is broken (set aside first, with a note in `notes`). Returns True when this call made it."""
+    if entry_problem(entry, marker) is None:
+        if any(entry.parent.glob(f".{entry.name}-tmp-*")):  # a killed converter's leftovers, if nobody works now
+            with _entry_lock(entry, wait=False) as held:
+                if held:
+                    _clean_temporaries(entry)
+        return False
+    with _entry_lock(entry):
+        problem = entry_problem(entry, marker)
+        if problem is None:  # another process made it while this one waited
+            return False
+        _clean_temporaries(entry)
+        if problem != "missing" or entry.exists():
+            notes.append(f"the export cache entry {entry} was broken ({problem if problem != 'missing' else 'incomplete'}); "
+                         "set aside and made again")
+            _set_aside(entry)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-tmp-", dir=entry.parent))
+        try:
+            record = make(tmp) or {}
+            names = sorted(p.name for p in tmp.iterdir() if p.is_file())
+            record["files"] = _file_digests(tmp, names)
+            (tmp / marker).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            os.rename(tmp, entry)  # the entry appears whole, marker included (nothing is there: checked above)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
 
+def _cpu_key() -> str:
+    """The CPU a check ran on (model name and ISA flags): a check's result holds for that CPU only."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("flags")), "")
+    return hashlib.sha256(f"{model}|{flags}".encode()).hexdigest()[:16]
+
+
 class OpenVinoTower:
     """A tower compiled by OpenVINO for the CPU: numpy token batch in, float32 (B, D) vectors out.
     `precision` int8: the exported tower quantised by NNCF (post-training, transformer preset with
-    SmoothQuant), calibrated on `calibration` (texts), cached beside the export under their digest."""
+    SmoothQuant), calibrated on `calibration` (the corpus's first passages), cached beside the export
+    under a digest of their tokens and the quantisation's settings. bf16 and int8 are checked on the
+    first CHECK_TEXTS of those passages (the user's own text), fp32 on seeded probe batches."""
 
     def __init__(self, model, side: str = "doc", precision: str = "fp32", threads: int = 1,
                  cache: str | Path | None = None, calibration: list[str] | None = None):
@@ -180,16 +299,21 @@ class OpenVinoTower:
 
         self.side, self.names = side, _input_names(model, side)
         self.digest = tower_digest(model, side)
-        self.folder = Path(cache or export_cache()) / "openvino" / self.digest[:32]
+        self.folder = export_cache_dir(cache) / "openvino" / self.digest[:32]
         self.converted = self.quantized = False
+        self.notes: list[str] = []
         xml = self._export(model)
         if precision == "int8":
             xml = self._quantize(model, xml, calibration or [])
         hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
         core = ov.Core()
-        self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", {
-            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
-            "PERFORMANCE_HINT": "LATENCY"})
+        try:
+            self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", {
+                "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
+                "PERFORMANCE_HINT": "LATENCY"})
+        except RuntimeError as e:  # OpenVINO's C++ error: its first line, and the entry it read
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            raise PipelineError(f"OpenVINO could not load the converted model at {xml.parent} ({first[:300]})") from None
         # what the plugin will really compute in (a bf16 hint on a CPU without bf16 runs f32)
         used = str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()  # e.g. <Type: 'bfloat16'>
         self.precision = "bf16" if "bfloat16" in used or "bf16" in used else (
@@ -197,38 +321,31 @@ class OpenVinoTower:
         if precision == "int8":
             self.precision = "int8"  # the quantised matmuls in int8, the rest in f32
         self.request = self.compiled.create_infer_request()
-        self.check = self._check(model)
+        self.check = self._check(model, calibration)
 
     def _export(self, model) -> Path:
-        """The cached IR for this digest, converted and put in place first when missing."""
-        xml, done = self.folder / "tower.xml", self.folder / "export.json"
-        if done.exists() and xml.exists() and (self.folder / "tower.bin").exists():
-            return xml
-        import openvino as ov
-
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}-", dir=self.folder.parent))
-        try:
-            tower = _Tower(model, self.side).eval()
-            example = tuple(torch.from_numpy(_probe_batches(model, self.side)[0][n]) for n in self.names)
+        """The cached IR for this digest, converted and put in place first when missing or broken."""
+        def make(tmp: Path) -> dict:
             import warnings
 
+            import openvino as ov
+
+            tower = _Tower(model, self.side).eval()
+            example = tuple(torch.from_numpy(_probe_batches(model, self.side)[0][n]) for n in self.names)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the tracer's notes on the model's Python branches
                 converted = ov.convert_model(tower, example_input=example,
                                              input=[(n, [-1, -1], ov.Type.i64) for n in self.names])
             ov.save_model(converted, str(tmp / "tower.xml"), compress_to_fp16=False)
-            (tmp / "export.json").write_text(json.dumps({"digest": self.digest, "side": self.side,
-                                                         "inputs": self.names}, indent=2) + "\n")
-            _publish(tmp, self.folder, "export.json")
-            self.converted = True
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return xml
+            return {"digest": self.digest, "side": self.side, "inputs": self.names}
+
+        self.converted = cached_entry(self.folder, "export.json", make, self.notes)
+        return self.folder / "tower.xml"
 
     def _quantize(self, model, xml: Path, texts: list[str]) -> Path:
-        """The int8 tower for these calibration texts: cached under their tokens' digest."""
-        import openvino as ov
+        """The int8 tower for these calibration texts, cached under a digest of their tokens and of the
+        quantisation (NNCF's version, preset, model type, sample count)."""
+        import nncf
 
         from .tokens import tokenize_sorted
 
@@ -236,59 +353,79 @@ class OpenVinoTower:
             raise PipelineError("encode.precision=int8 needs calibration texts (the corpus's first passages)")
         tok, prefix, max_len = model.token_spec(self.side)
         tokens = tokenize_sorted(tok, texts, prefix, max_len)
-        key = hashlib.sha256(tokens["ids"].tobytes() + tokens["lengths"].tobytes()).hexdigest()[:16]
-        folder = self.folder / f"int8-{key}"
-        if (folder / "quantized.json").exists() and (folder / "tower.xml").exists():
-            return folder / "tower.xml"
-        import nncf
-
-        logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines and progress bars stay out
         batches = _token_batches(model, self.side, tokens, 8)
-        core = ov.Core()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            quantized = nncf.quantize(core.read_model(str(xml)),  # (its progress bars stay out of the terminal)
-                                      nncf.Dataset(batches, lambda b: [b[n] for n in self.names]),
-                                      subset_size=len(batches), model_type=nncf.ModelType.TRANSFORMER,
-                                      preset=nncf.QuantizationPreset.PERFORMANCE)
-        tmp = Path(tempfile.mkdtemp(prefix=f".int8-{key}-", dir=self.folder))
-        try:
+        settings = {"nncf": nncf.__version__, "preset": "PERFORMANCE", "model_type": "TRANSFORMER",
+                    "subset_size": len(batches), "batch": 8}
+        key = hashlib.sha256(tokens["ids"].tobytes() + tokens["lengths"].tobytes()
+                             + json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        entry = self.folder / f"int8-{key}"
+
+        def make(tmp: Path) -> dict:
+            import openvino as ov
+
+            logging.getLogger("nncf").setLevel(logging.ERROR)  # its INFO lines and progress bars stay out
+            core = ov.Core()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                quantized = nncf.quantize(core.read_model(str(xml)),  # (its progress bars stay out of the terminal)
+                                          nncf.Dataset(batches, lambda b: [b[n] for n in self.names]),
+                                          subset_size=len(batches), model_type=nncf.ModelType.TRANSFORMER,
+                                          preset=nncf.QuantizationPreset.PERFORMANCE)
             ov.save_model(quantized, str(tmp / "tower.xml"), compress_to_fp16=False)
-            (tmp / "quantized.json").write_text(json.dumps({"calibration_texts": len(texts), "tokens": key,
-                                                            "nncf": nncf.__version__}, indent=2) + "\n")
-            _publish(tmp, folder, "quantized.json")
-            self.quantized = True
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder / "tower.xml"
+            return {"calibration_texts": len(texts), "tokens": key, **settings}
+
+        self.quantized = cached_entry(entry, "quantized.json", make, self.notes)
+        return entry / "tower.xml"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         out = self.request.infer([np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.names])
         return np.array(out[0], dtype=np.float32)
 
-    def _check(self, model) -> dict:
-        """Cosine of this tower's vectors with torch's on the probe batches (see the module doc)."""
+    def _check(self, model, texts: list[str] | None = None) -> dict:
+        """This tower's vectors against torch's fp32 ones (see the module doc): bf16 and int8 on the
+        user's passages (`texts`, the first CHECK_TEXTS), fp32 on the probe batches. A check's figures are
+        kept in the export's folder per CPU and text sample, so an encode of the same corpus on the same
+        machine does not pay for it twice."""
+        from .tokens import tokenize_sorted
+
         encode = model.encode_queries if self.side == "query" else model.encode_docs
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        ours, ref, near = [], [], []
-        with torch.inference_mode():
-            for b in _probe_batches(model, self.side):
-                t = {n: torch.from_numpy(b[n]) for n in self.names}
-                ref.append(encode(t).float().numpy())
-                if dtype is not None:
-                    with torch.autocast("cpu", dtype=dtype):
-                        near.append(encode(t).float().numpy())
-                ours.append(self(b))
-        ref_v = np.concatenate(ref)
-        model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
-        cosines = _cosines(np.concatenate(ours), ref_v)
-        cos = float(cosines.min())
-        if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): a sanity floor
-            return {"min_cosine": round(cos, 6), "mean_cosine": round(float(cosines.mean()), 6),
-                    "gate": INT8_MEAN_GATE, "passed": bool(cosines.mean() >= INT8_MEAN_GATE)}
-        gate = COSINE_GATE
-        if near:  # bf16: at least as close to fp32 as torch's own bf16 (less 1e-4)
-            gate = min(COSINE_GATE, float(_cosines(np.concatenate(near), ref_v).min()) - 1e-4)
-        return {"min_cosine": round(cos, 6), "gate": round(gate, 6), "passed": bool(cos >= gate)}
+        on_texts = self.precision in ("bf16", "int8") and texts
+        if on_texts:
+            tok, prefix, max_len = model.token_spec(self.side)
+            sample = list(texts[:CHECK_TEXTS])
+            batches = _token_batches(model, self.side, tokenize_sorted(tok, sample, prefix, max_len), 16)
+        else:
+            batches = _probe_batches(model, self.side)
+        key = hashlib.sha256(json.dumps([self.precision, _cpu_key(), sorted(sample) if on_texts else "probe",
+                                         self.digest]).encode()).hexdigest()[:16]
+        memo = self.folder / f"check-{key}.json"
+        try:
+            figures = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            figures = None
+        if figures is None:
+            ours, ref = [], []
+            with torch.inference_mode():
+                for b in batches:
+                    t = {n: torch.from_numpy(b[n]) for n in self.names}
+                    ref.append(encode(t).float().numpy())
+                    ours.append(self(b))
+            ref_v = np.concatenate(ref)
+            model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
+            cosines = _cosines(np.concatenate(ours), ref_v)
+            figures = {"min_cosine": round(float(cosines.min()), 6), "mean_cosine": round(float(cosines.mean()), 6),
+                       "texts": len(cosines), "on": "the corpus's first passages" if on_texts else "probe texts",
+                       "precision": self.precision}
+            with contextlib.suppress(OSError):  # a read-only cache: the check is simply made again next time
+                from ..io_utils import write_text_atomic
+
+                write_text_atomic(memo, json.dumps(figures, sort_keys=True) + "\n")
+        if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): sanity floors
+            gates = {"min_gate": INT8_MIN_GATE, "mean_gate": INT8_MEAN_GATE}
+            passed = figures["min_cosine"] >= INT8_MIN_GATE and figures["mean_cosine"] >= INT8_MEAN_GATE
+        else:
+            gates = {"min_gate": BF16_MIN_GATE if self.precision == "bf16" else COSINE_GATE}
+            passed = figures["min_cosine"] >= gates["min_gate"]
+        return {**figures, **gates, "passed": bool(passed)}
 
 
 def tower_runner(model, side: str, backend: str, precision: str, threads: int,
@@ -296,29 +433,31 @@ def tower_runner(model, side: str, backend: str, precision: str, threads: int,
                  calibration: list[str] | None = None):
     """(backend used, runner or None for torch, precision used, note). `auto` falls back to torch
     when OpenVINO's tower fails to convert or fails its check, with the reason in `note` (int8 never
-    falls back: torch has no int8 path here)."""
+    falls back: torch has no int8 path here); a cache entry repaired on the way is noted too.
+    `calibration`: the corpus's first passages (int8's calibration, bf16's and int8's check)."""
     chosen = resolve_backend(backend, device, precision)
     if chosen == "torch":
         return "torch", None, precision, None
     try:
         runner = OpenVinoTower(model, side, precision, threads, cache, calibration)
-    except PipelineError:  # the model itself is unusable (non-finite vectors), or int8 has no calibration
-        raise
-    except Exception as e:  # conversion or compilation failed
+    except PipelineError:  # the model itself is unusable (non-finite vectors), a cache path that is a file,
+        raise              # int8 without calibration texts, or a converted model OpenVINO cannot load
+    except Exception as e:  # conversion failed
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:300]
         if backend == "openvino" or precision == "int8":
-            raise PipelineError(f"encode.backend=openvino: the model could not be converted or compiled "
-                                f"({type(e).__name__}: {e})") from None
+            raise PipelineError(f"encode.backend=openvino: the model could not be converted "
+                                f"({type(e).__name__}: {first})") from None
         return "torch", None, precision, f"openvino could not convert this model ({type(e).__name__}), torch used"
-    if not runner.check["passed"]:
-        if "mean_cosine" in runner.check:
-            reason = (f"openvino's int8 vectors had a mean cosine of {runner.check['mean_cosine']} with torch's fp32 "
-                      f"ones (needed {runner.check['gate']})")
-        else:
-            reason = (f"openvino's vectors had a minimum cosine of {runner.check['min_cosine']} with torch's fp32 "
-                      f"ones (needed {runner.check['gate']})")
+    check = runner.check
+    if not check["passed"]:
+        reason = (f"openvino's {check['precision']} vectors had a minimum cosine of {check['min_cosine']}"
+                  + (f" and a mean of {check['mean_cosine']}" if "mean_gate" in check else "")
+                  + f" with torch's fp32 ones on {check['texts']} {check['on']} (needed >= {check['min_gate']}"
+                  + (f" and a mean >= {check['mean_gate']}" if "mean_gate" in check else "") + ")")
         if precision == "int8":
-            raise PipelineError(f"encode.precision=int8: {reason}; the quantised model is broken, use fp32 or bf16")
+            raise PipelineError(f"encode.precision=int8: {reason}; the quantised model is too far from the model, "
+                                "use fp32 or bf16")
         if backend == "openvino":
             raise PipelineError(f"encode.backend=openvino: {reason}; use encode.backend=torch")
         return "torch", None, precision, reason + ", torch used"
-    return "openvino", runner, runner.precision, None
+    return "openvino", runner, runner.precision, ("; ".join(runner.notes) or None)

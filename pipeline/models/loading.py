@@ -37,6 +37,65 @@ def resolve_model_path(name_or_path: str) -> Path:
     return path.resolve()
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
+def model_digest(path: str | Path) -> str:
+    """sha256 over every file of a model folder, by its path inside the folder (symlinks followed;
+    io_utils.sha256_tree); cached in this process while no file's size or mtime changes."""
+    from ..io_utils import sha256_tree
+
+    path = Path(path).resolve()
+    stamp = []
+    for root, _, files in os.walk(path, followlinks=True):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            stamp.append((os.path.join(root, name), st.st_size, st.st_mtime_ns))
+    key = (str(path), tuple(sorted(stamp)))
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_tree(path)
+    return _DIGESTS[key]
+
+
+def model_record(name_or_path: str) -> dict:
+    """How an embedding set or an index names its model, portably: `name` as given (an alias such as
+    "minilm" resolves on any machine), the folder's absolute `path` here, and the `digest` of its files
+    (which identifies the same model wherever it is)."""
+    path = resolve_model_path(name_or_path)
+    return {"name": name_or_path, "path": str(path), "digest": model_digest(path)}
+
+
+def locate_recorded_model(name_or_path: str, record: dict, what: str) -> str:
+    """The folder of the model an index (or embedding set) was made with: its name as recorded (an
+    alias, or the path as given), else its recorded path, whichever holds the recorded digest. A model
+    found but changed since is refused, and so is one found nowhere: both name the fix."""
+    changed = None
+    tried = []
+    for cand in dict.fromkeys(c for c in (name_or_path, record.get("name"), record.get("path")) if c):
+        try:
+            path = resolve_model_path(str(cand))
+        except ConfigError:
+            tried.append(str(cand))
+            continue
+        if record.get("digest") and model_digest(path) != record["digest"]:
+            changed = path
+            continue
+        return str(path)
+    digest = str(record.get("digest") or "")[:12]
+    if changed is not None:
+        raise ConfigError(f"{what}: the model it was encoded with ({record.get('name') or name_or_path}) has changed "
+                          f"at {changed} since (its files' digest is no longer {digest}): queries from another model "
+                          "would be searched against these vectors. Encode the corpus again with it, or name the "
+                          "query model explicitly (retrieve --model PATH, Searcher(index, model=PATH))")
+    raise ConfigError(f"{what}: the model it was encoded with ({record.get('name') or name_or_path}"
+                      + (f", digest {digest}" if digest else "") + f") is not on this machine (looked for "
+                      + ", ".join(tried) + "). Name it explicitly: retrieve --model PATH, "
+                      "Searcher(index, model=PATH) or QueryEncoder(model=PATH)")
+
+
 # ---------------------------------------------------------------------------- sentence-transformers layouts
 
 

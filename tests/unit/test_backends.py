@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,7 +81,7 @@ def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model
     monkeypatch.setattr(backends, "COSINE_GATE", 1.5)  # no tower can pass
     used, runner, precision, note = tower_runner(model, "doc", "auto", "fp32", 1, cache=tmp_path)
     assert (used, runner, precision) == ("torch", None, "fp32") and "minimum cosine" in note and "torch used" in note
-    with pytest.raises(PipelineError, match="encode.backend=openvino: openvino's vectors had a minimum cosine"):
+    with pytest.raises(PipelineError, match="encode.backend=openvino: openvino's fp32 vectors had a minimum cosine"):
         tower_runner(model, "doc", "openvino", "fp32", 1, cache=tmp_path)
     assert tower_runner(model, "doc", "torch", "fp32", 1) == ("torch", None, "fp32", None)
 
@@ -108,3 +109,84 @@ def test_int8_is_opt_in_calibrated_cached_and_refused_without_openvino(tiny_mode
         resolve_backend("auto", "cuda", "int8")
     with pytest.raises(PipelineError, match="calibration texts"):
         tower_runner(model, "doc", "openvino", "int8", 1, cache=tmp_path / "none", calibration=[])
+
+
+_CONVERT = """
+import json, sys
+from pipeline.config import ModelConfig
+from pipeline.models import BiEncoder
+from pipeline.models.backends import OpenVinoTower
+m = BiEncoder.load(ModelConfig(name_or_path=sys.argv[1], pooling="mean", normalize=True))
+t = OpenVinoTower(m, "doc", sys.argv[3], 1, cache=sys.argv[2],
+                  calibration=["alpha beta gamma", "delta epsilon", "zeta eta theta iota"] * 4)
+print("RESULT" + json.dumps({"converted": t.converted, "quantized": t.quantized, "folder": str(t.folder),
+                             "passed": t.check["passed"]}))
+"""
+
+
+def _convert_at_once(model_dir, cache, precision: str, n: int = 2) -> list[dict]:
+    """`n` real processes converting one model into one cache at the same moment."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _CONVERT, str(model_dir), str(cache), precision],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("RESULT"))[6:]))
+    return out
+
+
+def test_two_processes_converting_one_model_into_one_cache_both_succeed(tiny_model_dir, tmp_path):
+    """The export is made once (under the entry's lock); the other process waits and uses it. A complete
+    entry is never replaced: its files keep their inodes, and an int8 entry inside it survives."""
+    pytest.importorskip("nncf")
+    cache = tmp_path / "cache"
+    runs = _convert_at_once(tiny_model_dir, cache, "fp32")
+    assert sorted(r["converted"] for r in runs) == [False, True] and all(r["passed"] for r in runs)
+    folder = Path(runs[0]["folder"])
+    inode = (folder / "tower.bin").stat().st_ino
+    runs = _convert_at_once(tiny_model_dir, cache, "int8")
+    assert not any(r["converted"] for r in runs) and sorted(r["quantized"] for r in runs) == [False, True]
+    assert (folder / "tower.bin").stat().st_ino == inode
+    int8 = [p for p in folder.iterdir() if p.name.startswith("int8-")]
+    assert len(int8) == 1 and (int8[0] / "quantized.json").exists()
+    again = _convert_at_once(tiny_model_dir, cache, "fp32", n=1)[0]
+    assert not again["converted"] and (int8[0] / "quantized.json").exists()
+    assert not [p for p in folder.parent.iterdir() if "-tmp-" in p.name or "-broken-" in p.name]
+
+
+def test_a_broken_cache_entry_is_set_aside_and_made_again_once(tiny_model_dir, tmp_path):
+    from pipeline.models.backends import entry_problem
+
+    model = _model(tiny_model_dir)
+    cache = tmp_path / "cache"
+    first = OpenVinoTower(model, cache=cache)
+    assert first.converted and entry_problem(first.folder, "export.json") is None
+    data = (first.folder / "tower.bin").read_bytes()
+    (first.folder / "tower.bin").write_bytes(data[: len(data) // 2])  # truncated
+    assert "tower.bin does not match" in entry_problem(first.folder, "export.json")
+    fixed = OpenVinoTower(model, cache=cache)
+    assert fixed.converted and len(fixed.notes) == 1 and str(first.folder) in fixed.notes[0]
+    assert "tower.bin does not match its recorded digest" in fixed.notes[0] and "made again" in fixed.notes[0]
+    toks = _tokens(model)
+    np.testing.assert_allclose(model.embed_tokens(toks, "doc", runner=fixed), model.embed_tokens(toks, "doc"), atol=1e-5)
+    (fixed.folder / "tower.xml").write_text("<garbled")  # the xml too: the same repair, never "could not convert"
+    used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, cache=cache)
+    assert used == "openvino" and "tower.xml does not match" in note
+    # what a SIGKILLed converter left beside the entry is cleaned by the next run
+    leftover = fixed.folder.parent / f".{fixed.folder.name}-tmp-abc123"
+    leftover.mkdir()
+    (leftover / "tower.xml").write_text("half")
+    OpenVinoTower(model, cache=cache)
+    assert not leftover.exists()
+    assert not [p for p in fixed.folder.parent.iterdir() if "-broken-" in p.name]
+
+
+def test_an_export_cache_that_is_a_file_is_one_clear_error(tiny_model_dir, tmp_path):
+    f = tmp_path / "cache-file"
+    f.write_text("x")
+    with pytest.raises(PipelineError, match=r"PIPELINE_EXPORT_CACHE=.*cache-file: not a folder"):
+        tower_runner(_model(tiny_model_dir), "doc", "auto", "fp32", 1, cache=f)

@@ -180,3 +180,113 @@ def test_retrieve_refuses_an_empty_queries_file_and_a_broken_query_model(index_d
     err = capsys.readouterr().err
     assert err.startswith(f"error: model folder {broken}: cannot load the model: a weights file") and "Traceback" not in err
     assert not (tmp_path / "r.trec").exists()
+
+
+def _index_variant(index_dir, tmp_path, name: str, **meta) -> "Path":
+    """A copy of the index folder whose index.json says other things (documents' precision, model record)."""
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(index_dir, out)
+    data = json.loads((out / "index.json").read_text())
+    data.update(meta)
+    (out / "index.json").write_text(json.dumps(data))
+    return out
+
+
+def _run_of(index, tmp_path, tag: str) -> dict:
+    from pipeline.cli import main
+
+    (tmp_path / "q.tsv").write_text("".join(f"{q}\t{t}\n" for q, t in QUERIES.items()), encoding="utf-8")
+    try:
+        main(["retrieve", "--index", str(index), "--queries", str(tmp_path / "q.tsv"), "--out",
+              str(tmp_path / f"{tag}.trec"), "--top-k", "5"])
+    except SystemExit as e:
+        assert not e.code
+    run: dict[str, list] = {}
+    for line in (tmp_path / f"{tag}.trec").read_text().splitlines():
+        qid, _, docid, _, score, _ = line.split()
+        run.setdefault(qid, []).append((docid, float(score)))
+    return run
+
+
+@pytest.mark.parametrize("doc_precision", ["fp32", "bf16", "fp16", "int8", "auto"])
+def test_retrieve_searcher_and_query_encoder_agree_for_every_index_precision(index_dir, tmp_path, doc_precision):
+    """One way to encode a query (models/precision.query_precision): the CLI, Searcher and pyserini's
+    QueryEncoder give the same top-k and scores whatever precision the documents were encoded in."""
+    index = _index_variant(index_dir, tmp_path, f"idx-{doc_precision}", precision=doc_precision)
+    cli = _run_of(index, tmp_path, doc_precision)
+    searcher = Searcher(index, device="cpu")
+    got = searcher.batch_search(list(QUERIES.values()), k=5, qids=list(QUERIES))
+    enc = QueryEncoder(index_dir=index, device="cpu")
+    for qid, text in QUERIES.items():
+        _same(got[qid], cli[qid])
+        one = enc.encode(text)  # pyserini encodes one query at a time
+        np.testing.assert_allclose(one, searcher.encode([text])[0], atol=1e-6)
+        scores, rows = searcher.index.search(one[None, :].astype("float32"), 5)
+        _same([(searcher.docids[r], float(s)) for s, r in zip(scores[0], rows[0])], cli[qid])
+
+
+def test_a_query_vector_does_not_depend_on_its_batch(index_dir):
+    searcher = Searcher(index_dir, device="cpu")
+    texts = list(QUERIES.values()) + ["a much longer query " * 8, "x"]
+    together = searcher.encode(texts)
+    for i, t in enumerate(texts):
+        np.testing.assert_allclose(searcher.encode([t])[0], together[i], atol=1e-6)
+    np.testing.assert_allclose(searcher.encoder.model.embed(texts, "query", batch_size=2, precision="fp32"),
+                               together, atol=1e-6)
+
+
+def test_the_index_finds_its_model_by_name_path_or_digest(index_dir, tiny_model_dir, tmp_path):
+    import shutil
+
+    from pipeline.models.loading import model_digest
+
+    digest = model_digest(tiny_model_dir)
+    link = tmp_path / "linked"
+    link.mkdir()
+    for f in tiny_model_dir.iterdir():  # a folder of symlinks to the same files: the same model
+        (link / f.name).symlink_to(f)
+    assert model_digest(link) == digest
+    base = json.loads((index_dir / "index.json").read_text())
+    moved = dict(base["model_config"], name_or_path=str(tmp_path / "gone"))
+    # the path given at encode time is gone; the recorded folder holds the recorded digest: used
+    ok = _index_variant(index_dir, tmp_path, "found", model_config=moved,
+                        model={"name": str(tmp_path / "gone"), "path": str(link), "digest": digest})
+    assert Searcher(ok).search("what is a tuple", k=1)
+    # found nowhere: one error naming what was looked for and how to pass the model
+    lost = _index_variant(index_dir, tmp_path, "lost", model_config=moved,
+                          model={"name": "gone", "path": str(tmp_path / "gone2"), "digest": digest})
+    with pytest.raises(ConfigError, match=r"is not on this machine .*retrieve --model PATH"):
+        Searcher(lost)
+    # found, but changed since: refused (queries from another model would be searched against the vectors)
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model_dir, changed)
+    (changed / "config.json").write_text((changed / "config.json").read_text() + "\n")
+    assert model_digest(changed) != digest
+    stale = _index_variant(index_dir, tmp_path, "stale", model_config=dict(base["model_config"], name_or_path=str(changed)),
+                           model={"name": str(changed), "path": str(changed), "digest": digest})
+    with pytest.raises(ConfigError, match="has changed"):
+        QueryEncoder(index_dir=stale)
+    Searcher(stale, model=str(changed))  # named explicitly: the caller's choice
+
+
+def test_the_model_digest_covers_every_file_by_its_place(tiny_model_dir, tmp_path):
+    import shutil
+
+    from pipeline.models.loading import model_digest
+
+    a = tmp_path / "a"
+    shutil.copytree(tiny_model_dir, a)
+    sub = tmp_path / "real_sub"
+    sub.mkdir()
+    (sub / "extra.txt").write_text("1")
+    (a / "sub").symlink_to(sub, target_is_directory=True)  # a symlinked folder is followed
+    d1 = model_digest(a)
+    (sub / "extra.txt").write_text("2")
+    d2 = model_digest(a)
+    assert d1 != d2
+    (a / "sub").unlink()
+    (a / "other").mkdir()
+    (a / "other" / "extra.txt").write_text("2")  # the same file in another place: another digest
+    assert model_digest(a) not in (d1, d2)

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ...config import EncodeConfig, NonNegFloat, NonNegInt, OpenFraction, PosFloat, PosInt, Section
+from ...config import EncodeConfig, NonNegFloat, NonNegInt, OpenFraction, PosInt, Real, Section
 from ...errors import ConfigError, PipelineError
 from ...losses.dist import gather_with_grad
 from ...losses.rcl import RCLConfig, rcl_batch_loss
@@ -38,7 +38,7 @@ class RCLSettings(Section):
     """The `rcl:` section: the stages of `pipeline train` with `loss.name: rcl` (pipeline/rcl.py)."""
 
     # stage 1: one entropy model per λ (paper: 0.01..0.04; 4 models = 8 regulators was best)
-    entropy_lambdas: tuple[PosFloat, ...] = (0.01, 0.02, 0.03, 0.04)
+    entropy_lambdas: tuple[Real, ...] = (0.01, 0.02, 0.03, 0.04)
     # STS setting: entropy models start from the base; FAQ setting: from the initial model
     # (stage 0: the base fine-tuned with eq. 1, selected on dev MAP)
     entropy_init: Literal["base", "initial"] = "base"
