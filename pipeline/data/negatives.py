@@ -170,6 +170,10 @@ class RefresherConfig(Section):
     # every report line that the negatives are stale and since when
     max_missed_refreshes: NonNegInt = 3
     on_refresher_failure: str = "fail"
+    # the refresher (in-process actor or a separate `pipeline refresh` job) writes a heartbeat to its
+    # status beat by beat (every heartbeat_timeout_s / 4, at most 10 s), also while a refresh runs; a
+    # heartbeat that stops for this long means the refresher is gone: the same rule as a dead one
+    heartbeat_timeout_s: PosFloat = 120.0
 
     SECTION = "ance"
 
@@ -247,20 +251,40 @@ class VersionedNegatives:
     """
 
     def __init__(self, root: str | Path, corpus_dir: str | Path, refresh_every: int = 0,
-                 max_missed_refreshes: int = 0, on_failure: str = "fail"):
+                 max_missed_refreshes: int = 0, on_failure: str = "fail", heartbeat_timeout_s: float = 0.0):
         self.root = str(root) if is_uri(str(root)) else str(Path(root).resolve())
         self.corpus_dir = str(Path(corpus_dir).resolve())
         self.refresh_every, self.max_missed, self.on_failure = refresh_every, max_missed_refreshes, on_failure
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._beat: tuple | None = None  # (the refresher's last beat seen, this process's clock when it changed)
 
     def latest_version(self) -> int | None:
         versions = list_versions(self.root)
         return versions[-1] if versions else None
 
+    def _silent_for(self, status: dict) -> float | None:
+        """Seconds since the refresher's heartbeat last moved, by this process's own clock (no clock is
+        compared across machines); None while it beats, or when it has never beaten."""
+        import time
+
+        beat = (status.get("pid"), status.get("host"), status.get("beat"))
+        if status.get("beat") is None or status.get("state") in ("stopped", "exited"):
+            return None  # never beat (an older refresher), or left on purpose (--once, --idle-exit)
+        now = time.monotonic()
+        if self._beat is None or self._beat[0] != beat:
+            self._beat = (beat, now)
+            return None
+        silent = now - self._beat[1]
+        return silent if self.heartbeat_timeout_s and silent > self.heartbeat_timeout_s else None
+
     def health(self, step: int) -> dict:
         """{} while the producer keeps up. When it has failed for good (the refresher's status says
-        `dead`), or no version has come for `max_missed_refreshes` refresh intervals (the newest
+        `dead`), its heartbeat has stopped for `heartbeat_timeout_s` (a killed `pipeline refresh` job, a
+        lost node), or no version has come for `max_missed_refreshes` refresh intervals (the newest
         version is from checkpoint step B and `step >= B + (max_missed + 1) * refresh_every`; B = 0
-        before the first), {"error": why} with on_failure `fail`, {"stale": why} with `continue`."""
+        before the first; also when no refresher ever started), {"error": why} with on_failure `fail`,
+        {"stale": why} with `continue`. The same rules hold for a refresher started beside training and
+        for one running as its own job."""
         status = read_status(self.root)
         latest = self.latest_version()
         base, since = 0, "the start"
@@ -272,19 +296,31 @@ class VersionedNegatives:
             base = int(meta.get("checkpoint_step") or 0)
             since = f"v{latest} (from step {base})"
         dead = status.get("state") == "dead"
+        silent = None if dead else self._silent_for(status)
         overdue = bool(self.max_missed and self.refresh_every
                        and step >= base + (self.max_missed + 1) * self.refresh_every)
-        if not (dead or overdue):
+        if not (dead or silent or overdue):
             return {}
         err = status.get("last_error") or {}
         said = (f"; last error at version {err.get('version')} from checkpoint step {err.get('checkpoint_step')}: "
                 f"{err.get('error')}" if err else "")
         log = f"; log: {status['log']}" if status.get("log") else ""
+        who = (f"pid {status.get('pid')} on {status.get('host')}" if status.get("host") else
+               f"pid {status.get('pid')}" if status.get("pid") else "")
         if dead:
             why = f"the index refresher has failed for good ({status.get('reason', 'its actor died')}){said}{log}"
-        else:
+        elif silent:
+            why = (f"the index refresher's heartbeat stopped {silent:.0f}s ago (ance.heartbeat_timeout_s="
+                   f"{self.heartbeat_timeout_s:g}; {who}, last state {status.get('state', 'unknown')}): its process "
+                   f"or node is gone{said}{log}")
+        elif not status:
             why = (f"no negatives version for {self.max_missed} refresh intervals of {self.refresh_every} steps "
-                   f"(step {step}, newest: {since}; refresher state {status.get('state', 'unknown')}, "
+                   f"(step {step}), and no refresher has written to {self.root} (no {STATUS_FILE}): is "
+                   "`pipeline refresh` running for this run?")
+        else:
+            left = f" ({status['reason']})" if status.get("reason") else ""
+            why = (f"no negatives version for {self.max_missed} refresh intervals of {self.refresh_every} steps "
+                   f"(step {step}, newest: {since}; refresher state {status.get('state', 'unknown')}{left}, "
                    f"{status.get('failures', 0)} failed refreshes{said}){log}")
         if self.on_failure == "continue":
             return {"stale": f"negatives stale since {since}: {why}"}

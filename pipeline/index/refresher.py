@@ -184,13 +184,45 @@ class Refresh:
         shutil.rmtree(self.pin_root, ignore_errors=True)
         self.log_path = (self.root / "refresher.log" if not isinstance(self.root, RemotePath)
                          else Path(tempfile.gettempdir()) / f"pipeline-refresher-{tag}.log")
+        import socket
+
+        # the status the trainer's provider reads; `beat` moves every heartbeat (see start_heartbeat)
+        self.status = {"state": "starting", "latest_version": self.version, "failures": 0, "last_error": None,
+                       "log": str(self.log_path), "pid": os.getpid(), "host": socket.gethostname(), "beat": 0,
+                       "updated": time.time()}
+        self._status_lock = threading.Lock()
+        self._beating = threading.Event()
         try:  # the first write is the publish probe: a versions folder it cannot write is refused now
-            write_status(self.root, {"state": "starting", "latest_version": self.version, "failures": 0,
-                                     "last_error": None, "log": str(self.log_path), "pid": os.getpid(),
-                                     "updated": time.time()})
+            write_status(self.root, self.status)
         except OSError as e:
             raise PipelineError(f"ance.versions_dir {self.root}: the refresher cannot write there "
                                 f"({e.strerror or e}), so it could publish no negatives version") from None
+
+    def start_heartbeat(self) -> None:
+        """Move `beat` in the status every heartbeat_timeout_s / 4 (at most 10 s), from a thread, so
+        a refresh that runs for hours still shows the refresher alive, and a killed one goes silent."""
+        every = min(10.0, self.cfg.heartbeat_timeout_s / 4)
+
+        def beat() -> None:
+            while not self._beating.wait(every):
+                self._write_status()
+
+        threading.Thread(target=beat, name="refresher-heartbeat", daemon=True).start()
+
+    def stop_heartbeat(self, state: str, reason: str) -> None:
+        """The refresher is leaving: say so (and why) before the heartbeat stops."""
+        self._beating.set()
+        self._write_status(state=state, reason=reason)
+
+    def _write_status(self, **changes) -> None:
+        with self._status_lock:
+            self.status.update(changes)
+            self.status["beat"] = int(self.status.get("beat", 0)) + 1
+            self.status["updated"] = time.time()
+            try:
+                write_status(self.root, self.status)
+            except OSError as e:  # the status is advisory; the versions themselves are what counts
+                self._log(f"cannot write the status: {e}")
 
     def newest(self) -> tuple[int, Path] | None:
         found = list_checkpoints(self.run_dir)
@@ -218,7 +250,9 @@ class Refresh:
         """`step_once`, surviving an exception inside one refresh (a bad checkpoint, an encode error,
         an empty dev run): the error is logged with its version and checkpoint, the refresh retried
         `refresh_retries` times with a doubling backoff, then that checkpoint is given up and the
-        next one taken. Every attempt rewrites the status the trainer's provider reads."""
+        next one taken. A failure before any checkpoint is pinned (the run folder unreadable, say) has
+        the same retries and backoff, and then ends the refresher (PipelineError; its status says
+        `dead`, and why). Every attempt rewrites the status the trainer's provider reads."""
         if time.time() < self.retry_at:
             return None
         self.attempt = None
@@ -238,13 +272,21 @@ class Refresh:
                 self.last_step = max(self.last_step, step)  # go on with the next checkpoint
             wait = 0.0 if give_up else self.cfg.retry_backoff_s * 2 ** (tries - 1)
             self.retry_at = time.time() + wait
-            what = "giving this checkpoint up" if give_up else f"retrying in {wait:g}s"
-            line = (f"[refresh] version {where['version']} from checkpoint step {step} ({where['checkpoint']}) failed "
-                    f"(attempt {tries} of {self.cfg.refresh_retries + 1}): {self.last_error['error']}; {what}")
+            what = ("giving this checkpoint up" if give_up and step is not None else
+                    "giving up: the refresher stops" if give_up else f"retrying in {wait:g}s")
+            where_txt = (f"version {where['version']} from checkpoint step {step} ({where['checkpoint']})"
+                         if step is not None else f"looking for a checkpoint in {self.run_dir}")
+            line = (f"[refresh] {where_txt} failed (attempt {tries} of {self.cfg.refresh_retries + 1}): "
+                    f"{self.last_error['error']}; {what}")
             print(line, flush=True)
             self._log(line + "\n" + traceback.format_exc())
+            if give_up and step is None:
+                reason = f"{where_txt} failed {tries} times: {self.last_error['error']}"
+                self._status("dead", reason=reason)
+                raise PipelineError(f"the index refresher stops: {reason} (log: {self.log_path})") from None
             self._status("retrying" if not give_up else "skipped-checkpoint")
             return None
+        self.tries.pop(None, None)  # looking for a checkpoint worked
         if rec is not None:
             self.tries.pop(rec["checkpoint_step"], None)
             self._status("ok")
@@ -258,13 +300,9 @@ class Refresh:
         except OSError:
             pass
 
-    def _status(self, state: str) -> None:
-        try:
-            write_status(self.root, {"state": state, "latest_version": self.version, "failures": self.failures,
-                                     "last_error": self.last_error, "log": str(self.log_path),
-                                     "pid": os.getpid(), "updated": time.time()})
-        except OSError as e:  # the status is advisory; the versions themselves are what counts
-            self._log(f"cannot write the status: {e}")
+    def _status(self, state: str, **extra) -> None:
+        self._write_status(state=state, latest_version=self.version, failures=self.failures,
+                           last_error=self.last_error, **extra)
 
     def _encode_corpus(self, model):
         """The corpus's document vectors, a part at a time (texts of one part in memory)."""
@@ -351,18 +389,25 @@ class IndexRefresher:
         cfg = RefresherConfig(**cfg)
         torch.set_num_threads(max(1, int(cfg.cpus)))
         self.state = Refresh(run_dir, cfg, corpus_dir)
+        self.state.start_heartbeat()
         self._stop = threading.Event()
         self.started = time.time()
 
     def run(self, idle_exit_s: float | None = None) -> dict:
         """Refresh until `stop()` (or `idle_exit_s` without a new checkpoint)."""
         last = time.time()
-        while not self._stop.is_set():
-            if self.state.step_safely() is not None:
-                last = time.time()
-            elif idle_exit_s is not None and time.time() - last > idle_exit_s:
-                break
-            self._stop.wait(self.state.cfg.poll_seconds)
+        try:
+            while not self._stop.is_set():
+                if self.state.step_safely() is not None:
+                    last = time.time()
+                elif idle_exit_s is not None and time.time() - last > idle_exit_s:
+                    break
+                self._stop.wait(self.state.cfg.poll_seconds)
+        except BaseException as e:
+            self.state.stop_heartbeat("dead", f"{type(e).__name__}: {e}")
+            raise
+        self.state.stop_heartbeat("stopped", "stopped by the training run" if self._stop.is_set() else
+                                  f"no new checkpoint for {idle_exit_s:g}s")
         return self.status()
 
     def stop(self) -> None:
@@ -390,6 +435,23 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
                   idle_exit_s: float = 600.0, progress: bool = True) -> list[dict]:
     """The refresher loop without Ray (`pipeline refresh`): until idle for `idle_exit_s`, or one refresh."""
     state = Refresh(run_dir, cfg, corpus_dir)
+    state.start_heartbeat()
+    try:
+        done = _refresh_loop(state, run_dir, cfg, once, idle_exit_s, progress)
+    except BaseException as e:  # the trainer's provider reads why the refresher left
+        state.stop_heartbeat("dead", f"{type(e).__name__}: {e}" if not isinstance(e, KeyboardInterrupt)
+                             else "interrupted (Ctrl-C)")
+        raise
+    return done
+
+
+def _run_finished(run_dir) -> bool:
+    """The training run this refresher follows has ended (its summary is written last)."""
+    return (_location(run_dir) / "summary.json").exists()
+
+
+def _refresh_loop(state: "Refresh", run_dir, cfg: RefresherConfig, once: bool, idle_exit_s: float,
+                  progress: bool) -> list[dict]:
     done, last = [], time.time()
     while True:
         rec = state.step_safely()
@@ -401,6 +463,7 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
                 print(f"[refresh] version {rec['version']} from step {rec['checkpoint_step']} in {rec['seconds']:.1f}s"
                       f"{dev} -> {state.root}", flush=True)
             if once:
+                state.stop_heartbeat("stopped", f"--once: version {rec['version']} published")
                 return done
         elif once:
             newest = state.newest()
@@ -411,8 +474,19 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
                                     f"{state.last_error['attempt']} time(s): {state.last_error['error']} "
                                     f"(log: {state.log_path})")
             if not state.last_error:
+                state.stop_heartbeat("stopped", "--once: the newest checkpoint has its version")
                 return done  # the newest checkpoint already has its version
             # else: a failed attempt waits for its retry
+        elif _run_finished(run_dir):
+            state.stop_heartbeat("stopped", "the training run has finished")
+            if progress:
+                print(f"[refresh] the training run at {run_dir} has finished; {len(done)} version(s) this time",
+                      flush=True)
+            return done
         elif time.time() - last > idle_exit_s:
+            state.stop_heartbeat("exited", f"no new checkpoint for {idle_exit_s:g}s (pipeline refresh --idle-exit)")
+            if progress:
+                print(f"[refresh] no new checkpoint for {idle_exit_s:g}s: exiting (the training run, if it goes on, "
+                      "will stop for want of negatives)", flush=True)
             return done
         time.sleep(cfg.poll_seconds)

@@ -16,14 +16,20 @@
 
 Config keys: the `ance:` section (data/negatives.RefresherConfig: refresh_every, versions_dir,
 corpus, queries, qrels, dev_qrels, dev_metric, top_k, negatives, factory, nprobe, batch_size,
-precision, keep_versions, poll_seconds, cpus, gpus, max_restarts, start_refresher), plus
+precision, keep_versions, poll_seconds, cpus, gpus, max_restarts, refresh_retries, retry_backoff_s,
+max_missed_refreshes, on_refresher_failure, heartbeat_timeout_s, start_refresher), plus
 `train.*` (checkpoint_every defaults to ance.refresh_every), `data.*` and `loss.*`
 (losses/ance.py). The trainer and the refresher share only formats: the checkpoint format
 (trainer -> refresher) and the version format (refresher -> trainer); `train/` and `index/`
-never import each other. If the refresher dies for good, training goes on with the last
-version and one warning; when training ends the refresher is stopped and its per-version
-record is added to the run's summary.json. `train.storage_path` and `ance.versions_dir` may
-be storage URIs (s3://, gs://).
+never import each other. ANCE never degrades silently, whether the refresher runs beside training
+(`ance.start_refresher: true`) or as its own `pipeline refresh` job (`false`): when it has failed for
+good, its heartbeat has stopped for `ance.heartbeat_timeout_s` (a killed job, a lost node), or no
+version has come for `ance.max_missed_refreshes` refresh intervals (also when no refresher ever
+started), the run fails at its next poll with one line saying which and why, or, with
+`ance.on_refresher_failure=continue`, says on every report line that its negatives are stale and
+since when. When training ends the refresher is stopped and its per-version record is added to the
+run's summary.json; `pipeline refresh` exits when the run's summary.json appears. `train.storage_path`
+and `ance.versions_dir` may be storage URIs (s3://, gs://).
 """
 
 from __future__ import annotations
@@ -114,9 +120,10 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
         # the refresher's per-version dev metric on the run's dev split (held-out training queries)
         s = replace(s, dev_qrels=job.validation.qrels,
                     dev_queries=job.validation.queries or str(Path(corpus) / "queries.tsv"))
+    # the same rules in both layouts: a refresher beside training, or `pipeline refresh` as its own job
     provider = VersionedNegatives(versions, corpus, refresh_every=tc.checkpoint_every,
-                                  max_missed_refreshes=s.max_missed_refreshes if s.start_refresher else 0,
-                                  on_failure=s.on_refresher_failure)
+                                  max_missed_refreshes=s.max_missed_refreshes, on_failure=s.on_refresher_failure,
+                                  heartbeat_timeout_s=s.heartbeat_timeout_s)
     actor, watch = None, {}
     if s.start_refresher:
         init_ray(replace(job.ray, dashboard=True))

@@ -146,3 +146,61 @@ def test_with_continue_every_report_line_says_the_negatives_are_stale(ray_sessio
     late = [s for s in steps if s >= 14]  # the poll at step 12 saw it; reports from 14 on carry the note
     assert late and all("WARNING negatives stale since the start: no negatives version" in steps[s] for s in late)
 
+
+
+def test_an_external_refresher_killed_mid_run_ends_the_run_with_one_line(ray_session, tiny_model_dir, faq, tmp_path):
+    """ance.start_refresher=false: the refresher is its own `pipeline refresh` job. Killed (SIGKILL)
+    once it has published a version, its heartbeat stops, and the training run fails at a poll after
+    ance.heartbeat_timeout_s, naming it, instead of training on to the end on stale negatives."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.data.negatives import list_versions, read_status
+    from pipeline.errors import PipelineError
+    from pipeline.recipes.ance import run_ance
+    from pipeline.train.config import dump_job, load_train_config
+
+    job = load_train_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
+        "model.query_max_length=32", "model.doc_max_length=64", f"data.corpus={faq}", "data.hard_negatives=1",
+        "loss.name=ance", "train.num_workers=1", "train.cpus_per_worker=1", "train.batch_size=8",
+        "train.max_steps=2000", "train.report_every=2", "train.negatives_poll_every=2", "train.step_sleep_s=0.1",
+        f"train.storage_path={tmp_path}", "train.name=ext", "optim.lr=1e-4", "ance.refresh_every=4",
+        "ance.top_k=30", "ance.negatives=5", "ance.precision=fp32", "ance.poll_seconds=0.2",
+        "ance.start_refresher=false", "ance.max_missed_refreshes=1000", "ance.heartbeat_timeout_s=4"])
+    config = tmp_path / "ext.yaml"
+    config.write_text(dump_job(job))
+    run_dir, versions = tmp_path / "ext", tmp_path / "ext" / "negatives"
+    box: dict = {}
+
+    def training():
+        try:
+            box["summary"] = run_ance(job, progress=False)
+        except BaseException as e:  # the outcome under test
+            box["error"] = e
+
+    t = threading.Thread(target=training, daemon=True)
+    t.start()
+    deadline = time.time() + 300
+    while not (run_dir / "config.yaml").exists() and t.is_alive() and time.time() < deadline:
+        time.sleep(0.2)
+    refresher = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "refresh", "--run-dir", str(run_dir),
+                                  "--config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while not list_versions(versions) and t.is_alive() and time.time() < deadline:
+            time.sleep(0.2)
+        assert list_versions(versions), "the external refresher published no version"
+        assert read_status(versions).get("beat", 0) >= 1 and read_status(versions)["pid"] == refresher.pid
+        refresher.send_signal(signal.SIGKILL)
+    finally:
+        if refresher.poll() is None:
+            refresher.kill()
+        refresher.wait()
+    t.join(timeout=300)
+    assert not t.is_alive()
+    err = box.get("error")
+    assert isinstance(err, PipelineError), box
+    msg = str(err)
+    assert "heartbeat stopped" in msg and f"pid {refresher.pid}" in msg and len(msg.splitlines()) == 1, msg
+    assert not (run_dir / "summary.json").exists()

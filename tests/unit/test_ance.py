@@ -333,3 +333,67 @@ def test_a_refresher_that_cannot_publish_is_refused_when_it_starts(run, faq, tmp
     blocker.write_text("not a folder")  # nothing can be written below a file, not even by root
     with pytest.raises(PipelineError, match=r"ance.versions_dir .*a-file/negatives: the refresher cannot write there"):
         Refresh(run_dir, _cfg(versions_dir=str(blocker / "negatives")), faq)
+
+
+def test_a_silent_heartbeat_is_a_gone_refresher_judged_by_the_trainers_own_clock(run, faq, monkeypatch):
+    """A refresher in its own job (`pipeline refresh`) that is killed stops beating: the provider
+    notices by its own clock (no clock compared across machines), the same rule for both layouts."""
+    import time as time_mod
+
+    from pipeline.data.negatives import VersionedNegatives, write_status
+
+    run_dir, _ = run
+    root = run_dir / "negatives"
+    now = [1000.0]
+    monkeypatch.setattr(time_mod, "monotonic", lambda: now[0])
+    p = VersionedNegatives(root, faq, refresh_every=4, max_missed_refreshes=50, heartbeat_timeout_s=30)
+    lenient = VersionedNegatives(root, faq, refresh_every=4, max_missed_refreshes=50, heartbeat_timeout_s=30,
+                                 on_failure="continue")
+    status = {"state": "ok", "pid": 4242, "host": "node-7", "beat": 1, "log": "/x/refresher.log"}
+    write_status(root, status)
+    assert p.health(3) == {} and lenient.health(3) == {}
+    now[0] += 29
+    assert p.health(4) == {}
+    write_status(root, {**status, "beat": 2})  # it beats: alive however long its refresh takes
+    now[0] += 29
+    assert p.health(5) == {}
+    now[0] += 29
+    assert p.health(6) == {}
+    now[0] += 2  # 31 s without a beat
+    err = p.health(7)["error"]
+    assert "heartbeat stopped 31s ago (ance.heartbeat_timeout_s=30; pid 4242 on node-7" in err and "gone" in err
+    assert lenient.health(7) == {}  # its first look: the clock starts there
+    now[0] += 31
+    assert "negatives stale since the start: the index refresher's heartbeat stopped" in lenient.health(8)["stale"]
+    # a refresher that left on purpose (--once, the run finished) is not judged by its heartbeat
+    write_status(root, {**status, "beat": 9, "state": "stopped", "reason": "--once: version 1 published"})
+    now[0] += 100
+    assert p.health(9) == {}
+    # no refresher ever wrote anything: the lateness rule says so
+    other = VersionedNegatives(run_dir / "none", faq, refresh_every=4, max_missed_refreshes=2, heartbeat_timeout_s=30)
+    assert "is `pipeline refresh` running" in other.health(12)["error"]
+
+
+def test_a_failure_before_any_checkpoint_is_retried_then_ends_the_refresher(run, faq, monkeypatch):
+    """Not retried at every poll forever: the same retries and backoff, then the refresher stops and its
+    status says dead, and why."""
+    import pipeline.index.refresher as refresher_mod
+    from pipeline.data.negatives import VersionedNegatives, read_status
+    from pipeline.index.refresher import Refresh
+
+    run_dir, model = run
+    r = Refresh(run_dir, _cfg(refresh_retries=2, retry_backoff_s=0), faq)
+
+    def unreadable(_):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(refresher_mod, "list_checkpoints", unreadable)
+    assert r.step_safely() is None and r.step_safely() is None  # attempts 1 and 2
+    assert read_status(run_dir / "negatives")["state"] == "retrying"
+    with pytest.raises(PipelineError, match=r"looking for a checkpoint in .* failed 3 times: OSError"):
+        r.step_safely()
+    st = read_status(run_dir / "negatives")
+    assert st["state"] == "dead" and "failed 3 times" in st["reason"]
+    assert "failed for good" in VersionedNegatives(run_dir / "negatives", faq).health(1)["error"]
+    log = (run_dir / "negatives" / "refresher.log").read_text()
+    assert log.count("Traceback") == 3  # one per attempt, then no more
