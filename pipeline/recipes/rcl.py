@@ -67,7 +67,7 @@ def dev_pairs(job, limit: int | None = None) -> list[tuple[str, str]]:
     if s.pairs and s.dev_split:
         from ..data.sentence_pairs import split_pairs
 
-        _, dev = split_pairs(s.pairs, s.dev_split, job.train.seed)
+        _, dev = split_pairs(s.pairs, s.dev_split, job.validation.dev_seed)
         pairs = [(a, p) for _, a, p, _ in dev]
         return pairs[:limit] if limit else pairs
     if not v.corpus:
@@ -298,7 +298,7 @@ def split_dev(job, root: Path):
         raise ConfigError("rcl.dev_split needs data.source=qrels with data.corpus")
     corpus = Path(job.data.corpus)
     train, dev = write_dev_split(Path(job.data.qrels or corpus / "qrels" / "train.trec"), s.dev_split,
-                                 job.train.seed, root / "split", "rcl.dev_split")
+                                 job.validation.dev_seed, root / "split", "rcl.dev_split")
     return replace(job, data=replace(job.data, qrels=str(train)),
                    validation=replace(job.validation, corpus=str(corpus), queries=job.data.queries,
                                       qrels=str(dev)))

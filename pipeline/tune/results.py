@@ -490,11 +490,11 @@ def write_results(cfg, events_path: Path, metric: str, mode: str) -> dict:
         best = best_trial(recs, mode)
     warning = ""
     if getattr(cfg.search, "allow_test_selection", False):
-        from .space import is_test_split, load_job, selection_split
+        from .space import load_job, selects_on_test
 
-        key, spec = selection_split(load_job(cfg.base_data(), "base"))
-        if is_test_split(spec):
-            warning = (f"this sweep selected on a test split ({key}={spec}; search.allow_test_selection: true): "
+        why = selects_on_test(load_job(cfg.base_data(), "base"))
+        if why:
+            warning = (f"this sweep selected on a test split ({why}; search.allow_test_selection: true): "
                        "the best trial's numbers on that split are not a held-out estimate")
     write_table(out, recs, keys, metric, mode, best, groups, chosen, warning)
     plots = write_plots(out, recs, list(cfg.space), metric)

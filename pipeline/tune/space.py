@@ -30,6 +30,7 @@ cannot take a distribution are `ConfigError`s before any trial starts.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -309,14 +310,86 @@ def selection_split(base) -> tuple[str, str | None]:
     return "validation", None
 
 
-def check_not_test_split(cfg: SweepConfig, base) -> None:
-    """Refuse a sweep that would select on a test split, naming the key to set."""
+def _selection_source(base, key: str, spec: str | None) -> str | None:
+    """The qrels file whose queries a sweep selects on: the validation qrels, or, for a dev split carved
+    from the training queries, the training qrels it is carved from."""
+    if spec:
+        return spec
+    if key in ("validation.dev_split", "rcl.dev_split") and base.data.source == "qrels" and base.data.corpus:
+        return base.data.qrels or str(Path(base.data.corpus) / "qrels" / "train.trec")
+    return None
+
+
+def _test_splits(base) -> list[Path]:
+    """The qrels files that the corpora of `base` (training and validation) name as a test split."""
+    from ..data.manifest import MANIFEST_NAME
+
+    out = []
+    for corpus in dict.fromkeys(c for c in (base.data.corpus, base.validation.corpus) if c):
+        try:
+            manifest = json.loads((Path(corpus) / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            continue  # no corpus there (yet): nothing to compare with
+        for split in sorted(manifest.get("qrels") or {}):
+            if is_test_split(split) and (Path(corpus) / "qrels" / f"{split}.trec").is_file():
+                out.append(Path(corpus) / "qrels" / f"{split}.trec")
+    return out
+
+
+def _judgements(path) -> set[tuple[str, str]]:
+    from ..data.readers import load_qrels
+
+    return {(q, d) for q, docs in load_qrels(path).items() for d, rel in docs.items() if rel > 0}
+
+
+def selects_on_test(base) -> str | None:
+    """Why a sweep over `base` would select on a test split, or None. By name (validation qrels named
+    `test`, an ir_datasets test split) and by content: the qrels it selects on hold judgements of a
+    split that a corpus of the run names as test, under whatever file name."""
     key, spec = selection_split(base)
-    if not is_test_split(spec) or cfg.search.allow_test_selection:
+    if is_test_split(spec):
+        return f"{key}={spec} names a test split"
+    source = _selection_source(base, key, spec)
+    if not source or is_identifier_spec(source):
+        return None
+    try:
+        chosen = _judgements(source)
+    except Exception:  # unreadable here: the run itself reports it
+        return None
+    what = f"{key}={spec}" if spec else f"{key} (carved from {source})"
+    for test in _test_splits(base):
+        if Path(source).resolve() == test.resolve():
+            return f"{what} is {test}, a test split"
+        held = _judgements(test)
+        shared = chosen & held
+        if shared and shared == held == chosen:
+            return f"{what} holds the same judgements as {test}, the corpus's test split, under another name"
+        if shared:
+            queries = len({q for q, _ in shared})
+            return (f"{what} holds {len(shared):,} judgements of {queries:,} queries of {test}, the corpus's "
+                    "test split")
+    return None
+
+
+def is_identifier_spec(spec: str) -> bool:
+    from ..data.irds import is_identifier
+
+    return bool(is_identifier(spec)) and not Path(spec).exists()
+
+
+def check_not_test_split(cfg: SweepConfig, base) -> None:
+    """Refuse a sweep that would select on a test split (by the file's name or its content), naming the
+    key to set."""
+    if cfg.search.allow_test_selection:
         return
+    why = selects_on_test(base)
+    if why is None:
+        return
+    key, _ = selection_split(base)
     fix = ("rcl.dev_split (a held-out share of the training queries) or an STS dev file" if key == "rcl.sts_dev"
-           else "validation.dev_split: 0.1 (a seeded share of the training queries, held out) or a dev qrels file")
-    raise ConfigError(f"the sweep would select on a test split ({key}={spec}); set {fix} in the base config. "
+           else "validation.dev_split: 0.1 (a seeded share of the training queries, held out) or a dev qrels file "
+                "with no test query")
+    raise ConfigError(f"the sweep would select on a test split: {why}; set {fix} in the base config. "
                       "search.allow_test_selection: true is the only way past (results.md then says so)")
 
 

@@ -3,6 +3,8 @@ from what the run trains on; refused where it cannot apply."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.data.readers import load_qrels
@@ -37,3 +39,19 @@ def test_a_dev_split_that_cannot_apply_is_refused(faq, tmp_path):
         apply_dev_split(_job(faq, tmp_path, "validation.dev_split=0.9999"))
     with pytest.raises(ConfigError, match=r"validation.dev_split: must be in \[0, 1\)"):
         _job(faq, tmp_path, "validation.dev_split=1.5")
+
+
+def test_rcls_dev_split_follows_validation_dev_seed_not_train_seed(faq, tmp_path):
+    """RCL's `rcl.dev_split` is the same split as `validation.dev_split` (train/dev_split.py): replicates
+    over train.seed validate on the same held-out queries, validation.dev_seed moves them."""
+    from pipeline.recipes.rcl import split_dev
+
+    def dev_of(root, *extra):
+        job = load_train_config(None, ["loss.name=rcl", f"data.corpus={faq}", "rcl.dev_split=0.2", *extra])
+        return (root / "split" / "dev.trec").read_text() if split_dev(job, root) else None
+
+    a = dev_of(tmp_path / "a", "train.seed=0")
+    assert a and a == dev_of(tmp_path / "b", "train.seed=7")
+    assert a != dev_of(tmp_path / "c", "train.seed=0", "validation.dev_seed=1")
+    plain = apply_dev_split(_job(faq, tmp_path / "v"))  # and it equals validation.dev_split's at the same seed
+    assert a == Path(plain.validation.qrels).read_text()

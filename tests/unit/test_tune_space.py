@@ -352,3 +352,36 @@ def test_a_sweep_never_selects_on_a_test_split(tmp_path, validation, rejected):
     write_results(cfg, out / "events.jsonl", "val_metric", "max")
     assert "WARNING**: this sweep selected on a test split" in (out / "results.md").read_text()
 
+
+
+@pytest.mark.parametrize("innocent", ["data/test/qrels.tsv", "testset.trec", "heldout_testing.trec",
+                                      "trec-dl-2019.qrels", "dev.trec"])
+def test_a_test_split_renamed_to_something_innocent_is_refused_by_its_content(tmp_path, faq, innocent):
+    """The guard reads what the file holds: judgements of the corpus's test split, whatever the file is
+    called, are refused (the same set, or a part of it); a dev split of training queries is not."""
+    import shutil
+
+    copy = tmp_path / innocent
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(faq / "qrels" / "test.trec", copy)
+    base = {**BASE, "data": {"corpus": str(faq)},
+            "validation": {"corpus": str(faq), "qrels": str(copy), "metric": "MRR@10"}}
+    with pytest.raises(ConfigError, match="holds the same judgements as .*qrels/test.trec, the corpus's test split"):
+        sweep(tmp_path, base=base)
+    # part of the test split (a few of its queries mixed into a dev file): refused too, with the count
+    lines = (faq / "qrels" / "test.trec").read_text().splitlines()[:5]
+    train = (faq / "qrels" / "train.trec").read_text().splitlines()[:20]
+    mixed = tmp_path / "mixed_dev.trec"
+    mixed.write_text("\n".join(train + lines) + "\n")
+    base["validation"]["qrels"] = str(mixed)
+    with pytest.raises(ConfigError, match=r"holds \d+ judgements of \d+ queries of .*test.trec"):
+        sweep(tmp_path, base=base)
+    # training queries only: fine; and a dev split carved from training qrels that are the test split: refused
+    clean = tmp_path / "clean_dev.trec"
+    clean.write_text("\n".join(train) + "\n")
+    base["validation"]["qrels"] = str(clean)
+    sweep(tmp_path, base=base)
+    renamed_train = {**BASE, "data": {"corpus": str(faq), "qrels": str(copy)},
+                     "validation": {"dev_split": 0.1, "metric": "MRR@10"}}
+    with pytest.raises(ConfigError, match=r"validation.dev_split \(carved from .*\) holds the same judgements"):
+        sweep(tmp_path, base=renamed_train)

@@ -53,7 +53,8 @@ class RCLSettings(Section):
     regulators: bool = True                  # False: stage 3 is plain eq. 1 (the ablation)
     dev_batches: PosInt = 4                  # dev batches of train.batch_size for the early-stop loss
     # > 0: hold this fraction of the training queries (or of `rcl.pairs`) out as the dev split
-    # (seeded by train.seed) for early stopping and selection, in place of the `validation:` split
+    # (seeded by validation.dev_seed, as validation.dev_split: every replicate over train.seed sees the same
+    # dev queries) for early stopping and selection, in place of the `validation:` split
     dev_split: OpenFraction = 0.0
     # STS setting: a sentence-pairs file (anchor, positive[, hard negative]: JSONL, CSV with a
     # header such as SimCSE's nli_for_simcse.csv, or TSV; data/sentence_pairs.py) as the training
@@ -164,7 +165,8 @@ class RCL(PairMethod):
             return super().build_examples(job, out_dir, progress=progress)
         from ...data.sentence_pairs import pair_examples
 
-        return pair_examples(s.pairs, out_dir, s.dev_split, job.train.seed, job.data.hard_negatives, progress)
+        return pair_examples(s.pairs, out_dir, s.dev_split, job.validation.dev_seed, job.data.hard_negatives,
+                             progress)
 
     def side_inputs(self, job, device: torch.device) -> dict:
         s = job.section("rcl")
