@@ -1,6 +1,6 @@
 # One entry point for set-up, demo and tests. `make demo` and `make test` set up
 # a local virtualenv on first use (torch first, pinned, so pip never pulls a
-# multi-GB CUDA build onto a CPU machine; see ../shared/STACK.md).
+# multi-GB CUDA build onto a CPU machine; see docs/RAY.md §0).
 PY      ?= python3
 VENV    ?= .venv
 FAISS   ?= cpu

@@ -15,7 +15,7 @@
   and ends it when the driver is gone.
 * **Resources.** Ray 2.60 hangs quietly when tasks ask for more CPUs/GPUs than a node
   has, and Ray Data deadlocks unless one whole CPU stays free for its read tasks
-  (STACK.md §5, §8). `check_resources` refuses such shapes before anything starts.
+  (docs/RAY.md §5, §8). `check_resources` refuses such shapes before anything starts.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# Set before Ray / transformers are imported anywhere (STACK.md: auth + Train poll interval).
+# Set before Ray / transformers are imported anywhere (docs/RAY.md §1 auth, §3 Train's poll interval).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

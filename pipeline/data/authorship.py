@@ -1,4 +1,4 @@
-"""Authorship records `(text, author, topic)` and the cross-topic-open-set split (METHODS.md §4).
+"""Authorship records `(text, author, topic)` and the cross-topic-open-set split (docs/METHODS.md §4).
 
 Reading: CSV (header row), JSONL (one object a line) or Parquet, column names configurable.
 Every record needs a non-empty text, an author and a topic; a missing field, an empty
@@ -42,7 +42,7 @@ from ..config import PosInt, Section, Seed, UnitFraction
 from ..errors import ConfigError, InputError, PipelineError
 from .checks import check_no_bare_cr
 
-# the loss names that train on authorship records (ARR, METHODS.md §4)
+# the loss names that train on authorship records (ARR, docs/METHODS.md §4)
 AUTHORSHIP_METHODS = ("arr_cl", "arr_mll", "arr")
 SPLITS = ("train", "val", "cross_topic_test", "same_topic_test")
 TEST_SPLITS = ("cross_topic_test", "same_topic_test")
@@ -245,7 +245,7 @@ def write_split(input_path: str | Path, out: str | Path, cfg: SplitConfig | None
     records = read_records(input_path, cfg)
     splits, stats = split_records(records, cfg)
     schema = pa.schema([("text", pa.string()), ("author", pa.string()), ("topic", pa.string())])
-    manifest = {"kind": "authorship-split", "protocol": "cross-topic-open-set (ARR, METHODS.md §4)",
+    manifest = {"kind": "authorship-split", "protocol": "cross-topic-open-set (ARR, docs/METHODS.md §4)",
                 "source": str(Path(input_path).resolve()), "source_sha256": sha256_file(input_path),
                 "config": asdict(cfg), "counts": stats, "files": {k: f"{k}.parquet" for k in SPLITS}}
     with atomic_path(out) as tmp:
@@ -331,7 +331,7 @@ def fit_vectorizer_on(records: list[dict], split: str, kind: str = "tfidf"):
     """Fit a default-settings scikit-learn vectoriser on `records` of split `split` (must be train)."""
     if split != "train":
         raise PipelineError(f"refusing to fit the {kind} model on the {split!r} split: it is fitted on the training "
-                            "split only (METHODS.md §4)")
+                            "split only (docs/METHODS.md §4)")
     v = _new_vectorizer(kind)
     v.fit([r["text"] for r in records])
     return v

@@ -1,6 +1,6 @@
 """Corpus manifests: what a corpus is, so that two corpora are never mixed silently.
 
-METHODS.md §6: the official and the "titled" MS MARCO give incomparable numbers.
+docs/METHODS.md §6: the official and the "titled" MS MARCO give incomparable numbers.
 Every ingested corpus carries a manifest; every embedding set, index and run
 carries the corpus manifest's fingerprint, and comparison tables refuse (or
 visibly warn about) rows whose fingerprints differ.
@@ -130,7 +130,7 @@ def check_comparable(metas: dict[str, dict], allow_mixed: bool = False) -> str |
     if len(set(prints.values())) <= 1:
         return None
     lines = [f"  {label}: {describe(m)}" for label, m in metas.items()]
-    msg = "results come from different corpora and are NOT comparable (METHODS.md §6):\n" + "\n".join(lines)
+    msg = "results come from different corpora and are NOT comparable (docs/METHODS.md §6):\n" + "\n".join(lines)
     if not allow_mixed:
         raise PipelineError(msg + "\npass --allow-mixed-corpora to print them anyway, with this warning")
     return "WARNING: " + msg

@@ -140,7 +140,7 @@ def _publish_remote(root: RemotePath, version: int, negatives: dict[str, list[st
 
 @dataclass(frozen=True)
 class RefresherConfig(Section):
-    """What the index refresher does per version (METHODS.md §5 defaults). Shared by the
+    """What the index refresher does per version (docs/METHODS.md §5 defaults). Shared by the
     refresher (`index/refresher.py`) and the ANCE method's `ance:` section."""
 
     versions_dir: str | None = None          # default <run_dir>/negatives

@@ -1,4 +1,4 @@
-"""Authorship retrieval evaluation (ARR paper §3, METHODS.md §4) and the paper-style table.
+"""Authorship retrieval evaluation (ARR paper §3, docs/METHODS.md §4) and the paper-style table.
 
 Protocol, per test split (records in file order):
 - per author with n >= 2 texts, the first int(0.5 n) are queries and the rest targets;

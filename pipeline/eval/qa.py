@@ -1,4 +1,4 @@
-"""DPR top-k answer accuracy (METHODS.md §7), with DPR's own answer matching.
+"""DPR top-k answer accuracy (docs/METHODS.md §7), with DPR's own answer matching.
 
 A question is answered at k when one of its top-k passages contains one of its answers,
 decided as DPR's `has_answer` (dpr/data/qa_validation.py) decides it:

@@ -1,4 +1,4 @@
-"""ANCE's index refresher (METHODS.md §5): newest checkpoint -> re-encode -> FAISS -> hard negatives.
+"""ANCE's index refresher (docs/METHODS.md §5): newest checkpoint -> re-encode -> FAISS -> hard negatives.
 
 `IndexRefresher` is a long-lived Ray actor with its own resources (a second GPU where there
 is one; a CPU share otherwise). It watches a training run's checkpoints and always takes the

@@ -83,7 +83,7 @@ class Validator:
 
 def make_validator(job):
     """The validation function `pipeline train` hands the trainer for `job` (a TrainJobConfig),
-    or None: R@8 on the authorship split's val for the ARR methods (METHODS.md §4), else the
+    or None: R@8 on the authorship split's val for the ARR methods (docs/METHODS.md §4), else the
     spine's Validator on `validation.corpus` (None without one). Tune trials and RCL's stages use
     the same choice."""
     from ..data.authorship import AUTHORSHIP_METHODS

@@ -1,4 +1,4 @@
-"""ANCE: NLL over a query's positive and its own hard negatives — METHODS.md §5 (Xiong et al. 2021;
+"""ANCE: NLL over a query's positive and its own hard negatives — docs/METHODS.md §5 (Xiong et al. 2021;
 seed 000 appendix), optionally with the in-batch negatives too, and DAR on top (`ance_dar`).
 
     pairwise:   L = -(1/B) Σ_i log( exp s(q_i, d_i+) / (exp s(q_i, d_i+) + Σ_{j=1..h} exp s(q_i, d_ij-)) )

@@ -1,4 +1,4 @@
-"""ARR losses (METHODS.md §4): SupCon and the author classifier for the base model G, and
+"""ARR losses (docs/METHODS.md §4): SupCon and the author classifier for the base model G, and
 topic-regularised distillation into the target model F. Pure functions of tensors.
 
 Layout under data parallelism: each rank holds `n` local rows; the columns are the global

@@ -22,7 +22,7 @@ DEFAULT_COS_TEMPERATURE = 0.05
 class LossConfig(Section):
     """Loss settings shared by every method.
 
-    `similarity: auto` follows the model (METHODS.md §1): a model that L2-normalises its
+    `similarity: auto` follows the model (docs/METHODS.md §1): a model that L2-normalises its
     vectors is trained with cos/τ (τ = 0.05 unless given), one that does not with the dot
     product (τ = 1). `temperature: null` means that default for the chosen similarity.
     """

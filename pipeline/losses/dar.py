@@ -1,4 +1,4 @@
-"""DAR: Document Augmentation for dense Retrieval — seed 000 (Jeong et al., ACL 2022), METHODS.md §2.
+"""DAR: Document Augmentation for dense Retrieval — seed 000 (Jeong et al., ACL 2022), docs/METHODS.md §2.
 
 Augments document *vectors*; the document encoder runs once per step.
 
@@ -70,7 +70,7 @@ from .dpr import nll_from_scores
 
 @dataclass(frozen=True)
 class DARConfig(LossConfig):
-    """The `loss:` block of DAR (defaults = METHODS.md §2)."""
+    """The `loss:` block of DAR (defaults = docs/METHODS.md §2)."""
 
     name: str = "dar"
     n_perturb: NonNegInt = 7

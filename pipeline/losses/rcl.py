@@ -1,4 +1,4 @@
-"""RCL — Regularized Contrastive Learning (seed 001), as reconstructed in METHODS.md §3.
+"""RCL — Regularized Contrastive Learning (seed 001), as reconstructed in docs/METHODS.md §3.
 
 The paper's equations were lost in extraction; what follows is the reconstruction from its
 prose (sections 3.2-3.3). Every reconstructed choice is a field of `RCLConfig`:
@@ -33,7 +33,7 @@ from .base import LossConfig, scores
 
 @dataclass(frozen=True)
 class RCLConfig(LossConfig):
-    """`loss:` block of `loss.name: rcl` (each field a reconstruction switch, METHODS.md §3)."""
+    """`loss:` block of `loss.name: rcl` (each field a reconstruction switch, docs/METHODS.md §3)."""
 
     name: str = "rcl"
     entropy_lambda: Real = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)

@@ -1,4 +1,4 @@
-"""ANCE (METHODS.md §5): the trainer and the index refresher running side by side.
+"""ANCE (docs/METHODS.md §5): the trainer and the index refresher running side by side.
 
     pipeline train --config jobs/configs/ance.yaml        (loss.name: ance | ance_dar)
     pipeline refresh --run-dir <run> --config …           (the refresher alone, `refresh_command`)

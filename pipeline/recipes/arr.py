@@ -1,4 +1,4 @@
-"""ARR, topic-regularized authorship representation learning (METHODS.md §4): its steps.
+"""ARR, topic-regularized authorship representation learning (docs/METHODS.md §4): its steps.
 
 Each step is one command; this module holds the library side of the ones that are not
 `pipeline train` (cli/evaluation.py parses their arguments and calls these).

@@ -1,4 +1,4 @@
-"""RCL's stages from one command: `pipeline train --config jobs/configs/rcl.yaml` (METHODS.md §3).
+"""RCL's stages from one command: `pipeline train --config jobs/configs/rcl.yaml` (docs/METHODS.md §3).
 
     <train.storage_path>/<train.name>/
         examples/                 the training pairs (stage 2 encodes their texts)

@@ -1,4 +1,4 @@
-"""RCL's stage 2 (METHODS.md §3): the regulator tables, one per frozen entropy model.
+"""RCL's stage 2 (docs/METHODS.md §3): the regulator tables, one per frozen entropy model.
 
     regulators/sentences/{query,doc}/   the training sentences written as two small corpora keyed by
                                         sentence id (`write_sentence_corpus`; one corpus when a

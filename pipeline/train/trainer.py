@@ -46,7 +46,7 @@ def _datasets(examples_dir, world: int, key: str, digest: str | None = None) -> 
     # Workers stream these; Ray Data's cursor-drawing progress bars would garble their logs.
     ray.data.DataContext.get_current().enable_progress_bars = False
     # Light data tasks: the workers hold most CPUs, and Ray Data stalls when its tasks
-    # cannot get a whole CPU beside them (STACK.md §5).
+    # cannot get a whole CPU beside them (docs/RAY.md §5).
     if isinstance(examples_dir, RemotePath):  # workers on every node read the uploaded copy
         base = ray.data.read_parquet(examples_dir.path, filesystem=examples_dir.fs, num_cpus=DATA_TASK_CPUS)
     else:
@@ -170,7 +170,7 @@ def resolve_resume(job: TrainJobConfig, run_dir):
 
 
 def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
-    """Make the score function follow the model (METHODS.md §1).
+    """Make the score function follow the model (docs/METHODS.md §1).
 
     `loss.similarity: auto` becomes cos/τ (τ 0.05) for a model that L2-normalises and the dot
     product (τ 1) otherwise. Cosine training of a model that does not normalise would be

@@ -1,6 +1,6 @@
 """`pipeline tune`: a Ray Tune sweep whose trials are `pipeline train` runs.
 
-Ray 2.60 (STACK.md §4): Train V2 is the default and `Tuner(trainer)` fails, so each trial is a
+Ray 2.60 (docs/RAY.md §4): Train V2 is the default and `Tuner(trainer)` fails, so each trial is a
 small driver function (0.1 CPU by default) that applies the trial's values to the base training
 config and calls `pipeline.train.trainer.train` -- exactly `pipeline train` with those overrides --
 with Tune's `TuneReportCallback` on the Train run. The trainer's workers ask for their own
@@ -359,7 +359,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     _check_output(out, resume, cfg)
     check_inputs(cfg)
     if not ray.is_initialized():
-        init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (STACK.md §4)
+        init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (docs/RAY.md §4)
     n_trials = count_trials(cfg)
     conc = plan_concurrency(cfg, base, n_trials)
     s = cfg.search

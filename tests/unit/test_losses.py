@@ -1,4 +1,4 @@
-"""pipeline.losses: DPR NLL by hand, DAR (METHODS.md §2) against loop-based references,
+"""pipeline.losses: DPR NLL by hand, DAR (docs/METHODS.md §2) against loop-based references,
 the one-document-encoder-pass property, and the cross-worker gather (2-process gloo).
 
 Layout convention of every loss: docs = [G positives of the global batch | hard negatives],
@@ -116,7 +116,7 @@ def _s_mixed_vector(qv, dp, dn, lam, cfg, detach_neg=False):
 
 
 def ref_mix(q, docs, pos_idx, G, lam, cfg, detach_neg=False):
-    """METHODS.md §2: for each shift k=1..G-1, negative of query i is column (pos_idx[i]+k) % G;
+    """docs/METHODS.md §2: for each shift k=1..G-1, negative of query i is column (pos_idx[i]+k) % G;
     μ_k = mean of the 2B scores {s(q_i,d_i)} ∪ {s(q_i,d_neg)}; z = (s_mix - μ_k)/scale with
     s_mix = λ s_pos + (1-λ) s_neg under dot (= the mixed vector's score) and the mixed vector's
     cosine under cos; BCE(σ(z), λ); mean over i, then mean over k."""

@@ -1,6 +1,6 @@
 """pipeline.eval.metrics against hand-computed values, a reference implementation and pytrec_eval.
 
-Conventions checked (trec_eval's, METHODS.md §7): the run is ranked by score
+Conventions checked (trec_eval's, docs/METHODS.md §7): the run is ranked by score
 descending, ties broken by docid descending; averages are over the queries that
 are judged and in the run; nDCG uses gain = grade, discount log2(rank + 1) and
 the ideal ranking of all judged documents; binary measures count grade >= rel_level.

@@ -50,7 +50,7 @@ def test_warmup_steps():
     assert warmup_steps(OptimConfig(warmup_steps=5, warmup_ratio=0.5), 100) == 5
     assert warmup_steps(OptimConfig(warmup_ratio=0.1), 25) == 3  # ceil(2.5)
     assert warmup_steps(OptimConfig(warmup_ratio=0.0), 25) == 0
-    assert warmup_steps(OptimConfig(), 25) == 3  # default: 10 % warmup (METHODS.md §1)
+    assert warmup_steps(OptimConfig(), 25) == 3  # default: 10 % warmup (docs/METHODS.md §1)
 
 
 # --------------------------------------------------------------------------- LAMB

@@ -18,7 +18,7 @@ def encode_check(n, cpu, nodes=TWO_CORES, gpu=0.0):
 
 
 # Every shape accepted here was run on the 2-core machine (tests/integration/test_ray_local.py
-# runs the accepted ones through Ray Data); every refused one hangs there (STACK.md).
+# runs the accepted ones through Ray Data); every refused one hangs there (docs/RAY.md §5).
 @pytest.mark.parametrize("n,cpu,ok", [
     (1, 1.0, True), (2, 0.5, True), (1, 0.5, True), (1, 0.25, True), (4, 0.25, True),
     (1, 1.5, False),  # the reported hang: 0.5 CPU left, the read task wants 1

@@ -1,4 +1,4 @@
-"""RCL loss (METHODS.md §3, reconstruction): eq. 1 / 2 / 3 against hand computation."""
+"""RCL loss (docs/METHODS.md §3, reconstruction): eq. 1 / 2 / 3 against hand computation."""
 
 from __future__ import annotations
 

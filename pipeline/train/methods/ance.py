@@ -57,7 +57,7 @@ class _ANCEBase(PairMethod):
 @register
 class ANCE(_ANCEBase):
     name = "ance"
-    description = "ANCE: NLL over positive vs refreshed ANN hard negatives (METHODS.md §5)"
+    description = "ANCE: NLL over positive vs refreshed ANN hard negatives (docs/METHODS.md §5)"
     config_cls = ANCEConfig
     loss_fn = staticmethod(ance_batch_loss)
 

@@ -1,4 +1,4 @@
-"""ARR (METHODS.md §4): authorship base models and topic-regularised distillation.
+"""ARR (docs/METHODS.md §4): authorship base models and topic-regularised distillation.
 
     arr_cl   step A with SupCon (positives = same author, τ 0.07)         -> G
     arr_mll  step A with an author classifier (a trainable head, checkpointed,
@@ -243,7 +243,7 @@ class AuthorshipMethod(Method):
 @register
 class ARRContrastive(AuthorshipMethod):
     name = "arr_cl"
-    description = "ARR step A, CL: supervised contrastive loss over authors (METHODS.md §4)"
+    description = "ARR step A, CL: supervised contrastive loss over authors (docs/METHODS.md §4)"
     config_cls = SupConConfig
     loss_fn = staticmethod(supcon_batch_loss)
     terms = ("supcon", "anchors")
@@ -298,7 +298,7 @@ class ARRClassifier(AuthorshipMethod):
 @register
 class ARR(AuthorshipMethod):
     name = "arr"
-    description = "ARR steps B + C: distillation from a frozen G, topic-regularised by TF-IDF (METHODS.md §4)"
+    description = "ARR steps B + C: distillation from a frozen G, topic-regularised by TF-IDF (docs/METHODS.md §4)"
     config_cls = ARRConfig
     loss_fn = staticmethod(arr_batch_loss)
     terms = ("distill", "B", "agreement", "no_pair")

@@ -81,14 +81,14 @@ class PairMethod(Method):
 @register
 class DPR(PairMethod):
     name = "dpr"
-    description = "DPR: NLL over in-batch (+ hard) negatives (METHODS.md §1)"
+    description = "DPR: NLL over in-batch (+ hard) negatives (docs/METHODS.md §1)"
     loss_fn = staticmethod(dpr_batch_loss)
 
 
 @register
 class DAR(PairMethod):
     name = "dar"
-    description = "DAR: DPR + dropout perturbation and mixup of document vectors (METHODS.md §2)"
+    description = "DAR: DPR + dropout perturbation and mixup of document vectors (docs/METHODS.md §2)"
     config_cls = DARConfig
     loss_fn = staticmethod(dar_batch_loss)
     terms = ("nll", "mix")

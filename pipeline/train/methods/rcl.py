@@ -1,4 +1,4 @@
-"""RCL: (query, positive) pairs trained with eq. 1 / eq. 2 / eq. 3 (METHODS.md §3, a reconstruction).
+"""RCL: (query, positive) pairs trained with eq. 1 / eq. 2 / eq. 3 (docs/METHODS.md §3, a reconstruction).
 
 One method serves the three kinds of RCL run; `pipeline/rcl.py` orchestrates them:
 
@@ -150,7 +150,7 @@ class RegulatorTable:
 @register
 class RCL(PairMethod):
     name = "rcl"
-    description = "RCL: contrastive + in-batch entropy (entropy models) / frozen regulators (METHODS.md §3)"
+    description = "RCL: contrastive + in-batch entropy (entropy models) / frozen regulators (docs/METHODS.md §3)"
     config_cls = RCLConfig
     loss_fn = staticmethod(rcl_batch_loss)
     terms = ("cl", "entropy", "regulator")
