@@ -57,11 +57,28 @@ def is_uri(location) -> bool:
                                                 and not location.startswith("file://"))
 
 
-# query options that carry a credential (pyarrow's and the usual spellings); never kept in a URI
-_SECRET_KEY_RE = re.compile(r"(?i)^(access_?key(_?id)?|secret(_?access)?_?key|secret|session_?token|access_?token|"
-                            r"token|password|passwd|pwd|credentials?|credential_?token|sas(_?token)?|sig|signature|"
-                            r"key|api_?key|private_?key|client_?secret)$")
+# query options that carry a credential: any whose name (percent-decoded) contains one of these words
+# (secret_key, access_key, x-amz-security-token, X-Amz-Signature, X-Amz-Credential, sas_token, password,
+# api_key, ...) or is one of the short spellings; never kept in a URI, masked in every message
+_SECRET_WORDS = ("token", "secret", "key", "signature", "credential", "password", "passwd")
+_SECRET_NAMES = ("pwd", "sig", "sas", "auth")
+_USERINFO_RE = re.compile(r"(^|//)[^/@?&=\s]+:[^/@?&\s]*@")
 _URI_RE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"]*)")
+
+
+def _is_secret_name(name: str) -> bool:
+    """A query option's name that names a credential, however it is spelled (percent-encoded too)."""
+    from urllib.parse import unquote_plus
+
+    key = unquote_plus(name).strip().lower()
+    return any(w in key for w in _SECRET_WORDS) or key in _SECRET_NAMES
+
+
+def _has_userinfo(value: str) -> bool:
+    """A `user:password@host` inside an option's (percent-decoded) value, e.g. endpoint_override."""
+    from urllib.parse import unquote_plus
+
+    return bool(_USERINFO_RE.search(unquote_plus(value)))
 
 
 def redact(text: str) -> str:
@@ -79,8 +96,14 @@ def redact(text: str) -> str:
         if q:
             parts = []
             for item in query.split("&"):
-                key, eq, _ = item.partition("=")
-                parts.append(f"{key}=***" if eq and _SECRET_KEY_RE.match(key) else item)
+                key, eq, value = item.partition("=")
+                if eq and _is_secret_name(key):
+                    item = f"{key}=***"
+                elif eq and _has_userinfo(value):
+                    from urllib.parse import unquote_plus
+
+                    item = f"{key}=" + _USERINFO_RE.sub(lambda m: m.group(1) + "***@", unquote_plus(value))
+                parts.append(item)
             query = "&".join(parts)
         return scheme + head + sep + tail + q + query + trail
     return _URI_RE.sub(one, text)
@@ -100,7 +123,8 @@ def _split_uri(uri: str) -> tuple[str, str, str, str]:
             raise ConfigError(f"{scheme}://…@{head}: credentials in a storage URI would be written into manifests "
                               "and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
                               "CREDENTIALS environment variables, ~/.aws, an instance role), or use anonymous@")
-    secret = [item.partition("=")[0] for item in query.split("&") if item and _SECRET_KEY_RE.match(item.partition("=")[0])]
+    secret = [item.partition("=")[0] for item in query.split("&")
+              if item and (_is_secret_name(item.partition("=")[0]) or _has_userinfo(item.partition("=")[2]))]
     if secret:
         raise ConfigError(f"{redact(uri)}: credentials in a storage URI ({', '.join(secret)}) would be written into "
                           "manifests and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"

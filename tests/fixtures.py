@@ -7,6 +7,7 @@ the real formats, the small training job the trainer tests run, and the resume s
     watch_resume        what a resumed `encode_corpus` found on disk when it started
     random_embeddings   a complete embedding set of an ingested corpus, seeded random vectors, as
                         `pipeline encode` lays it out (no model, no Ray)
+    files_holding       the files under some folders that hold a planted secret (run folders, Ray's logs)
 """
 
 from __future__ import annotations
@@ -118,3 +119,20 @@ def random_embeddings(corpus: Path, out: Path, shard_rows: int = 4, dim: int = 8
         "model": {"path": "/models/x"}, "model_config": {}, "dim": dim, "dtype": "float32", "precision": "fp32",
         "shard_rows": shard_rows, "shards": len(specs), "shard_names": [s["name"] for s in specs], "complete": True}))
     return out
+
+
+def files_holding(roots, secrets) -> list[str]:
+    """Every file under `roots` whose bytes contain one of `secrets` (as given, or percent-encoded)."""
+    from urllib.parse import quote
+
+    needles = {n.encode() for s in secrets for n in (s, quote(s, safe=""))}
+    found = []
+    for root in roots:
+        for path in Path(root).rglob("*"):
+            try:
+                if path.is_file() and not path.is_symlink():
+                    data = path.read_bytes()
+                    found += [f"{path}: {n.decode()}" for n in needles if n in data]
+            except OSError:
+                continue  # a socket, or a file removed meanwhile
+    return found

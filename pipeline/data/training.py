@@ -288,6 +288,57 @@ def resolve_examples(batch: pa.Table | pa.RecordBatch, texts: PassageTexts | Non
 _OPEN_PASSAGES: dict[tuple, PassageTexts] = {}
 
 
+def store_pids_digest(texts: PassageTexts) -> str:
+    """sha256 of a store's passage ids in row order (cheap: the ids column, not the texts)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for chunk in texts.table["pid"].chunks:
+        h.update("\n".join(chunk.to_pylist()).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _store_error(path, reason: str, examples_dir) -> PipelineError:
+    return PipelineError(f"{path}: the training examples store was altered after it was built ({reason}); "
+                         f"training on it would pair queries with other passages. Restore it, or delete "
+                         f"{examples_dir} and run again to rebuild it from the sources")
+
+
+def check_store(examples_dir, meta: dict | None = None, full: bool = False) -> None:
+    """Refuse a training examples store that is not what `examples.json` says it is: every file there
+    with its recorded size, the passages' ids in their recorded order (cheap, every reader), and with
+    `full` every file's sha256 (the driver, when a run starts or resumes). A store made before files were
+    recorded is taken as it is."""
+    from .. import storage as st
+
+    if meta is None:
+        try:
+            meta = (st.read_json(examples_dir / EXAMPLES_META) if isinstance(examples_dir, st.RemotePath)
+                    else json.loads((examples_dir / EXAMPLES_META).read_text()))
+        except (OSError, ValueError):
+            return  # no store here (yet): the caller builds or reports it
+    for name, rec in (meta.get("files") or {}).items():
+        path = examples_dir / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise _store_error(path, "it is missing", examples_dir) from None
+        if size != rec["bytes"]:
+            raise _store_error(path, f"{size:,} bytes, {rec['bytes']:,} when built", examples_dir)
+        if full and not isinstance(path, st.RemotePath) and sha256_file(path) != rec["sha256"]:
+            raise _store_error(path, "its content differs from the sha256 recorded when it was built", examples_dir)
+    if meta.get("passages_pids_sha256") and not isinstance(examples_dir, st.RemotePath):
+        try:
+            got = store_pids_digest(PassageTexts(examples_dir / PASSAGES_FILE))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise _store_error(examples_dir / PASSAGES_FILE, f"unreadable: {str(e).splitlines()[0][:200]}",
+                               examples_dir) from None
+        if got != meta["passages_pids_sha256"]:
+            raise _store_error(examples_dir / PASSAGES_FILE, "its passages are not the ones, in the order, it was "
+                               "built with", examples_dir)
+
+
 def open_passages(examples_dir, digest: str | None = None) -> PassageTexts | None:
     """The example store's `passages.arrow` memory-mapped (kept open for the process's next batches),
     or None for a store in the texts form. A store on remote storage (a `RemotePath`) is copied once
@@ -326,6 +377,7 @@ def open_passages(examples_dir, digest: str | None = None) -> PassageTexts | Non
         return None
     key = (str(Path(src).resolve()), info.st_ino, info.st_mtime_ns, info.st_size)  # a rebuilt store is another key
     if key not in _OPEN_PASSAGES:
+        check_store(Path(examples_dir))  # sizes and the passages' ids: an altered store is refused, by name
         while len(_OPEN_PASSAGES) >= 4:  # a few stores open at most (tests, trials in one worker)
             _OPEN_PASSAGES.pop(next(iter(_OPEN_PASSAGES)))
         _OPEN_PASSAGES[key] = PassageTexts(src)
@@ -461,8 +513,13 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
         if passages is not None:
             os.replace(passages, tmp / PASSAGES_FILE)
             files.append(tmp / PASSAGES_FILE)
-            extra = {"form": "ids", "passages": PASSAGES_FILE, "passages_rows": len(PassageTexts(tmp / PASSAGES_FILE))}
+            texts = PassageTexts(tmp / PASSAGES_FILE)
+            extra = {"form": "ids", "passages": PASSAGES_FILE, "passages_rows": len(texts),
+                     "passages_pids_sha256": store_pids_digest(texts)}
         digest = sha256_files(files)
+        # what the store is, file by file: checked (sizes and the passages' ids cheaply by every reader,
+        # every byte by the driver when a run starts or resumes), so an altered store is refused
+        extra["files"] = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files}
         meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), "digest": digest, **extra}
         (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
@@ -547,6 +604,7 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         if {k: old.get(k) for k in meta} == meta:
+            check_store(out, old, full=True)  # reused (a resume, a re-run): every byte as it was built
             return old
     skipped: dict = {}
     if data_cfg.source == "dpr-json":

@@ -156,6 +156,9 @@ class _Rows:
             base = st.resolve(run_dir) if st.is_uri(run_dir) else Path(run_dir)
             self.examples_dir = base / "examples"
             self.files = [self.examples_dir / name for name in loop_cfg["examples_files"]]
+            from ..data.training import check_store
+
+            check_store(self.examples_dir)  # an altered store is refused by name, before a batch is read
         else:
             self.shard = ray.train.get_dataset_shard(f"train_{rank}")
 

@@ -342,6 +342,27 @@ def build_search(cfg: SweepConfig, metric: str, mode: str, max_t: int):
     return param_space, search_alg, scheduler
 
 
+def keep_credentials_out_of_runtime_envs() -> list[str]:
+    """Ray Tune hands the driver's AWS_* credentials to every trial through the trial's runtime
+    environment (ray/tune/execution/class_cache.py), and Ray writes runtime environments into its
+    session logs (runtime_env_agent.log, readable by every user of the machine). Credentials never
+    travel that way here: a local trial inherits the driver's environment anyway (the local Ray was
+    started by this process), and on a cluster each node resolves its own (instance roles, the node's
+    environment or credential files). Returns the names taken off Tune's list."""
+    try:
+        from ray.tune.execution import class_cache
+    except ImportError:
+        return []
+    from ..storage import _is_secret_name
+
+    names = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
+    if not names:
+        return []
+    secret = sorted(n for n in names if _is_secret_name(n) or n.upper().startswith(("AWS_", "GOOGLE_", "AZURE_")))
+    class_cache.ENV_VARS_TO_PROPAGATE = type(names)(n for n in names if n not in secret)
+    return secret
+
+
 def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     """Run (or resume) the sweep; writes the table, best config and plots; returns the summary."""
     from ray import tune
@@ -369,6 +390,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
         write_json_atomic(out / "sweep.json", {"identity": sweep_identity(cfg), "metric": metric, "mode": mode,
                                                "config": cfg.config_path, "base_source": cfg.base_source})
     param_space, search_alg, scheduler = build_search(cfg, metric, mode, max_t)
+    keep_credentials_out_of_runtime_envs()
     ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": str(out / "trials")}
     from .drivers import placement
 

@@ -29,6 +29,8 @@ from pipeline.train.config import load_train_config
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+PLANTED = {"AWS_ACCESS_KEY_ID": "AKIAPLANTEDKEYID0001", "AWS_SECRET_ACCESS_KEY": "planted-secret-0f9e8d7c6b5a",
+           "AWS_SESSION_TOKEN": "planted-session-token-1a2b3c"}
 
 
 
@@ -40,8 +42,9 @@ def _events(out: Path) -> list[dict]:
 
 
 def _cli(sweep: Path, *extra: str) -> subprocess.Popen:
+    # credentials planted in the sweep's environment: no file the sweep or Ray leaves may hold them
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", **PLANTED}
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "tune", "--config", str(sweep), *extra],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -152,6 +155,14 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     assert best.loss.name == "dar" and best.loss.temperature == starts[best_id] and best.loss.n_perturb == 2
     assert best.train.max_steps == 4 and best.train.name == "tiny-best" and best.model.name_or_path == str(tiny_model_dir)
     assert float(rows[best_id]["loss"]) == min(float(r["loss"]) for r in rows.values() if r["status"] == "terminated")
+
+    # 4. the credentials in the sweep's environment are in no file it or its Ray left (Tune hands AWS_*
+    # to trials through their runtime environment, which Ray writes into runtime_env_agent.log)
+    from fixtures import files_holding
+
+    ray_dir = Path(yaml.safe_load(sweep.read_text())["base"]["ray"]["temp_dir"])
+    assert list(ray_dir.rglob("runtime_env_agent.log")), "the scan must cover Ray's session logs"
+    assert files_holding([out, ray_dir], PLANTED.values()) == []
 
 
 def test_more_concurrent_trials_than_the_cluster_holds_is_refused_before_any_trial(tiny_model_dir, faq, tmp_path):

@@ -173,3 +173,34 @@ def test_trainer_resume_resolution_on_a_uri(store, tmp_path):
     assert read_state(explicit)["step"] == 3
     with pytest.raises(PipelineError, match="not a complete checkpoint"):
         resolve_resume(load_train_config(None, [f"train.resume={run / 'step-00000009'}"]), run)
+
+
+@pytest.mark.parametrize("uri", [
+    "s3://bkt/emb?x-amz-security-token=hunter2",
+    "s3://bkt/emb?X-Amz-Signature=hunter2&X-Amz-Credential=hunter2",
+    "s3://bkt/emb?secret%5Fkey=hunter2",                      # percent-encoded name
+    "s3://bkt/emb?Secret%5FAccess%5FKey=hunter2&region=us",
+    "s3://bkt/emb?endpoint_override=u:hunter2@127.0.0.1:9000",  # a user:password inside a value
+    "s3://bkt/emb?endpoint_override=u%3Ahunter2%40host",
+    "s3://bkt/emb?sas_token=hunter2", "gs://bkt/e?private_key_id=hunter2", "s3://bkt/e?client_secret=hunter2",
+    "s3://bkt/e?api_key=hunter2", "s3://bkt/e?passwd=hunter2", "s3://bkt/e?auth=hunter2",
+])
+def test_every_spelling_of_a_credential_is_refused_and_never_printed(uri, tmp_path, capsys):
+    """Redaction works on the decoded query: any option whose name contains token, secret, key,
+    signature, credential or password, and a user:password@ inside a value, in every command's error."""
+    from pipeline.cli import main
+
+    with pytest.raises(ConfigError, match="credentials in a storage URI") as info:
+        storage.resolve(uri)
+    assert "hunter2" not in str(info.value)
+    assert "hunter2" not in storage.redact(f"failed: {uri}, retry")
+    corpus = tmp_path / "c"
+    (tmp_path / "c.tsv").write_text("1\tone\n")
+    assert main(["ingest", str(tmp_path / "c.tsv"), "--format", "msmarco", "--out", str(corpus)]) == 0
+    capsys.readouterr()
+    for argv in (["encode", "--corpus", str(corpus), "--out", uri],
+                 ["train", "--config", "jobs/configs/dpr.yaml", f"train.storage_path={uri}"],
+                 ["index", "--embeddings", uri, "--out", str(tmp_path / "i")]):
+        assert main(argv) == 2
+        out = capsys.readouterr()
+        assert "hunter2" not in out.err + out.out and out.err.startswith("error: "), out.err

@@ -453,3 +453,48 @@ def test_the_passage_store_scales_with_distinct_passages_not_with_examples(tmp_p
         assert texts <= store < texts * 1.2  # each text once
         assert parts < texts / 4  # the parts carry ids, not texts (a texts form would be ~10x the texts)
     assert sizes[2_000][1] == sizes[200][1]
+
+
+def _rewrite_store(path: Path, change) -> None:
+    """Rewrite an Arrow passages file with `change(pids, texts) -> (pids, texts)`, in the same schema."""
+    import pyarrow as pa
+
+    table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    pids, texts = change(table["pid"].to_pylist(), table["text"].to_pylist())
+    new = pa.table({"pid": pa.array(pids, pa.string()), "text": pa.array(texts, pa.string())})
+    tmp = path.with_suffix(".new")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, new.schema) as w:
+        w.write_table(new)
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("alteration", ["reversed", "edited", "truncated"])
+def test_an_altered_training_store_is_refused_by_name(faq, tmp_path, alteration):
+    """The store's passages rewritten in reverse order (the same rows: every query would be paired with
+    another passage), texts edited, or the file truncated: a re-run or a resume refuses the store with
+    one line naming it (every byte checked), and a reader refuses what it can see cheaply (sizes, the
+    passages' ids in order), never a pyarrow traceback."""
+    from pipeline.data.training import PASSAGES_FILE, check_store, open_passages
+    from pipeline.errors import PipelineError
+
+    cfg = TrainDataConfig(source="qrels", corpus=str(faq))
+    out = tmp_path / "examples"
+    meta = build_examples(cfg, out, progress=False)
+    assert meta["files"][PASSAGES_FILE]["bytes"] > 0 and meta["passages_pids_sha256"]
+    check_store(out, full=True)  # as built: accepted
+    store = out / PASSAGES_FILE
+    if alteration == "reversed":
+        _rewrite_store(store, lambda p, t: (p[::-1], t[::-1]))
+    elif alteration == "edited":
+        _rewrite_store(store, lambda p, t: (p, [x.upper() if i < 50 else x for i, x in enumerate(t)]))
+    else:
+        data = store.read_bytes()
+        store.write_bytes(data[: len(data) // 2])
+    with pytest.raises(PipelineError, match=rf"{PASSAGES_FILE}: the training examples store was altered") as e:
+        build_examples(cfg, out, progress=False)  # what a resumed or repeated run does first
+    assert len(str(e.value).splitlines()) == 1 and "delete" in str(e.value)
+    if alteration == "edited":  # same ids, same order, same size: only the full check can see it
+        open_passages(out)
+    else:
+        with pytest.raises(PipelineError, match="the training examples store was altered"):
+            open_passages(out)
