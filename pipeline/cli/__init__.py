@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         rc = 130
         return 130
+    except (RuntimeError, OSError) as e:
+        loop = symlink_loop(e)  # a path that is a symlink loop, wherever the command met it
+        if loop is None:
+            raise
+        print(f"error: {loop}: a symlink loop (a link that leads back to itself); point the option at a real "
+              "folder or file", file=sys.stderr)
+        rc = 2
+        return 2
     except SystemExit as e:  # e.g. SIGHUP (see _exit_on_hangup)
         rc = e.code if isinstance(e.code, int) else 1
         raise
@@ -79,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(1 if rc is None else rc)
     return 0
+
+
+def symlink_loop(e: BaseException) -> str | None:
+    """The path of a symlink loop `e` reports (pathlib's RuntimeError, or an OSError ELOOP), else None."""
+    import errno
+    import re
+
+    if isinstance(e, OSError) and e.errno == errno.ELOOP:
+        return str(e.filename or e)
+    m = re.match(r"Symlink loop from '(.*)'$", str(e)) if isinstance(e, RuntimeError) else None
+    return m.group(1) if m else None
 
 
 def _attach_config_help(parser: argparse.ArgumentParser) -> None:

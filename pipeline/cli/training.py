@@ -27,6 +27,10 @@ def cmd_train(args) -> None:
         from ..models import BiEncoder
 
         BiEncoder.load(job.model)  # a model that cannot load is refused before the split is written
+        if job.loss.name in ("ance", "ance_dar"):
+            from ..recipes.ance import check_ance_inputs
+
+            check_ance_inputs(job)  # the refresher's inputs too: one line, before Ray or the split start
         job = apply_dev_split(job)  # validation.dev_split: held-out training queries, before the validator
     if job.loss.name in ("ance", "ance_dar"):
         from ..recipes.ance import run_ance

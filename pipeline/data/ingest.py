@@ -258,6 +258,10 @@ def ingest(
             queries = folder / "queries.jsonl"
         if not qrels and (folder / "qrels").is_dir():
             qrels = {p.stem: p for p in sorted((folder / "qrels").glob("*.tsv"))}
+        if qrels and queries is None:  # judgements of queries whose text the folder does not have
+            raise InputError(folder / "queries.jsonl", None, f"missing: the BEIR folder has qrels "
+                             f"({', '.join(f'qrels/{s}.tsv' for s in sorted(qrels))}) but no queries to go with them; "
+                             "add queries.jsonl (or give --queries FILE)")
         variant = variant or f"beir-{folder.name.lower()}"
     variant = check_variant(variant or DEFAULT_VARIANT.get(fmt, "custom"))
     _check_variant_fits(variant, fmt, hf_fields)
@@ -519,6 +523,11 @@ def _write_qrels(src: Path, dest: Path, pids: set[str], qids: set[str] | None, o
             seen.add(key)
             f.write(f"{r['qid']} 0 {r['docid']} {r['rel']}\n")
             n += 1
+    if n == 0:  # a split of nothing would evaluate nothing (or train on nothing), silently
+        left = (f"; all {dropped + sum(unknown_queries.values()):,} were dropped (--on-unknown-qrels skip): they "
+                "name passages or queries these files lack" if dropped or unknown_queries else
+                " (only a header, or an empty file)")
+        raise InputError(src, None, f"no judgement to ingest{left}; a qrels split needs at least one")
     return {**_origin(src, dest), "judgements": n, "dropped_unknown": dropped,
             "dropped_unknown_queries": sum(unknown_queries.values()),
             "unknown_query_count": len(unknown_queries), "unknown_queries": list(unknown_queries)[:10]}

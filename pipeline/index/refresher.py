@@ -106,6 +106,21 @@ def pin_checkpoint(ckpt, pin_root: Path) -> Path | None:
     return pin
 
 
+def dev_queries(cfg: RefresherConfig):
+    """(dev qrels, {qid: text}) for the refresher's per-version dev metric, or None without
+    `ance.dev_qrels`; every judged dev query must be in `ance.dev_queries` (checked by the driver
+    before Ray or any folder starts, and by the refresher itself)."""
+    if not cfg.dev_qrels:
+        return None
+    dev = load_qrels(cfg.dev_qrels)
+    dev_texts = load_queries(cfg.dev_queries)
+    lost = [q for q in dev if q not in dev_texts]
+    if lost:
+        raise PipelineError(f"ance.dev_qrels {cfg.dev_qrels}: {len(lost)} of its {len(dev)} queries are not in "
+                            f"ance.dev_queries {cfg.dev_queries}, e.g. {sorted(lost)[:3]}")
+    return dev, {q: dev_texts[q] for q in dev}
+
+
 def _rng_for(seed: int, version: int) -> random.Random:
     return random.Random(seed * 1_000_003 + version)
 
@@ -141,15 +156,7 @@ class Refresh:
             raise PipelineError(f"{qrels_path}: {len(missing)} judged queries are not in {queries_path}, e.g. {missing[:3]}")
         self.qids = sorted(q for q in self.judged if self.judged[q])
         self.qtexts = [queries[q] for q in self.qids]
-        self.dev = None
-        if cfg.dev_qrels:  # the dev queries come from their own file, never from the training queries
-            dev = load_qrels(cfg.dev_qrels)
-            dev_texts = load_queries(cfg.dev_queries)
-            lost = [q for q in dev if q not in dev_texts]
-            if lost:
-                raise PipelineError(f"ance.dev_qrels {cfg.dev_qrels}: {len(lost)} of its {len(dev)} queries are not in "
-                                    f"ance.dev_queries {cfg.dev_queries}, e.g. {sorted(lost)[:3]}")
-            self.dev = (dev, {q: dev_texts[q] for q in dev})
+        self.dev = dev_queries(cfg)  # the dev queries come from their own file, never from the training queries
         # the corpus's pids as one Arrow array (no Python string per passage); the texts are read part
         # by part at each refresh, never held
         import pyarrow as pa

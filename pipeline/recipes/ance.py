@@ -93,6 +93,20 @@ def _announce(versions, stop: threading.Event, every: float) -> None:
             continue  # a version being pruned or written: the next look sees it whole
 
 
+def check_ance_inputs(job) -> None:
+    """What the refresher will read, checked on the driver before Ray, the dev split or any folder
+    starts: the corpus, and that every judged dev query (`ance.dev_qrels`) is in `ance.dev_queries`."""
+    from ..data.manifest import load_manifest
+    from ..index.refresher import dev_queries
+
+    s = job.section("ance")
+    corpus = s.corpus or job.data.corpus
+    if not corpus:
+        raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
+    load_manifest(corpus)
+    dev_queries(s)
+
+
 def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, callbacks: list | None = None) -> dict:
     """Train with concurrently refreshed ANN negatives; returns the training summary (+ refresher record).
 
@@ -103,6 +117,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
     from ..ray_runtime import check_resources, init_ray
     from ..train.trainer import train
 
+    check_ance_inputs(job)
     s = job.section("ance")
     tc = job.train
     if tc.checkpoint_every == 0:

@@ -41,6 +41,20 @@ def write_dev_split(src: Path, fraction: float, seed: int, out: Path, what: str)
     return paths[0], paths[1]
 
 
+def check_dev_split(job) -> None:
+    """Refuse a `validation.dev_split` that cannot apply, before anything is written (a sweep checks
+    its base config with this before its folder is made)."""
+    v = job.validation
+    if not v.dev_split:
+        return
+    if job.data.source != "qrels" or not job.data.corpus:
+        raise ConfigError("validation.dev_split needs data.source=qrels with data.corpus (the training queries "
+                          "are split)")
+    if v.qrels:
+        raise ConfigError(f"validation.dev_split={v.dev_split} and validation.qrels={v.qrels} both name the dev "
+                          "judgements; give one")
+
+
 def apply_dev_split(job):
     """The job with its dev split applied (unchanged without `validation.dev_split`): it trains on
     the rest of the training queries and validates on the held-out ones. Call it before choosing
@@ -48,12 +62,7 @@ def apply_dev_split(job):
     v = job.validation
     if not v.dev_split:
         return job
-    if job.data.source != "qrels" or not job.data.corpus:
-        raise ConfigError("validation.dev_split needs data.source=qrels with data.corpus (the training queries "
-                          "are split)")
-    if v.qrels:
-        raise ConfigError(f"validation.dev_split={v.dev_split} and validation.qrels={v.qrels} both name the dev "
-                          "judgements; give one")
+    check_dev_split(job)
     from .. import storage as st
 
     corpus = Path(job.data.corpus)

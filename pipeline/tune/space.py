@@ -233,10 +233,14 @@ def trial_data(cfg: SweepConfig, params: dict) -> dict:
 
 
 def load_job(data: dict, what: str):
+    """A trial's training config, checked as the trial would check it before it writes anything."""
     from ..train.config import job_from_dict
+    from ..train.dev_split import check_dev_split
 
     try:
-        return job_from_dict(data)
+        job = job_from_dict(data)
+        check_dev_split(job)
+        return job
     except ConfigError as e:
         raise ConfigError(f"{what}: {e}") from None
 

@@ -397,3 +397,27 @@ def test_a_failure_before_any_checkpoint_is_retried_then_ends_the_refresher(run,
     assert "failed for good" in VersionedNegatives(run_dir / "negatives", faq).health(1)["error"]
     log = (run_dir / "negatives" / "refresher.log").read_text()
     assert log.count("Traceback") == 3  # one per attempt, then no more
+
+
+def test_dev_qrels_naming_queries_the_dev_queries_lack_is_one_line_before_anything_starts(faq, tmp_path,
+                                                                                         tiny_model_dir):
+    """Checked on the driver before Ray, the dev split or the run folder start: no raylet traceback,
+    no split/ folder left."""
+    import subprocess
+    import sys
+
+    from pipeline.data.readers import load_queries
+
+    texts = load_queries(faq / "queries.tsv")
+    dev_q = tmp_path / "dev_queries.tsv"
+    dev_q.write_text("".join(f"{q}\t{t}\n" for q, t in list(texts.items())[:5]))  # most judged queries missing
+    store = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", "jobs/configs/ance.yaml",
+                        f"model.name_or_path={tiny_model_dir}", f"data.corpus={faq}", f"train.storage_path={store}",
+                        f"ance.dev_qrels={faq / 'qrels' / 'test.trec'}", f"ance.dev_queries={dev_q}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "queries are not in ance.dev_queries" in err[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and "raylet" not in r.stdout + r.stderr
+    assert not store.exists()

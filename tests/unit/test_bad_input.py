@@ -381,3 +381,35 @@ def test_integer_beir_ids_crlf_lines_and_skipped_unknown_queries_are_accepted_an
     import pyarrow.parquet as pq
 
     assert pq.read_table(d / "out" / "corpus" / "part-00000.parquet")["pid"].to_pylist() == ["7", "d8"]
+
+
+def test_a_beir_folder_without_queries_and_qrels_of_only_a_header_are_errors(tmp_path, capsys):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "hello"}\n'
+                                       '{"_id": "d2", "title": "", "text": "world"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert main(["ingest", str(beir), "--format", "beir", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"{beir / 'queries.jsonl'}: missing: the BEIR folder has qrels (qrels/test.tsv)" in err
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "hi"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")  # a header and nothing else
+    assert main(["ingest", str(beir), "--format", "beir", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "qrels/test.tsv: no judgement to ingest (only a header, or an empty file)" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("verb", ["encode", "index", "retrieve", "train"])
+def test_a_symlink_loop_is_one_line_not_a_traceback(tmp_path, capsys, verb, faq):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = tmp_path / "a" / "x"
+    argv = {"encode": ["encode", "--corpus", str(faq), "--out", str(loop)],
+            "index": ["index", "--embeddings", str(loop), "--out", str(tmp_path / "i")],
+            "retrieve": ["retrieve", "--index", str(loop), "--queries", str(faq / "queries.tsv"),
+                         "--out", str(tmp_path / "r.trec")],
+            "train": ["train", "--config", "jobs/configs/dpr.yaml", f"train.storage_path={loop}"]}[verb]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a symlink loop" in err[0] and str(tmp_path / "a") in err[0], err

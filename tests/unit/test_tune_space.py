@@ -385,3 +385,10 @@ def test_a_test_split_renamed_to_something_innocent_is_refused_by_its_content(tm
                      "validation": {"dev_split": 0.1, "metric": "MRR@10"}}
     with pytest.raises(ConfigError, match=r"validation.dev_split \(carved from .*\) holds the same judgements"):
         sweep(tmp_path, base=renamed_train)
+
+
+def test_a_base_whose_dev_split_cannot_apply_is_refused_before_anything_is_written(tmp_path):
+    base = {**BASE, "validation": {"dev_split": 0.1, "qrels": "runs/c/qrels/dev.trec", "metric": "MRR@10"}}
+    with pytest.raises(ConfigError, match=r"base .*validation.dev_split=0.1 and validation.qrels=.* both name"):
+        sweep(tmp_path, base=base)
+    assert not (tmp_path / "out").exists()
