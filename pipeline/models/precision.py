@@ -13,6 +13,24 @@ from ..errors import ConfigError
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
+def _cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[-1].split())
+    return set()
+
+
+def cpu_has_vnni(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8); without
+    them int8 matmuls go through AVX2's 16-bit saturating path: no faster than fp32, and less exact."""
+    return bool(_cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """True when the CPU has native bf16 matmuls (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo flags)."""
     if cpuinfo is None:
