@@ -204,3 +204,32 @@ def test_an_external_refresher_killed_mid_run_ends_the_run_with_one_line(ray_ses
     msg = str(err)
     assert "heartbeat stopped" in msg and f"pid {refresher.pid}" in msg and len(msg.splitlines()) == 1, msg
     assert not (run_dir / "summary.json").exists()
+
+
+def test_ance_dar_with_a_dev_split_killed_and_resumed_through_the_cli(ray_session, tiny_model_dir, faq, tmp_path,
+                                                                    capsys):
+    """ANCE + DAR (the composition the paper's ANCE rows use) as a user runs it: `pipeline train` with the
+    refresher beside it and a dev split of the training queries (the refresher's dev metric on it too),
+    killed right after its step-4 checkpoint, then run again: it resumes from that checkpoint with the
+    negatives version it recorded, trains the rest once, and exports a model that loads."""
+    from pipeline.cli import main
+    from pipeline.models import BiEncoder
+    from pipeline.config import ModelConfig
+
+    args = ["train", "--config", "jobs/configs/ance_dar.yaml", f"model.name_or_path={tiny_model_dir}",
+            "model.pooling=mean", "model.normalize=true", "model.query_max_length=32", "model.doc_max_length=64",
+            f"data.corpus={faq}", "validation.dev_split=0.2", "train.num_workers=1", "train.cpus_per_worker=1",
+            "train.batch_size=8", "train.max_steps=8", "train.report_every=2", "train.negatives_poll_every=2",
+            f"train.storage_path={tmp_path}", "train.name=ad", "ance.refresh_every=4", "ance.cpus=1",
+            "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.max_missed_refreshes=0", "loss.n_perturb=2"]
+    with pytest.raises(Exception, match="simulated failure right after the checkpoint of step 4"):
+        main(args + ["train.fail_after_checkpoint=4"])  # (a test-only knob: not a PipelineError)
+    run = tmp_path / "ad"
+    assert (run / "split" / "dev.trec").exists() and (run / "step-00000004" / "state.json").exists()
+    assert main(args + ["train.fail_after_checkpoint=4"]) == 0  # the marker says it failed once already
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["method"] == "ance_dar" and summary["steps"] == 8
+    assert summary["resumed_from"].endswith("step-00000004") and summary["final_metrics"]["train_steps_run"] == 4
+    assert "val_RR@10" in summary["final_metrics"]  # validated on the dev split
+    assert summary["refresher"]["settings"]["dev_qrels"].endswith("split/dev.trec")
+    assert BiEncoder.load(ModelConfig(name_or_path=str(run / "model"))).embed(["a query"], "query").shape == (1, 32)

@@ -1,14 +1,8 @@
-"""Credentials stay secret everywhere: in the environment of `pipeline encode` (Ray actors) and
-`pipeline train` (Ray Train workers) they reach no file the run or its Ray leaves (the sweep's case is
-in test_tune.py), and in every spelling of a URI they reach no error line."""
+"""Credentials stay secret everywhere: planted in the environment of `pipeline encode` (Ray's encoder
+actors) and `pipeline train` (Ray Train's workers), they reach no file the runs or Ray's session leave
+(a sweep's own local Ray, started with them in its environment, is scanned in test_tune.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 from fixtures import files_holding
@@ -19,24 +13,24 @@ SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAPLANTEDENCODE001", "AWS_SECRET_ACCESS_KEY":
            "AWS_SESSION_TOKEN": "planted-token-train-4c3b2a", "GOOGLE_APPLICATION_CREDENTIALS": "/planted/gcp.json"}
 
 
-def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1", **SECRETS}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def test_encode_and_train_leave_no_planted_credential_in_any_file(ray_session, tiny_model_dir, faq, tmp_path,
+                                                                  monkeypatch, capsys):
+    from pathlib import Path
 
+    import ray
 
-def test_encode_and_train_leave_no_planted_credential_in_any_file(tiny_model_dir, faq, tmp_path):
-    ray_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    r = _run("encode", "--corpus", str(faq), "--out", str(tmp_path / "emb"), "--model", str(tiny_model_dir),
-             "encode.runner=ray", "encode.num_actors=1", "encode.cpus_per_actor=1", "encode.backend=torch",
-             "ray.num_cpus=2", f"ray.temp_dir={ray_dir}")
-    assert r.returncode == 0, r.stderr
-    r = _run("train", "--config", "jobs/configs/dpr.yaml", f"model.name_or_path={tiny_model_dir}",
-             "model.pooling=mean", "model.normalize=true", f"data.corpus={faq}", "validation.dev_split=0",
-             f"train.storage_path={tmp_path / 'runs'}", "train.name=s", "train.max_steps=2",
-             "train.cpus_per_worker=1", "train.num_workers=1", "ray.num_cpus=2", f"ray.temp_dir={ray_dir}")
-    assert r.returncode == 0, r.stderr
-    assert list(ray_dir.rglob("raylet.out")) and list((tmp_path / "runs" / "s").rglob("*.json"))
-    seen = r.stdout + r.stderr
-    assert not [s for s in SECRETS.values() if s in seen]
-    assert files_holding([tmp_path, ray_dir], SECRETS.values()) == []
+    from pipeline.cli import main
+
+    for k, v in SECRETS.items():
+        monkeypatch.setenv(k, v)
+    assert main(["encode", "--corpus", str(faq), "--out", str(tmp_path / "emb"), "--model", str(tiny_model_dir),
+                 "encode.runner=ray", "encode.num_actors=1", "encode.cpus_per_actor=1", "encode.backend=torch"]) == 0
+    assert main(["train", "--config", "jobs/configs/dpr.yaml", f"model.name_or_path={tiny_model_dir}",
+                 "model.pooling=mean", "model.normalize=true", f"data.corpus={faq}", "validation.dev_split=0",
+                 f"train.storage_path={tmp_path / 'runs'}", "train.name=s", "train.max_steps=2",
+                 "train.cpus_per_worker=1", "train.num_workers=1"]) == 0
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    assert list(session.rglob("raylet.out")) and list((tmp_path / "runs" / "s").rglob("*.json"))
+    seen = capsys.readouterr()
+    assert not [s for s in SECRETS.values() if s in seen.out + seen.err]
+    assert files_holding([tmp_path, session], SECRETS.values()) == []

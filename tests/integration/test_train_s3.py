@@ -100,11 +100,11 @@ def test_missing_bucket_fails_before_training(tiny_model_dir, tmp_path):
         train(job, progress=False)
 
 
-def test_ance_refuses_a_missing_bucket_before_its_refresher_starts(ray_session, tiny_model_dir, tmp_path):
+def test_ance_refuses_a_missing_bucket_before_its_refresher_starts(ray_session, tiny_model_dir, faq, tmp_path):
     from pipeline.recipes.ance import run_ance
     from pipeline.errors import ConfigError
 
-    job = dpr_job(tiny_model_dir, tmp_path, uri("no-such-bucket-here", "runs"), "a", "loss.name=ance",
+    job = dpr_job(tiny_model_dir, faq, uri("no-such-bucket-here", "runs"), "a", "loss.name=ance",
                "train.num_workers=1", "train.cpus_per_worker=1", "ance.cpus=0.5")
     with pytest.raises(ConfigError, match=r"storage s3://no-such-bucket-here/runs/a.*bucket does not exist"):
         run_ance(job, progress=False)
