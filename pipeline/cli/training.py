@@ -20,8 +20,8 @@ def cmd_train(args) -> None:
     job = load_train_config(args.config, extra + list(args.overrides))
     if args.fp16:
         if not job.train.use_gpu:
-            raise fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=bf16 "
-                               "or auto")
+            raise fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=auto "
+                               "trains in bf16 where the CPU has it natively")
         job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
     if job.loss.name != "rcl":  # RCL splits its own dev share (rcl.dev_split)
         from ..models import BiEncoder

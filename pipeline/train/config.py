@@ -77,6 +77,8 @@ class TrainConfig(Section):
     use_gpu: bool = False
     cpus_per_worker: PosFloat = 1.0
     gpus_per_worker: NonNegFloat = 1.0      # used when use_gpu
+    # mixed precision: auto = bf16 on GPUs with bf16 (else fp16 + gradient scaler) and on CPUs with native
+    # bf16 (AMX / AVX512-BF16; fp32 on other CPUs); bf16 on a CPU without it, and fp16 on a CPU, are refused
     amp: Literal["auto", "no", "bf16", "fp16"] = "auto"
     seed: Seed = 0
     checkpoint_every: NonNegInt = 0         # steps; 0 = only at the end

@@ -46,16 +46,42 @@ def _set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def _amp(cfg, device: torch.device):
-    """(autocast context factory, GradScaler or None) for the configured precision."""
-    mode = cfg.train.amp
-    if device.type != "cuda" or mode == "no":
-        return contextlib.nullcontext, None
+def resolve_amp(mode: str, device: torch.device | str, cpuinfo: str | None = None) -> str:
+    """`train.amp` on this device -> "bf16", "fp16" or "fp32" (what the run trains in).
+
+    CUDA: auto = bf16 where the GPU has it, else fp16 (with a gradient scaler). CPU: auto = bf16 where
+    the CPU computes it natively (AMX / AVX512-BF16: the detection encode uses), else fp32; an explicit
+    bf16 on a CPU without it is refused (emulated, it would be slower than fp32), and fp16 on a CPU too.
+    """
+    from ..models.precision import cpu_has_bf16
+
+    device = torch.device(device)
+    if mode == "no":
+        return "fp32"
+    if device.type == "cuda":
+        if mode == "auto":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return mode
+    native = cpu_has_bf16(cpuinfo)
     if mode == "auto":
-        mode = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-    scaler = torch.amp.GradScaler("cuda") if mode == "fp16" else None
-    return (lambda: torch.autocast("cuda", dtype=dtype)), scaler
+        return "bf16" if native else "fp32"
+    if mode == "fp16":
+        raise PipelineError("train.amp=fp16 needs GPU workers (train.use_gpu=true); on a CPU, train.amp=auto trains "
+                            "in bf16 where the CPU has it natively")
+    if not native:
+        raise PipelineError("train.amp=bf16: this CPU has no native bf16 (AMX or AVX512-BF16), so bf16 would be "
+                            "emulated and slower than fp32; train.amp=auto (fp32 here) or no")
+    return "bf16"
+
+
+def _amp(cfg, device: torch.device):
+    """(autocast context factory, GradScaler or None, the precision trained in) for `train.amp`."""
+    used = resolve_amp(cfg.train.amp, device)
+    if used == "fp32":
+        return contextlib.nullcontext, None, used
+    dtype = torch.bfloat16 if used == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda") if used == "fp16" else None
+    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, used
 
 
 def check_finite_loss(loss: torch.Tensor, terms: dict, step: int, note) -> None:
@@ -256,7 +282,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     ddp = ray.train.torch.prepare_model(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)
     scheduler = warmup_linear(optimizer, warmup_steps(job.optim, total), total)
-    autocast, scaler = _amp(job, device)
+    autocast, scaler, amp_used = _amp(job, device)
     step = 0
     if train_state is not None:
         optimizer.load_state_dict(train_state["optimizer"])
@@ -364,7 +390,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                 {k for g in gathered for k in g[2]})
         elapsed = time.time() - t_start - excluded["validation"] - excluded["checkpoint"]
         rate = (step - step_start) / max(elapsed, 1e-9)
-        metrics.update({"step": step, "epoch": step / spe, "lr": scheduler.get_last_lr()[0],
+        metrics.update({"step": step, "epoch": step / spe, "lr": scheduler.get_last_lr()[0], "amp": amp_used,
                         "steps_per_s": n_window / max(time.time() - t_window - win_excluded, 1e-9)})
         if negatives is not None:
             metrics["negatives_version"] = negatives.version
@@ -417,6 +443,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                       "method": method.name, "loss": loop_cfg["job"]["loss"],
                                       "negatives_version": negatives.version if negatives is not None else None,
                                       "negatives_log": negatives_log, "versions": library_versions(),
+                                      "precision": amp_used,
                                       "stopped_early": stopped_early, "metrics": metrics})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                              checkpoint_dir_name=checkpoint_dir_name(step))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import threading
 import time
@@ -244,6 +245,10 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     run_dir = storage / tc.name
     remote = isinstance(run_dir, RemotePath)
     job = resolve_job(job, progress)  # a model that cannot load is refused before any folder is made
+    if not tc.use_gpu and not (job.ray.address or os.environ.get("RAY_ADDRESS")):
+        from .loop import resolve_amp
+
+        resolve_amp(tc.amp, "cpu")  # this machine's workers: refused here (bf16 without native bf16), as they would
     if remote:
         st.check_writable(run_dir, who="the driver")
         work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
@@ -321,7 +326,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                "optim": to_dict(job.optim), "seed": tc.seed, "steps": state["step"], "total_steps": total,
                "steps_per_epoch": spe, "world_size": world, "batch_per_worker": B, "global_batch": world * B,
                "examples": meta["examples"], "examples_sha256": digest, "wall_seconds": round(time.time() - t_entry, 1),
-               "stopped_early": bool(state.get("stopped_early")),
+               "stopped_early": bool(state.get("stopped_early")), "precision": state.get("precision"),
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
                "resumed_from": str(resume) if resume else None, "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}
@@ -346,7 +351,8 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
         print(f"[train] done: {tc.name} ({method.name}) "
               + (f"stopped early at step {state['step']}/{total}" if summary["stopped_early"]
                  else f"step {state['step']}/{total}") + ", "
-              f"loss {m.get('loss', float('nan')):.4f}"
+              + (f"trained in {state['precision']}, " if state.get("precision") else "")
+              + f"loss {m.get('loss', float('nan')):.4f}"
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
               + f", {summary['wall_seconds']:.0f}s ({wall_split(summary)}) -> {run_dir / 'model'}", flush=True)
     return summary

@@ -218,3 +218,45 @@ def test_every_training_method_is_exercised():
             tree = ast.parse((here / test_file).read_text())
             fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
             assert fn is not None, f"{method}: {test_file}::{name} does not exist"
+
+
+AMPS = ("auto", "no", "bf16", "fp16")
+
+
+def test_every_train_amp_value_trains_in_what_it_says_or_is_refused(ray_session, tiny_model_dir, faq, tmp_path,
+                                                                    capsys):
+    """`train.amp` on this machine's CPU workers, through `pipeline train`: each value trains in the
+    precision it resolves to (the summary line, summary.json and the checkpoint say which), or is refused
+    before anything is written, naming why. Values that resolve alike share one run."""
+    from pipeline.cli import main
+    from pipeline.errors import PipelineError
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.loop import resolve_amp
+
+    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["amp"])) == set(AMPS)
+    ran: dict[str, dict] = {}
+    for amp in AMPS:
+        try:
+            want = resolve_amp(amp, "cpu")
+        except PipelineError as e:
+            want = str(e)
+        store = tmp_path / amp
+        argv = ["train", "--config", "jobs/configs/dpr.yaml", f"model.name_or_path={tiny_model_dir}",
+                "model.pooling=mean", "model.normalize=true", f"data.corpus={faq}", "validation.dev_split=0",
+                f"train.storage_path={store}", "train.name=a", "train.max_steps=2", "train.num_workers=1",
+                "train.cpus_per_worker=1", f"train.amp={amp}"]
+        if want not in ("fp32", "bf16", "fp16"):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.strip() == f"error: {want}" and not store.exists(), err
+            continue
+        if want in ran:
+            continue
+        capsys.readouterr()
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        summary = json.loads((store / "a" / "summary.json").read_text())
+        state = json.loads((store / "a" / "step-00000002" / "state.json").read_text())
+        assert summary["precision"] == state["precision"] == want and f"trained in {want}," in out, out
+        ran[want] = summary
+    assert ran
