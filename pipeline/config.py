@@ -164,7 +164,7 @@ class EncodeConfig(Section):
     # Matmul precision (autocast); vectors are stored float32 (or float16 with `fp16`).
     # auto = bf16 on CPUs with AMX/AVX512-BF16 and on GPUs with bf16, else fp32. int8 (opt-in, CPU,
     # OpenVINO + NNCF): the tower quantised once, calibrated on the corpus's first passages; it costs
-    # quality (FAQ nDCG@10 and cosines in the README), never chosen by auto.
+    # quality (FAQ nDCG@10 and cosines in docs/spine.md), never chosen by auto.
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
     # Store vectors as float16 (half the disk and index-build RAM).
     fp16: bool = False

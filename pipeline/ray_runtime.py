@@ -64,7 +64,7 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
         _quiet_raylet_notices()
         return
     force_loopback()
-    # Ray 2.60 warns on every local start that token auth is on; the README documents it.
+    # Ray 2.60 warns on every local start that token auth is on; docs/RAY.md §1 documents it.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict = {}
     if cfg.object_store_memory_mb:

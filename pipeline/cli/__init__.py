@@ -1,5 +1,5 @@
 """`pipeline` console script: verbs over the library (ingest, subset, encode, index, retrieve, evaluate,
-compare, sts, authorship, train, refresh, tune, demo, config show, info). `pipeline <verb> --help`
+compare, sts, authorship, train, refresh, tune, demo, reproduce, config show, info). `pipeline <verb> --help`
 lists the config keys the verb reads (pipeline/confdoc.py).
 
 Every verb takes `--config FILE` and trailing `section.key=value` overrides,
@@ -13,6 +13,7 @@ One module per group of verbs:
     evaluation.py  evaluate, compare, sts, authorship
     training.py    train, refresh, tune, demo
     tools.py       config show, info
+    reproduce.py   reproduce list, run, report, check (the reproduction matrix, repro/*.yaml)
     common.py      --config/overrides, --batch-size/--fp16/--device
 """
 
@@ -22,7 +23,7 @@ import argparse
 import sys
 
 from ..errors import PipelineError
-from . import corpus, evaluation, spine, tools, training
+from . import corpus, evaluation, reproduce, spine, tools, training
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                    "retrieve, evaluate, train, tune.")
     parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (corpus, spine, evaluation, training, tools):
+    for group in (corpus, spine, evaluation, training, reproduce, tools):
         group.add_parsers(sub)
     return parser
 
@@ -46,13 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         _attach_config_help(parser)  # generated from the config dataclasses, only when help is asked for
     args = parser.parse_args(argv)
+    args.parser = parser  # `pipeline reproduce check` parses the cells' commands with it
     from ..ray_runtime import shutdown_local_ray
 
     _exit_on_hangup()
     rc = None  # the exit status, known before the finally block runs
     try:
-        args.func(args)
-        rc = 0
+        rc = args.func(args) or 0  # a verb may return its own status (reproduce run: 1 = ran and missed)
+        return rc
     except PipelineError as e:
         from ..storage import redact
 

@@ -27,16 +27,19 @@ def cmd_ingest(args) -> None:
     if args.format == "hf":
         hf_fields = {"id_field": "id", "title_field": "title", "text_field": "text", **given}
         hf_fields["title_field"] = hf_fields["title_field"] or None
-    if args.format is None:  # only an ir_datasets identifier needs no --format
+    if args.format is None:  # an ir_datasets identifier, or a BEIR folder, needs no --format
         from ..data.irds import is_identifier, resolve
 
-        if len(args.inputs) == 1 and is_identifier(args.inputs[0]):
+        if len(args.inputs) == 1 and Path(args.inputs[0]).is_dir() and (Path(args.inputs[0]) / "corpus.jsonl").exists():
+            args.format = "beir"  # the layout BEIR publishes its datasets in
+        elif len(args.inputs) == 1 and is_identifier(args.inputs[0]):
             args.format = "irds"
         else:
             if len(args.inputs) == 1:
                 resolve(args.inputs[0])  # a missing 'a/b' that is no identifier: names close identifiers
             raise PipelineError("ingest needs --format for files (dpr-wiki, msmarco, msmarco-titled, beir, hf); "
-                                "only an ir_datasets identifier (e.g. beir/scifact/test) needs none")
+                                "only an ir_datasets identifier (e.g. beir/scifact/test) or a BEIR folder (with "
+                                "corpus.jsonl) needs none")
     ingest(args.inputs, args.format, args.out, variant=args.variant, title_join=args.title_join,
            part_rows=args.part_rows, on_empty=args.on_empty, queries=args.queries, qrels=qrels,
            on_unknown_qrels=args.on_unknown_qrels, overwrite=args.overwrite, hf_fields=hf_fields)
@@ -57,7 +60,8 @@ def add_parsers(sub) -> None:
     p.add_argument("inputs", nargs="+", help="corpus file(s); for --format beir, the BEIR folder; or an ir_datasets "
                                              "identifier (beir/scifact/test, msmarco-passage/dev/small: its docs, "
                                              "queries and qrels, from files already in IR_DATASETS_HOME)")
-    p.add_argument("--format", choices=CORPUS_FORMATS, help="required for files; irds (an ir_datasets identifier) "
+    p.add_argument("--format", choices=CORPUS_FORMATS, help="required for files; beir is implied for a folder with "
+                   "corpus.jsonl, irds (an ir_datasets identifier) "
                                                             "is implied for an identifier")
     p.add_argument("--out", required=True, help="corpus folder to write (Parquet parts, manifest.json, queries, qrels)")
     p.add_argument("--variant", help="wiki-dpr | msmarco-official | msmarco-titled | beir-<name> | custom")

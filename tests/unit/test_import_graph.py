@@ -18,7 +18,7 @@ LAYERS = [
     ["pipeline.data", "pipeline.losses", "pipeline.models"],
     ["pipeline.eval"],
     ["pipeline.index", "pipeline.train"],
-    ["pipeline.search", "pipeline.info"],
+    ["pipeline.search", "pipeline.info", "pipeline.reproduce"],
     ["pipeline.recipes"],
     ["pipeline.tune"],
     ["pipeline.confdoc", "pipeline.cli"],

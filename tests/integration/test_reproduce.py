@@ -1,0 +1,76 @@
+"""`pipeline reproduce run` end to end: the FAQ cells of the matrix run as a user runs them and must pass
+(in every CI run), and the runner's exit codes, result file and refusals on a small matrix of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+
+pytestmark = pytest.mark.integration
+
+RUN = Path(__file__).resolve().parents[1] / "data" / "python_faq_minilm_top20.trec"
+
+
+def test_the_faq_cells_run_and_pass(tmp_path, capsys):
+    """The matrix's bundled cells (MiniLM zero-shot, fp32 and int8) through every step of the CLI."""
+    assert main(["reproduce", "run", "faq-minilm-zero-shot", "faq-minilm-int8", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for cell in ("faq-minilm-zero-shot", "faq-minilm-int8"):
+        result = json.loads((tmp_path / cell / "result.json").read_text())
+        assert result["passed"] and abs(result["difference"]) <= result["tolerance"], result
+        assert [s["rc"] for s in result["steps"]] == [0] * 5
+        assert f"[reproduce] {cell}: nDCG@10" in out and "PASSED" in out
+
+def test_run_compares_writes_its_result_and_exits_0_1_or_2(tmp_path, tiny_model_dir, capsys):
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=2.0)  # unreachable: ran and missed
+    args = ["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--work", str(tmp_path / "w")]
+    assert main(args) == 2  # the model is a dataset it was not given
+    err = capsys.readouterr().err
+    assert "cell tiny-faq needs dataset run: a TREC run of the FAQ's queries; get it from tests/data" in err
+    assert main(args + ["--data", f"run={RUN}", "--record"]) == 1
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "w" / "tiny-faq" / "result.json").read_text())
+    assert result["passed"] is False and 0 <= result["got"] <= 1 and result["expected"] == 2.0
+    assert result["difference"] == pytest.approx(result["got"] - 2.0) and len(result["steps"]) == 2
+    assert result["machine"]["cpu"] and result["versions"]["torch"] and "MISSED" in out
+    assert (folder / "results" / "tiny-faq.json").exists()  # --record: what list and report show
+    got = result["got"]
+    folder2 = _tiny_matrix(tmp_path / "b", tiny_model_dir, expected=round(got, 4))
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder2), "--work", str(tmp_path / "w2"),
+                 "--data", f"run={RUN}"]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    # a folder the runner did not make is never used (nor emptied)
+    (tmp_path / "w3" / "tiny-faq").mkdir(parents=True)
+    (tmp_path / "w3" / "tiny-faq" / "mine.txt").write_text("keep")
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder2), "--work", str(tmp_path / "w3"),
+                 "--data", f"run={RUN}"]) == 2
+    assert (tmp_path / "w3" / "tiny-faq" / "mine.txt").read_text() == "keep"
+    assert main(["reproduce", "list", "--matrix", str(folder)]) == 0
+    assert "missed" in capsys.readouterr().out
+
+
+
+
+
+def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
+    """A one-cell matrix of its own: the bundled FAQ ingested, a given TREC run evaluated on it."""
+    folder = tmp_path / "matrix"
+    folder.mkdir(parents=True)
+    work = "{work}"
+    doc = {"family": "tiny", "title": "tiny",
+           "datasets": {"faq": {"layout": "a BEIR folder", "bundled": "python_faq"},
+                        "run": {"layout": "a TREC run of the FAQ's queries", "get": "tests/data"}},
+           "cells": [{"id": "tiny-faq", "title": "a run of the FAQ, evaluated", "data": ["faq", "run"],
+                      "commands": [f"pipeline ingest {{faq}} --out {work}/corpus",
+                                   f"pipeline evaluate --run {{run}} --qrels {work}/corpus/qrels/test.trec "
+                                   f"--measures nDCG@10 --json {work}/m.json"],
+                      "metric": {"name": "nDCG@10", "file": "m.json", "key": "metrics.nDCG@10"},
+                      "expected": expected, "tolerance": 0.001, "tolerance_why": "test", "source": "test",
+                      "hardware": {"class": "2-core CPU", "wall": "1 min"}}]}
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    return folder
