@@ -91,3 +91,13 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert DOC.findall("as METHODS.md §3 says") == [("METHODS.md", "§3")]
     assert _resolve_doc("STACK" + ".md") is None and _resolve_doc("METHODS.md") == ROOT / "docs" / "METHODS.md"
     assert LINK.findall("[x](docs/RAY.md#5-ray-data) and [y](https://ray.io)") == ["docs/RAY.md", "https://ray.io"]
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by their base name (the test folders are not packages): two files
+    with one name in tests/unit and tests/integration stop the whole collection with 'import file
+    mismatch', which a run of one folder never shows."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path.relative_to(ROOT)} and {seen[path.name].relative_to(ROOT)} share a name"
+        seen[path.name] = path
