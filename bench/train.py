@@ -1,4 +1,5 @@
-"""Training speed: our Ray Train loop vs a plain PyTorch loop, and DAR vs DPR step cost.
+"""Training speed: our loop vs a plain PyTorch loop, DAR vs DPR step cost, and `pipeline train` vs
+sentence-transformers' own trainer.
 
 Prints, from one run on the same machine (each measurement in a fresh subprocess):
   (a) steps/s of `pipeline.train` (Ray Train, 1 worker) vs a plain single-process loop
@@ -8,6 +9,16 @@ Prints, from one run on the same machine (each measurement in a fresh subprocess
 
     python bench/train.py                 # tiny random BERT (hidden 256, 4 layers), CPU
     python bench/train.py --model minilm --steps 20
+
+With --vs-st: fine-tuning MiniLM on the bundled FAQ's training pairs as whole processes, as users run
+them, side by side: sentence-transformers' SentenceTransformerTrainer with MultipleNegativesRankingLoss
+(fp32, and bf16=True where the CPU has native bf16) against `pipeline train` (DPR, cos/0.05 = MNRL's scale
+20; fp32, its default train.amp=auto, and bf16 where native) at the same pairs, batch, lengths, learning
+rate, warmup, gradient clipping, epochs and threads. Each row: whole-process wall, training seconds,
+steps/s, examples/s, GFLOP/s of the training against this CPU's measured matmul peak, and the fine-tuned
+model's FAQ test nDCG@10 (every model encoded and searched the same way).
+
+    python bench/train.py --vs-st --epochs 10
 """
 
 from __future__ import annotations
@@ -122,6 +133,159 @@ def ray_loop(args) -> dict:
             "wall_seconds": s["wall_seconds"]}
 
 
+# ------------------------------------------------------------------ vs sentence-transformers' trainer
+
+ST_SCRIPT = """
+import json, sys, time
+t0 = time.time()
+import torch
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+pairs = json.load(open(cfg["pairs"]))
+model = SentenceTransformer(cfg["model"], device="cpu")
+model.max_seq_length = cfg["max_len"]
+data = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+args = SentenceTransformerTrainingArguments(output_dir=cfg["out"] + "/ckpt", num_train_epochs=cfg["epochs"],
+    per_device_train_batch_size=cfg["batch"], learning_rate=cfg["lr"], warmup_steps=cfg["warmup"], max_grad_norm=cfg["clip"],
+    bf16=cfg["bf16"], use_cpu=True, seed=0, dataloader_drop_last=True, save_strategy="no", report_to="none",
+    logging_steps=10**6, disable_tqdm=True)
+trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                     loss=MultipleNegativesRankingLoss(model, scale=1 / cfg["tau"]))
+t1 = time.time()
+out = trainer.train()
+t2 = time.time()
+model.save(cfg["out"] + "/model")
+print("RESULT " + json.dumps({"train_seconds": t2 - t1, "steps": out.global_step, "startup_seconds": t1 - t0}))
+"""
+
+
+def faq_pairs(folder: Path) -> tuple[Path, Path]:
+    """The bundled FAQ ingested, and its training pairs (query, title-joined answer) as JSON."""
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.ingest import ingest
+    from pipeline.data.training import build_examples, read_examples_table
+    from pipeline.train.config import TrainDataConfig
+
+    corpus = folder / "faq"
+    ingest([python_faq_dir()], "beir", corpus, progress=False)
+    build_examples(TrainDataConfig(source="qrels", corpus=str(corpus)), folder / "examples", progress=False)
+    rows = read_examples_table(folder / "examples").to_pylist()
+    (folder / "pairs.json").write_text(json.dumps([[r["query"], r["positive"]] for r in rows]))
+    return corpus, folder / "pairs.json"
+
+
+def faq_ndcg(model_dir: str, corpus: Path) -> float:
+    """FAQ test nDCG@10 of a fine-tuned model, encoded and searched the same way for every row (torch fp32)."""
+    import numpy as np
+
+    import pyarrow.parquet as pq
+
+    from pipeline.config import EvalConfig, ModelConfig
+    from pipeline.data.manifest import join_title, load_manifest
+    from pipeline.data.readers import load_qrels, load_queries
+    from pipeline.eval.metrics import evaluate_run
+    from pipeline.models import BiEncoder
+
+    model = BiEncoder.load(ModelConfig(name_or_path=model_dir))
+    manifest = load_manifest(corpus)
+    pids, texts = [], []
+    for part in manifest["parts"]:
+        t = pq.read_table(corpus / part["file"])
+        pids += t["pid"].to_pylist()
+        texts += [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+    docs = model.embed(texts, "doc", precision="fp32")
+    qrels = load_qrels(corpus / "qrels" / "test.trec")
+    queries = load_queries(corpus / "queries.tsv")
+    qids = sorted(q for q in queries if q in qrels)
+    qv = model.embed([queries[q] for q in qids], "query", precision="fp32")
+    scores = qv @ docs.T
+    run = {q: {pids[j]: float(scores[i, j]) for j in np.argsort(-scores[i])[:100]} for i, q in enumerate(qids)}
+    return evaluate_run(run, qrels, EvalConfig(), measures=["nDCG@10"])["metrics"]["nDCG@10"]
+
+
+def training_gflop(model_dir: str, pairs_path: Path, max_len: int, epochs: int, batch: int) -> float:
+    """GFLOP of the training: 3 x one forward pass (forward + backward) over every query and answer
+    token of every step's batch (unpadded: the useful work; bench/encode.py's encoder_gflop)."""
+    from encode import encoder_gflop
+    from transformers import AutoConfig, AutoTokenizer
+
+    pairs = json.loads(pairs_path.read_text())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    n = len(pairs) // batch * batch  # the steps' examples (the last partial batch is dropped)
+    lengths = [len(x) for x in tok([t for p in pairs[:n] for t in p], truncation=True, max_length=max_len)["input_ids"]]
+    return 3 * epochs * encoder_gflop(AutoConfig.from_pretrained(model_dir), lengths)
+
+
+def vs_st(args) -> None:
+    """The whole-process comparison with sentence-transformers' trainer (see the module doc)."""
+    from encode import gemm_peak
+
+    from pipeline.models.loading import resolve_model_path
+    from pipeline.models.precision import cpu_has_bf16
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-train-st-"))
+    model_dir = str(resolve_model_path("minilm"))
+    corpus, pairs = faq_pairs(tmp)
+    n_pairs = len(json.loads(pairs.read_text()))
+    native = cpu_has_bf16()
+    peak = gemm_peak(args.threads, ("fp32", "bf16") if native else ("fp32",))
+    gflop = training_gflop(model_dir, pairs, args.max_len, args.epochs, args.batch)
+    print(f"\nMiniLM fine-tuned on the FAQ's {n_pairs} training pairs, {args.epochs} epochs, batch {args.batch}, "
+          f"max length {args.max_len}, lr {args.lr:g}, warmup 10%, gradient clip 1.0, cos/0.05, {args.threads} threads; "
+          f"{gflop:,.0f} GFLOP of training; matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s; "
+          f"native bf16: {'yes' if native else 'no'}", flush=True)
+    rows = [("sentence-transformers trainer, fp32", "st", False)]
+    if native:
+        rows.append(("sentence-transformers trainer, bf16=True", "st", True))
+    rows += [("pipeline train, train.amp=no (fp32)", "ours", "no"), ("pipeline train, default (train.amp=auto)", "ours", "auto")]
+    if native:
+        rows.append(("pipeline train, train.amp=bf16", "ours", "bf16"))
+    results = []
+    for label, kind, prec in rows:
+        out = tmp / f"{kind}-{prec}"
+        t0 = time.time()
+        if kind == "st":
+            cfg = {"threads": args.threads, "pairs": str(pairs), "model": model_dir, "max_len": args.max_len,
+                   "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "warmup": 0.1, "clip": 1.0, "bf16": prec,
+                   "tau": 0.05, "out": str(out)}
+            p = subprocess.run([sys.executable, "-c", ST_SCRIPT, json.dumps(cfg)], capture_output=True, text=True)
+            wall = time.time() - t0
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not line:
+                print(p.stdout[-2000:], p.stderr[-3000:])
+                raise SystemExit(f"{label} failed")
+            r = json.loads(line[0][7:])
+            model, train_s, steps = str(out / "model"), r["train_seconds"], r["steps"]
+        else:
+            cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", "jobs/configs/dpr.yaml",
+                   f"data.corpus={corpus}", "validation.dev_split=0", "loss.similarity=cos", "loss.temperature=0.05",
+                   f"model.query_max_length={args.max_len}", f"model.doc_max_length={args.max_len}",
+                   f"train.epochs={args.epochs}", f"train.batch_size={args.batch}", "train.num_workers=1",
+                   f"train.torch_threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_ratio=0.1",
+                   "optim.grad_clip=1.0", "train.checkpoint_every=0", "train.report_every=10", f"train.amp={prec}",
+                   f"train.storage_path={out}", "train.name=run", "data.shuffle_window=1024"]
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+            wall = time.time() - t0
+            if p.returncode != 0:
+                print(p.stdout[-2000:], p.stderr[-3000:])
+                raise SystemExit(f"{label} failed")
+            summary = json.loads((out / "run" / "summary.json").read_text())
+            model, train_s, steps = str(out / "run" / "model"), summary["time_split"]["training"], summary["steps"]
+        ndcg = faq_ndcg(model, corpus)
+        kind_peak = peak["bf16"] if prec in (True, "bf16") or (prec == "auto" and native) else peak["fp32"]
+        results.append((label, wall, train_s, steps, ndcg, gflop / train_s, kind_peak))
+        print(f"  {label:44s} wall {wall:6.1f} s  training {train_s:6.1f} s  {steps / train_s:5.2f} steps/s  "
+              f"{steps * args.batch / train_s:6.1f} examples/s  {gflop / train_s:6.1f} GFLOP/s "
+              f"({100 * gflop / train_s / kind_peak:3.0f}% of peak)  FAQ test nDCG@10 {ndcg:.4f}", flush=True)
+    base = results[0][1]
+    print("\nwhole-process wall time against sentence-transformers' fp32 trainer (higher is faster):")
+    for label, wall, *_ in results:
+        print(f"  {label:44s} {base / wall:5.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
@@ -131,6 +295,10 @@ def main() -> None:
     ap.add_argument("--qlen", type=int, default=32)
     ap.add_argument("--dlen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--vs-st", action="store_true", help="whole-process comparison with sentence-transformers' trainer")
+    ap.add_argument("--epochs", type=int, default=10, help="--vs-st: epochs over the FAQ's training pairs")
+    ap.add_argument("--max-len", type=int, default=256, help="--vs-st: max tokens of queries and answers")
+    ap.add_argument("--lr", type=float, default=2e-5, help="--vs-st: learning rate")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--storage", help=argparse.SUPPRESS)
@@ -140,6 +308,13 @@ def main() -> None:
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()
+    if args.vs_st:
+        if args.batch == 16 and "--batch" not in " ".join(sys.argv):
+            args.batch = 32
+        if args.threads == 1 and "--threads" not in " ".join(sys.argv):
+            args.threads = os.cpu_count() or 2
+        vs_st(args)
+        return
     if args.mode:
         out = ray_loop(args) if args.mode == "ray" else plain(args, args.mode)
         print("RESULT " + json.dumps(out))
