@@ -294,22 +294,32 @@ class OpenVinoTower:
     first CHECK_TEXTS of those passages (the user's own text), fp32 on seeded probe batches."""
 
     def __init__(self, model, side: str = "doc", precision: str = "fp32", threads: int = 1,
-                 cache: str | Path | None = None, calibration: list[str] | None = None):
+                 cache: str | Path | None = None, calibration: list[str] | None = None, keep: bool = True):
         import openvino as ov
 
         self.side, self.names = side, _input_names(model, side)
-        self.digest = tower_digest(model, side)
-        self.folder = export_cache_dir(cache) / "openvino" / self.digest[:32]
         self.converted = self.quantized = False
         self.notes: list[str] = []
-        xml = self._export(model)
-        if precision == "int8":
-            xml = self._quantize(model, xml, calibration or [])
+        self.keep = keep
+        if keep:
+            self.digest = tower_digest(model, side)
+            self.folder = export_cache_dir(cache) / "openvino" / self.digest[:32]
+            xml = self._export(model)
+            if precision == "int8":
+                xml = self._quantize(model, xml, calibration or [])
+        else:
+            # keep=False: the module as it is now (a model being trained, whose weights are not its folder's),
+            # converted in memory and never cached
+            if precision == "int8":
+                raise PipelineError("an int8 tower is quantised into the export cache: it needs keep=True")
+            self.digest, self.folder = None, None
+            xml = Path("(in memory)")
+            self.converted = True
         self.model_file = xml  # the IR compiled below (the export's, or an int8 entry's): its check is its own
         hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
         core = ov.Core()
         try:
-            self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", {
+            self.compiled = core.compile_model(core.read_model(str(xml)) if keep else self._convert(model), "CPU", {
                 "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
                 "PERFORMANCE_HINT": "LATENCY"})
         except RuntimeError as e:  # OpenVINO's C++ error: its first line, and the entry it read
@@ -324,20 +334,25 @@ class OpenVinoTower:
         self.request = self.compiled.create_infer_request()
         self.check = self._check(model, calibration)
 
+    def _convert(self, model):
+        """The tower as OpenVINO's model, in memory (dynamic batch and length)."""
+        import warnings
+
+        import openvino as ov
+
+        tower = _Tower(model, self.side).eval()
+        example = tuple(torch.from_numpy(_probe_batches(model, self.side)[0][n]) for n in self.names)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on the model's Python branches
+            return ov.convert_model(tower, example_input=example,
+                                    input=[(n, [-1, -1], ov.Type.i64) for n in self.names])
+
     def _export(self, model) -> Path:
         """The cached IR for this digest, converted and put in place first when missing or broken."""
         def make(tmp: Path) -> dict:
-            import warnings
-
             import openvino as ov
 
-            tower = _Tower(model, self.side).eval()
-            example = tuple(torch.from_numpy(_probe_batches(model, self.side)[0][n]) for n in self.names)
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the tracer's notes on the model's Python branches
-                converted = ov.convert_model(tower, example_input=example,
-                                             input=[(n, [-1, -1], ov.Type.i64) for n in self.names])
-            ov.save_model(converted, str(tmp / "tower.xml"), compress_to_fp16=False)
+            ov.save_model(self._convert(model), str(tmp / "tower.xml"), compress_to_fp16=False)
             return {"digest": self.digest, "side": self.side, "inputs": self.names}
 
         self.converted = cached_entry(self.folder, "export.json", make, self.notes)
@@ -409,9 +424,9 @@ class OpenVinoTower:
             batches = _probe_batches(model, self.side)
         key = hashlib.sha256(json.dumps([self.precision, _cpu_key(), sorted(sample) if on_texts else "probe",
                                          self.digest, self.model_file.parent.name]).encode()).hexdigest()[:16]
-        memo = self.folder / f"check-{key}.json"
+        memo = self.folder / f"check-{key}.json" if self.keep else None
         try:
-            figures = json.loads(memo.read_text())
+            figures = json.loads(memo.read_text()) if memo is not None else None
         except (OSError, ValueError):
             figures = None
         if figures is None:
@@ -427,10 +442,11 @@ class OpenVinoTower:
             figures = {"min_cosine": round(float(cosines.min()), 6), "mean_cosine": round(float(cosines.mean()), 6),
                        "texts": len(cosines), "on": "the corpus's first passages" if on_texts else "probe texts",
                        "precision": self.precision}
-            with contextlib.suppress(OSError):  # a read-only cache: the check is simply made again next time
-                from ..io_utils import write_text_atomic
+            if memo is not None:
+                with contextlib.suppress(OSError):  # a read-only cache: the check is simply made again next time
+                    from ..io_utils import write_text_atomic
 
-                write_text_atomic(memo, json.dumps(figures, sort_keys=True) + "\n")
+                    write_text_atomic(memo, json.dumps(figures, sort_keys=True) + "\n")
         if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): sanity floors
             gates = {"min_gate": INT8_MIN_GATE, "mean_gate": INT8_MEAN_GATE}
             passed = figures["min_cosine"] >= INT8_MIN_GATE and figures["mean_cosine"] >= INT8_MEAN_GATE
@@ -442,7 +458,7 @@ class OpenVinoTower:
 
 def tower_runner(model, side: str, backend: str, precision: str, threads: int,
                  device: str | torch.device = "cpu", cache: str | Path | None = None,
-                 calibration: list[str] | None = None):
+                 calibration: list[str] | None = None, keep: bool = True, option: str = "encode"):
     """(backend used, runner or None for torch, precision used, note). `auto` falls back to torch
     when OpenVINO's tower fails to convert or fails its check, with the reason in `note` (int8 never
     falls back: torch has no int8 path here); a cache entry repaired on the way is noted too.
@@ -451,13 +467,13 @@ def tower_runner(model, side: str, backend: str, precision: str, threads: int,
     if chosen == "torch":
         return "torch", None, precision, None
     try:
-        runner = OpenVinoTower(model, side, precision, threads, cache, calibration)
+        runner = OpenVinoTower(model, side, precision, threads, cache, calibration, keep)
     except PipelineError:  # the model itself is unusable (non-finite vectors), a cache path that is a file,
         raise              # int8 without calibration texts, or a converted model OpenVINO cannot load
     except Exception as e:  # conversion failed
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:300]
         if backend == "openvino" or precision == "int8":
-            raise PipelineError(f"encode.backend=openvino: the model could not be converted "
+            raise PipelineError(f"{option}.backend=openvino: the model could not be converted "
                                 f"({type(e).__name__}: {first})") from None
         return "torch", None, precision, f"openvino could not convert this model ({type(e).__name__}), torch used"
     check = runner.check
@@ -470,7 +486,7 @@ def tower_runner(model, side: str, backend: str, precision: str, threads: int,
             raise PipelineError(f"encode.precision=int8: {reason}; the quantised model is too far from the model, "
                                 "use fp32 or bf16")
         if backend == "openvino":
-            raise PipelineError(f"encode.backend=openvino: {reason}; use encode.backend=torch")
+            raise PipelineError(f"{option}.backend=openvino: {reason}; use {option}.backend=torch")
         return "torch", None, precision, reason + ", torch used"
     notes = list(runner.notes)
     if precision == "int8":

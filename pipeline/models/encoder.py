@@ -8,6 +8,7 @@ models/precision.py; token arrays: models/tokens.py.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -173,14 +174,15 @@ class BiEncoder(nn.Module):
     @torch.inference_mode()
     def embed(self, texts: list[str], side: str, batch_size: int = 64, device: str | torch.device = "cpu",
               fp16: bool = False, precision: str | None = None, sort_by_length: bool = True,
-              window: int = 8192):
+              window: int = 8192, runner=None):
         """Plain text -> float32 numpy (N, D) in input order, in batches, inference mode.
 
         Texts are tokenised once per `window`, sorted by token length inside it and
         batched, so each batch pads only to its own longest text; rows come back in
         input order. `precision` is `fp32` (default), `bf16`, `fp16` or `auto`
         (`resolve_precision`): autocast for the matmuls, vectors returned as float32.
-        `fp16=True` is the older spelling of `precision="fp16"` on CUDA.
+        `fp16=True` is the older spelling of `precision="fp16"` on CUDA. `runner`: a compiled tower
+        (models/backends.py) that runs the padded batches instead of this module (see `embed_tokens`).
         """
         import numpy as np
 
@@ -192,15 +194,29 @@ class BiEncoder(nn.Module):
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for w in range(0, len(texts), max(1, window)):
             chunk = texts[w:w + max(1, window)]
-            out[w:w + len(chunk)] = self._embed_window(chunk, side, batch_size, device, precision, sort_by_length)
+            out[w:w + len(chunk)] = self._embed_window(chunk, side, batch_size, device, precision, sort_by_length,
+                                                       runner)
         return out
 
     def _embed_window(self, texts, side: str, batch_size: int, device: torch.device, precision: str,
-                      sort_by_length: bool):
+                      sort_by_length: bool, runner=None):
         """One window of `embed`: tokenise once, length-sorted padded batches, order restored."""
         tok, prefix, max_len = self.token_spec(side)
         tokens = tokenize_sorted(tok, texts, prefix, max_len, sort_by_length)
-        return self.embed_tokens(tokens, side, batch_size, device, precision)
+        return self.embed_tokens(tokens, side, batch_size, device, precision, runner)
+
+    @contextmanager
+    def inference_lengths(self):
+        """Within this block the model tokenises to the lengths its export declares (`default_max_lengths`,
+        what `save` writes and `pipeline encode` / `retrieve` use), not to training's shorter ones: a
+        validation inside training then scores the texts the exported model will see."""
+        kept = self.cfg
+        self.cfg = replace(kept, query_max_length=self.default_max_lengths["query"],
+                           doc_max_length=self.default_max_lengths["doc"])
+        try:
+            yield self
+        finally:
+            self.cfg = kept
 
     def token_spec(self, side: str):
         """(tokenizer, prefix, max length) of one side: all a tokenising stage needs."""

@@ -58,7 +58,7 @@ def _train(method: str, corpus: Path, out: Path) -> dict:
 
     Validation on the dev split (held-out training queries) every 6 steps gives the curves of
     the report; nothing is selected on it (the last step's model is evaluated on the test split)."""
-    from ..index.validate import Validator
+    from ..index.validate import validator_for_job
     from ..train.config import load_train_config
     from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
@@ -71,8 +71,7 @@ def _train(method: str, corpus: Path, out: Path) -> dict:
     job = apply_dev_split(load_train_config(cfg_path, [
         f"data.corpus={corpus}", f"train.storage_path={out / 'train'}", "validation.corpus=null",
         "validation.qrels=null", "validation.dev_split=0.1", "train.eval_every=6", "train.report_every=6"]))
-    v = job.validation
-    return train(job, validate_fn=Validator(v.corpus, v.queries, v.qrels, v.metric, v.top_k, v.batch_size, job.eval))
+    return train(job, validate_fn=validator_for_job(job))
 
 
 def _plot(histories: dict[str, list[dict]], path: Path, metric: str) -> None:

@@ -92,6 +92,11 @@ class TrainConfig(Section):
     negatives_poll_every: PosInt = 100
     fail_at_step: NonNegInt = 0                   # testing: raise in the worker at this step
     fail_after_checkpoint: NonNegInt = 0          # testing: raise right after the checkpoint of this step
+    # Who runs the loop: ray = Ray Train's TorchTrainer (any number of workers, GPUs, a cluster, Tune);
+    # local = the one worker in this process, no Ray (start-up seconds shorter, checkpoints written in
+    # place, a plain loop's speed on a small machine); auto = local for one worker when nothing asks for
+    # Ray (no ray.address / RAY_ADDRESS, Ray not running in this process, a local storage_path), else ray
+    runner: Literal["auto", "ray", "local"] = "auto"
     step_sleep_s: NonNegFloat = 0.0               # testing: pause after each step (a slower trainer, for ANCE tests)
 
     SECTION = "train"
@@ -113,6 +118,15 @@ class ValidationConfig(Section):
     # the split's seed, apart from train.seed: every trial of a sweep (whatever its seed) and every
     # method validates on the same held-out queries
     dev_seed: Seed = 0
+    # How validation encodes (index/validate.py): as `pipeline encode` would on this machine, at the lengths
+    # the exported model declares, so the figure is the one the spine gives the exported model.
+    # precision: of the passages (queries are fp32, as retrieve encodes them); auto = bf16 where the
+    # CPU or GPU computes it natively, else fp32 (the rule pipeline encode follows)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # backend: torch, or openvino (the model as it is at that step, converted in memory at every
+    # validation, never cached: ~6 s for MiniLM on 2 cores); auto = openvino on a CPU with OpenVINO
+    # installed for corpora of at least 1,000 passages, where the faster encoder pays for the conversion
+    backend: Literal["auto", "torch", "openvino"] = "auto"
 
     SECTION = "validation"
 

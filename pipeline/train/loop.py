@@ -162,9 +162,7 @@ class _Rows:
     read from the examples' Parquet parts a batch at a time, or streamed (Ray Data). Examples in the
     ids form get their texts from the store's memory-mapped passages here, a batch at a time."""
 
-    def __init__(self, loop_cfg: dict, method, rank: int, world: int):
-        import ray.train
-
+    def __init__(self, loop_cfg: dict, method, rank: int, world: int, session=None):
         self.rows = None
         self.shard = None
         self.files = None
@@ -172,9 +170,8 @@ class _Rows:
         ref = loop_cfg.get("examples_ref")
         if ref is not None:
             import pyarrow as pa
-            import ray
 
-            table = ray.get(ref)
+            table = session.get(ref)  # Ray's object store, or the table itself (train.runner=local)
             key = table[method.partition_key].to_numpy()
             self.rows = table.filter(pa.array(key % world == rank)).to_pylist()
         elif loop_cfg.get("examples_files") is not None:
@@ -186,7 +183,7 @@ class _Rows:
 
             check_store(self.examples_dir)  # an altered store is refused by name, before a batch is read
         else:
-            self.shard = ray.train.get_dataset_shard(f"train_{rank}")
+            self.shard = session.dataset_shard(f"train_{rank}")
 
     def _read_files(self):
         import pyarrow as pa
@@ -216,32 +213,30 @@ class _Rows:
 
 
 def train_loop_per_worker(loop_cfg: dict) -> None:
-    import ray.train
-    import ray.train.torch
-
+    """The loop of one worker: inside Ray Train (`RaySession`), or in the command's own process
+    (`loop_cfg["session"]`, a `LocalSession`: train.runner=local)."""
     from ..runtime_env import setup_offline_env
+    from .session import RaySession
 
     setup_offline_env()  # quiet HF logs and no progress bars inside the workers too
+    session = loop_cfg.get("session") or RaySession()
     job = job_from_dict(loop_cfg["job"])
     tc = job.train
     method = get_method(job.loss.name)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(tc.torch_threads or max(1, int(tc.cpus_per_worker)))
+    rank, world = session.rank, session.world
+    # threads: train.torch_threads, else the worker's CPUs (Ray) or every CPU of this machine (local)
+    torch.set_num_threads(tc.torch_threads or (session.cpus if session.local else max(1, int(tc.cpus_per_worker))))
     random.seed(tc.seed + rank)
     np.random.seed(tc.seed + rank)
     torch.manual_seed(tc.seed + rank)
     spe, total = loop_cfg["steps_per_epoch"], loop_cfg["total_steps"]
-    device = ray.train.torch.get_device()
+    device = session.device
     identity = loop_cfg["identity"]  # what a checkpoint must match to be resumed (see trainer.run_identity)
 
     # ---- model, optimizer, schedule; restored from a checkpoint when resuming
     run_loc = st.resolve(loop_cfg["run_dir"]) if st.is_uri(loop_cfg["run_dir"]) else Path(loop_cfg["run_dir"])
     remote = isinstance(run_loc, st.RemotePath)
-    ray_ckpt = ray.train.get_checkpoint()
-    ray_path = ray_ckpt.path if ray_ckpt is not None else None
-    if remote and ray_ckpt is not None:  # Ray's checkpoint lives on the URI's filesystem
-        ray_path = st.from_filesystem(ray_ckpt.filesystem, ray_ckpt.path, like=run_loc)
+    ray_path = session.restored_checkpoint(run_loc)
     ckpt_path = choose_checkpoint(ray_path, loop_cfg.get("resume_from"))
     resume_state, train_state, history = None, None, []
     staged = None
@@ -279,7 +274,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         if train_state is not None and train_state.get("heads") is not None:
             model.heads.load_state_dict(train_state["heads"])
     model.to(device)
-    ddp = ray.train.torch.prepare_model(model)
+    ddp = session.prepare(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)
     scheduler = warmup_linear(optimizer, warmup_steps(job.optim, total), total)
     autocast, scaler, amp_used = _amp(job, device)
@@ -296,7 +291,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     validate_fn = loop_cfg.get("validate_fn")
     provider = loop_cfg.get("negatives_provider") if method.uses_negatives_provider else None
     progress_queue = loop_cfg.get("progress_queue")
-    rows = _Rows(loop_cfg, method, rank, world)
+    rows = _Rows(loop_cfg, method, rank, world, session)
     B = tc.batch_size
     batch_log, log_remote, log_local = None, None, None
     if tc.log_batches and remote:
@@ -408,7 +403,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                 progress_queue.put_nowait({**metrics, "total": total, "eta_s": (total - step) / rate if rate else None})
         window, n_window, t_window, win_excluded = {}, 0, time.time(), 0.0
         if not checkpoint:
-            ray.train.report(metrics)
+            session.report(metrics)
             return
         t_ckpt = time.time()
         try:
@@ -425,9 +420,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         rngs = _all_gather_object(_rng_state(), world)
         upload_batch_log()
         if rank != 0:
-            ray.train.report(metrics, checkpoint=None)
+            session.report(metrics)
             return
-        with tempfile.TemporaryDirectory() as tmp:
+        with session.checkpoint_folder() as tmp:
             model.save(Path(tmp) / "model")
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                         "scaler": scaler.state_dict() if scaler is not None else None, "rng": rngs,
@@ -445,8 +440,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                       "negatives_log": negatives_log, "versions": library_versions(),
                                       "precision": amp_used,
                                       "stopped_early": stopped_early, "metrics": metrics})
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=checkpoint_dir_name(step))
+            session.report(metrics, Path(tmp), checkpoint_dir_name(step))
 
     def validate() -> dict:
         nonlocal win_excluded

@@ -279,7 +279,8 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
             print(f"[train-data] {tc.name}: {prog.line(r)}", flush=True)
     if method.builds_apart and _build_apart(job.data):
         # Ray starts while the child builds (~5 s of start-up off a long build)
-        meta = _build_examples_in_child(job, work / "examples", progress, meanwhile=lambda: _start_ray(job))
+        meta = _build_examples_in_child(job, work / "examples", progress,
+                                        meanwhile=None if resolve_runner(job) == "local" else lambda: _start_ray(job))
     else:
         with prog.sink(sink if progress else None):
             meta = method.build_examples(job, work / "examples", progress=progress)
@@ -390,8 +391,11 @@ def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
     lines = ["  ".join(parts)]
     val = {k: v for k, v in rec.items() if k.startswith("val_") and k not in ("val_metric", "val_seconds")}
     if val:
+        how = [f"{rec['val_seconds']:.0f}s"] if "val_seconds" in rec else []
+        if rec.get("validation_encoder"):  # the spine's Validator: which encoder ran the passages, how fast, why
+            how.append(f"passages at {rec['validation_rate']:.0f}/s by {rec['validation_encoder']}")
         lines.append(f"[train] {name} step {step} validation: " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in val.items())
-                     + (f" ({rec['val_seconds']:.0f}s)" if "val_seconds" in rec else ""))
+                     + (f" ({'; '.join(how)})" if how else ""))
     return lines
 
 
@@ -420,6 +424,31 @@ def _publish_examples(local_dir: Path, remote_dir: RemotePath, meta: dict) -> No
     st.upload_dir(local_dir, remote_dir, marker=EXAMPLES_META)
 
 
+def resolve_runner(job: TrainJobConfig) -> str:
+    """`train.runner`: `ray` or `local` (auto: local for one worker when nothing asks for Ray)."""
+    import sys
+
+    tc = job.train
+    if tc.runner == "local":
+        problems = [why for why, bad in (
+            (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
+            ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
+            ("data.streaming=ray-data", job.data.streaming == "ray-data"),
+            ("ray.address / RAY_ADDRESS (a cluster)", bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
+            if bad]
+        if problems:
+            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(problems)} "
+                              "needs train.runner=ray")
+        return "local"
+    if tc.runner == "ray":
+        return "ray"
+    ray_mod = sys.modules.get("ray")
+    if (tc.num_workers != 1 or is_uri(tc.storage_path) or job.data.streaming == "ray-data" or job.ray.address
+            or os.environ.get("RAY_ADDRESS") or (ray_mod is not None and ray_mod.is_initialized())):
+        return "ray"  # several workers, a cluster, a Tune trial or a recipe that runs Ray (ANCE's refresher)
+    return "local"
+
+
 def _start_ray(job: TrainJobConfig) -> None:
     """Train V2's controller queries actor state through the dashboard's API: a local Ray for
     training starts it (bound to 127.0.0.1 like everything else). A no-op once Ray runs."""
@@ -446,6 +475,9 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     work = work or run_dir
     world, B = tc.num_workers, tc.batch_size
     n_examples = meta["examples"]
+    if resolve_runner(job) == "local":
+        return _fit_local(job, method, validate_fn, negatives_provider, run_dir, meta, spe, total, identity, resume,
+                          progress, work)
     _start_ray(job)
     gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
     dc = job.data
@@ -523,3 +555,60 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     if box["result"].error:
         # a worker's PipelineError (e.g. ANCE's refresher failed) is one error line, not Ray's wrapper
         raise worker_error(box["result"].error) or box["result"].error
+
+
+class _Printer:
+    """train.runner=local: the loop's progress records printed as they come (no queue, no thread)."""
+
+    def __init__(self, name: str, terms: tuple[str, ...]):
+        self.name, self.terms = name, terms
+
+    def put_nowait(self, rec: dict) -> None:
+        for line in format_progress(self.name, rec, self.terms):
+            print(line, flush=True)
+
+
+def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, meta: dict, spe: int,
+               total: int, identity: dict, resume, progress: bool, work: Path) -> None:
+    """train.runner=local: the loop in this process (train/session.LocalSession): no Ray, checkpoints written
+    in place. A failure is retried from the newest checkpoint up to train.max_failures times, as Ray's would."""
+    from ..models.checkpoint import latest_checkpoint
+    from .session import LocalSession, clean_stale
+
+    tc = job.train
+    clean_stale(run_dir)
+    dc = job.data
+    n = meta["examples"]
+    materialize = dc.materialize == "always" or (dc.materialize == "auto" and n <= dc.materialize_max_examples)
+    if progress:
+        print(f"[train] {tc.name}: {method.name}, {n:,} examples ({'held in memory' if materialize else 'read from files'}), "
+              f"1 worker in this process (train.runner=local, no Ray) x batch {tc.batch_size}, {spe} steps/epoch, "
+              f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
+              + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n,
+                "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
+                "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None,
+                "session": LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu),
+                "progress_queue": _Printer(tc.name, ("nll",) + tuple(t for t in method.terms if t != "nll"))
+                if progress else None}
+    if materialize:
+        from ..data.training import read_examples_table
+
+        loop_cfg["examples_ref"] = read_examples_table(work / "examples")
+    else:
+        loop_cfg["examples_files"] = sorted(p.name for p in (work / "examples").glob("part-*.parquet"))
+    for attempt in range(tc.max_failures + 1):
+        try:
+            train_loop_per_worker(loop_cfg)
+            return
+        except PipelineError:
+            raise  # the run's own verdict (a non-finite loss, the refresher's failure): retrying changes nothing
+        except Exception:
+            if attempt == tc.max_failures:
+                raise
+            newest = latest_checkpoint(run_dir)
+            loop_cfg["resume_from"] = str(newest) if newest is not None else None
+            if progress:
+                print(f"[train] {tc.name}: the loop failed (attempt {attempt + 1} of {tc.max_failures + 1}); "
+                      f"resuming from {newest.name if newest else 'the start'}", flush=True)
+

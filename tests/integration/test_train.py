@@ -80,7 +80,10 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
                   "train.eval_every=12")
     # every socket of every process this 2-worker run starts (torch's store, gloo) listens on loopback only
     with ListenWatch(os.getpid()) as watch:
-        summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec")), progress=True)
+        # fp32 passages on both sides (validation here, encode below): on a CPU with native bf16 the default
+        # is bf16 on both, whose rounding reorders this random tiny model's near-tied scores (nDCG@10 ~0.03)
+        summary = train(job, validate_fn=Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), precision="fp32"),
+                        progress=True)
     out = capsys.readouterr().out
     print(f"\n[loopback] 2-worker train: {watch.summary()}")
     # the validation's encoding shows progress in the run's output, step rates leave validation out,
@@ -103,6 +106,32 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     AutoModel.from_pretrained(summary["model"], local_files_only=True)  # plain transformers loads it
     model = BiEncoder.load(ModelConfig(name_or_path=summary["model"]))
     assert model.pooling == "cls" and model.embed(["a question"], "query").shape == (1, 32)
+    # the validation encoded as encode would here, and said so; its figure is the spine's on the exported model
+    lines = [ln for ln in out.splitlines() if ln.startswith("[train] dpr step 24 validation: RR@10")]
+    assert len(lines) == 1 and "passages at " in lines[0] and "by torch fp32 (176 passages" in lines[0], lines
+    _spine_matches_validation(summary, faq, tmp_path, capsys)
+
+
+def _spine_matches_validation(summary: dict, faq: Path, tmp_path: Path, capsys) -> None:
+    """`pipeline encode` -> `index` -> `retrieve` -> `evaluate` on the exported model, with every other default,
+    gives the last validation's figures (within 0.002): training's doc length here is 64 tokens, the
+    export's 256, and encode runs OpenVINO where the validation ran torch."""
+    from pipeline.cli import main
+
+    work = tmp_path / "spine"
+    assert main(["encode", "--corpus", str(faq), "--out", str(work / "emb"), "--model", summary["model"],
+                 "encode.precision=fp32"]) == 0
+    assert main(["index", "--embeddings", str(work / "emb"), "--out", str(work / "index")]) == 0
+    assert main(["retrieve", "--index", str(work / "index"), "--queries", str(faq / "queries.tsv"),
+                 "--out", str(work / "run.trec"), "--top-k", "100"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(work / "run.trec"), "--qrels", str(faq / "qrels" / "test.trec"),
+                 "--json", str(work / "metrics.json"), "--measures", "nDCG@10 RR@10"]) == 0
+    reported = json.loads((work / "metrics.json").read_text())
+    figures = reported.get("metrics", reported)
+    val = summary["final_metrics"]
+    assert abs(figures["nDCG@10"] - val["val_nDCG@10"]) <= 0.002, (figures, val)
+    assert abs(figures["RR@10"] - val["val_RR@10"]) <= 0.002, (figures, val)
 
 
 def test_kill_right_after_a_checkpoint_resumes_from_it_and_trains_no_batch_twice(ray_session, tiny_model_dir, faq,
@@ -245,3 +274,59 @@ def test_training_stops_at_the_first_non_finite_step(ray_session, tiny_model_dir
             assert torch.isfinite(w).all(), (ckpt.name, name)
     assert f"step-{max(steps):08d}" in msg  # the kept checkpoint is named
     assert not (tmp_path / "diverge" / "model").exists() and not (tmp_path / "diverge" / "summary.json").exists()
+
+
+def _local_job(tiny_model_dir, faq, storage, name, *extra):
+    return dpr_job(tiny_model_dir, faq, storage, name, "train.num_workers=1", "train.batch_size=16",
+                   "train.runner=local", *extra)
+
+
+def test_the_local_runner_resumes_exactly_and_equals_ray_trains_batches(ray_session, tiny_model_dir, faq, tmp_path):
+    """train.runner=local (one worker in this process, no Ray Train) trains the batches Ray's one worker
+    trains, to the same weights; killed after a checkpoint and run again, it resumes from it and trains
+    each remaining batch once; checkpoints are written in place and rotated to train.keep_checkpoints."""
+    common = ("loss.name=dar", "loss.n_perturb=2", "train.max_steps=6", "train.checkpoint_every=2",
+              "train.log_batches=true", "train.keep_checkpoints=2", "train.torch_threads=1")
+    ref = train(_local_job(tiny_model_dir, faq, tmp_path, "ref", *common), progress=False)
+    assert ref["steps"] == 6 and not list((tmp_path / "ref").glob(".tmp-checkpoint-*"))
+    assert [s for s, _ in list_checkpoints(tmp_path / "ref")] == [4, 6]  # rotated: the newest 2 kept
+    on_ray = train(dpr_job(tiny_model_dir, faq, tmp_path, "ray", "train.num_workers=1", "train.batch_size=16",
+                           "train.runner=ray", *common), progress=False)
+    assert _steps(tmp_path / "ray") == _steps(tmp_path / "ref")  # the runner decides who trains, not what
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "ray")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    assert on_ray["final_metrics"]["loss"] == pytest.approx(ref["final_metrics"]["loss"], rel=1e-4)
+
+    job = _local_job(tiny_model_dir, faq, tmp_path, "killed", *common, "train.fail_at_step=5")
+    with pytest.raises(RuntimeError, match="simulated failure at step 5"):
+        train(job, progress=False)
+    assert [s for s, _ in list_checkpoints(tmp_path / "killed")] == [2, 4]
+    resumed = train(job, progress=False)
+    assert resumed["resumed_from"].endswith("step-00000004") and resumed["final_metrics"]["train_steps_run"] == 2
+    assert _steps(tmp_path / "killed") == _steps(tmp_path / "ref")  # every step once, the same batches
+    c = _weights(tmp_path / "killed")
+    for k in a:
+        torch.testing.assert_close(a[k], c[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_runner_auto_rule_and_refusals(tiny_model_dir, faq, tmp_path, monkeypatch):
+    import sys
+
+    from pipeline.errors import ConfigError
+    from pipeline.train.trainer import resolve_runner
+
+    one = _local_job(tiny_model_dir, faq, tmp_path, "x", "train.runner=auto")
+    ray_mod = sys.modules.get("ray")
+    expected = "ray" if ray_mod is not None and ray_mod.is_initialized() else "local"  # a Ray in this process: ray
+    assert resolve_runner(one) == expected
+    assert resolve_runner(dpr_job(tiny_model_dir, faq, tmp_path, "x")) == "ray"  # 2 workers
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert resolve_runner(one) == "ray"  # a cluster
+    with pytest.raises(ConfigError, match=r"train.runner=local .*ray.address / RAY_ADDRESS"):
+        resolve_runner(_local_job(tiny_model_dir, faq, tmp_path, "x"))
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(ConfigError, match=r"train.num_workers=2 \(local runs one worker\)"):
+        resolve_runner(dpr_job(tiny_model_dir, faq, tmp_path, "x", "train.runner=local"))
+    with pytest.raises(ConfigError, match="a storage URI"):
+        resolve_runner(_local_job(tiny_model_dir, faq, "s3://b/p", "x"))
