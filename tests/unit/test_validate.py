@@ -83,3 +83,45 @@ def test_openvino_validation_converts_the_trained_weights_and_caches_nothing(tin
     assert torch_run["validation_encoder"].startswith("torch fp32")
     assert abs(got["val_nDCG@10"] - torch_run["val_nDCG@10"]) <= 0.002
     assert not cache.exists() or not any(cache.rglob("*.xml"))
+
+
+def test_every_validation_option_value_encodes_what_it_says(tiny_model_dir, faq):
+    """validation.precision x validation.backend, every value the config allows (read from the dataclass, so
+    a new value fails here until it is covered): each validation runs and names the encoder it used, its
+    figure within 0.002 of torch fp32 for the fp32 paths (bf16/fp16 round; the tiny model's scores are
+    near-tied, so they are only held to a valid figure), or it is refused with one line naming the key."""
+    import typing
+
+    from pipeline.errors import PipelineError
+    from pipeline.train.config import ValidationConfig
+
+    hints = typing.get_type_hints(ValidationConfig)
+    precisions, backends = typing.get_args(hints["precision"]), typing.get_args(hints["backend"])
+    assert set(precisions) == {"auto", "fp32", "bf16", "fp16"} and set(backends) == {"auto", "torch", "openvino"}
+    model = _nudged(_model(tiny_model_dir))
+    qrels = str(faq / "qrels" / "test.trec")
+    ref = Validator(str(faq), qrels=qrels, metric="nDCG@10", precision="fp32", backend="torch")(model)
+    seen = {}
+    for precision in precisions:
+        for backend in backends:
+            v = Validator(str(faq), qrels=qrels, metric="nDCG@10", precision=precision, backend=backend)
+            want_backend, want_precision, _ = v.encoder_plan(model, "cpu", 176)
+            try:
+                got = v(model)
+            except PipelineError as e:  # refused: one line naming the option
+                assert backend == "openvino" and "validation.backend" in str(e) and "\n" not in str(e), e
+                seen[precision, backend] = "refused"
+                continue
+            used = got["validation_encoder"]
+            ran_backend, ran_precision = used.split()[:2]
+            if want_backend == "torch":
+                assert (ran_backend, ran_precision) == ("torch", want_precision), (precision, backend, used)
+            else:  # OpenVINO says what its plugin computes in (an f16 hint runs bf16 or f32 on a CPU), or
+                assert ran_backend == "openvino" or used.startswith(f"torch {want_precision} ("), used  # why not
+                assert ran_precision in ("fp32", "bf16", "fp16"), used
+            assert 0.0 <= got["val_nDCG@10"] <= 1.0 and got["validation_rate"] > 0
+            if ran_precision == "fp32":
+                assert abs(got["val_nDCG@10"] - ref["val_nDCG@10"]) <= 0.002, (precision, backend, got, ref)
+            seen[precision, backend] = used
+    assert len(seen) == len(precisions) * len(backends)
+    print(seen)
