@@ -273,6 +273,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         model.heads = torch.nn.ModuleDict(heads)
         if train_state is not None and train_state.get("heads") is not None:
             model.heads.load_state_dict(train_state["heads"])
+    model.length_group_rows = tc.length_group_rows
     model.to(device)
     ddp = session.prepare(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)

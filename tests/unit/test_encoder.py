@@ -104,3 +104,35 @@ def test_max_lengths_default_to_the_models_own_limit(towers):
     assert (plain.cfg.query_max_length, plain.cfg.doc_max_length) == (64, 256)
     explicit = BiEncoder.load(ModelConfig(name_or_path="minilm", query_max_length=32))
     assert explicit.cfg.query_max_length == 32
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_length_groups_give_the_whole_batchs_vectors_and_gradients(tiny_model_dir, pooling):
+    """train.length_group_rows: a training batch encoded in length-sorted groups, each cut to its own
+    longest row, gives every row the vector (and the model the gradient) the one padded batch gives."""
+    model = BiEncoder.load(ModelConfig(name_or_path=str(tiny_model_dir), pooling=pooling, normalize=True,
+                                       doc_max_length=64))
+    model.train()
+    for m in model.modules():  # dropout off: the two ways must see the same network
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    texts = [("word " * n).strip() for n in (40, 3, 17, 9, 60, 1, 25, 5, 33, 12, 2, 48)]
+    batch = model.tokenize(texts, "doc")
+    results = []
+    for rows in (0, 4, 3):  # one batch; 3 groups of 4; 4 groups of 3
+        model.length_group_rows = rows
+        model.zero_grad()
+        vecs = model.encode_docs(batch)
+        (vecs * torch.arange(vecs.shape[1], dtype=vecs.dtype)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((vecs.detach(), grads))
+    (ref, ref_grads), *grouped = results
+    for vecs, grads in grouped:
+        torch.testing.assert_close(vecs, ref, rtol=1e-5, atol=1e-5)
+        assert grads.keys() == ref_grads.keys()
+        for n in grads:
+            torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-5)
+    model.length_group_rows = 4
+    model.eval()  # outside training (inference, validation) the batch is never split
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_docs(batch), ref, rtol=1e-5, atol=1e-5)
