@@ -61,9 +61,9 @@ class Validator:
         from ..models.backends import openvino_available, resolve_backend
         from ..models.precision import resolve_precision
 
-        precision = resolve_precision(self.precision, device)
         import torch
 
+        precision = resolve_precision(self.precision, device)
         cpu = torch.device(device).type == "cpu"
         if self.backend == "torch" or not cpu:
             return "torch", precision, None if self.backend == "torch" else "a GPU encodes with torch"

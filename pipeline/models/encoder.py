@@ -50,7 +50,7 @@ class BiEncoder(nn.Module):
         self.doc_head = doc_head if doc_head is not None else Head(self.pooling, self.normalize)
         self.query_head = query_head if query_head is not None else self.doc_head
         self._prompt_lengths = {side: self._prompt_length(side) for side in ("query", "doc")}
-        # training (train.length_groups): a batch of at least 2 x this many rows is encoded in length-sorted
+        # training (train.length_group_rows): a batch of at least 2 x this many rows is encoded in length-sorted
         # groups of >= this many rows, each padded to its own longest text (0 = one padded batch)
         self.length_group_rows = 0
         # BERT-style pooler heads are never used (we pool hidden states ourselves); freezing

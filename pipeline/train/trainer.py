@@ -429,22 +429,21 @@ def resolve_runner(job: TrainJobConfig) -> str:
     import sys
 
     tc = job.train
-    if tc.runner == "local":
-        problems = [why for why, bad in (
-            (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
-            ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
-            ("data.streaming=ray-data", job.data.streaming == "ray-data"),
-            ("ray.address / RAY_ADDRESS (a cluster)", bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
-            if bad]
-        if problems:
-            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(problems)} "
-                              "needs train.runner=ray")
-        return "local"
     if tc.runner == "ray":
         return "ray"
+    needs_ray = [why for why, bad in (
+        (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
+        ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
+        ("data.streaming=ray-data", job.data.streaming == "ray-data"),
+        ("ray.address / RAY_ADDRESS (a cluster)", bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
+        if bad]
+    if tc.runner == "local":
+        if needs_ray:
+            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(needs_ray)} "
+                              "needs train.runner=ray")
+        return "local"
     ray_mod = sys.modules.get("ray")
-    if (tc.num_workers != 1 or is_uri(tc.storage_path) or job.data.streaming == "ray-data" or job.ray.address
-            or os.environ.get("RAY_ADDRESS") or (ray_mod is not None and ray_mod.is_initialized())):
+    if needs_ray or (ray_mod is not None and ray_mod.is_initialized()):
         return "ray"  # several workers, a cluster, a Tune trial or a recipe that runs Ray (ANCE's refresher)
     return "local"
 
