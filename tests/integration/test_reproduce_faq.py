@@ -54,9 +54,6 @@ def test_run_compares_writes_its_result_and_exits_0_1_or_2(tmp_path, tiny_model_
     assert "missed" in capsys.readouterr().out
 
 
-
-
-
 def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
     """A one-cell matrix of its own: the bundled FAQ ingested, a given TREC run evaluated on it."""
     folder = tmp_path / "matrix"
