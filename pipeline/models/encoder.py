@@ -22,7 +22,7 @@ from .loading import (BIENCODER_FILE, _declared_length, _detect_max_length, _loa
                       resolve_model_path)
 from .precision import resolve_precision
 from .st_layout import read_st_layout, save_st_directory
-from .tokens import padded_batch, tokenize_sorted
+from .tokens import CPU_BATCH_TOKENS, batch_bounds, padded_batch, tokenize_sorted
 
 
 class BiEncoder(nn.Module):
@@ -204,7 +204,7 @@ class BiEncoder(nn.Module):
     @torch.inference_mode()
     def embed(self, texts: list[str], side: str, batch_size: int = 64, device: str | torch.device = "cpu",
               fp16: bool = False, precision: str | None = None, sort_by_length: bool = True,
-              window: int = 8192, runner=None):
+              window: int = 8192, runner=None, max_tokens: int | None = None):
         """Plain text -> float32 numpy (N, D) in input order, in batches, inference mode.
 
         Texts are tokenised once per `window`, sorted by token length inside it and
@@ -212,7 +212,8 @@ class BiEncoder(nn.Module):
         input order. `precision` is `fp32` (default), `bf16`, `fp16` or `auto`
         (`resolve_precision`): autocast for the matmuls, vectors returned as float32.
         `fp16=True` is the older spelling of `precision="fp16"` on CUDA. `runner`: a compiled tower
-        (models/backends.py) that runs the padded batches instead of this module (see `embed_tokens`).
+        (models/backends.py) that runs the padded batches instead of this module (see `embed_tokens`,
+        which also says how `max_tokens` caps a batch's padded tokens on a CPU).
         """
         import numpy as np
 
@@ -225,15 +226,15 @@ class BiEncoder(nn.Module):
         for w in range(0, len(texts), max(1, window)):
             chunk = texts[w:w + max(1, window)]
             out[w:w + len(chunk)] = self._embed_window(chunk, side, batch_size, device, precision, sort_by_length,
-                                                       runner)
+                                                       runner, max_tokens)
         return out
 
     def _embed_window(self, texts, side: str, batch_size: int, device: torch.device, precision: str,
-                      sort_by_length: bool, runner=None):
+                      sort_by_length: bool, runner=None, max_tokens: int | None = None):
         """One window of `embed`: tokenise once, length-sorted padded batches, order restored."""
         tok, prefix, max_len = self.token_spec(side)
         tokens = tokenize_sorted(tok, texts, prefix, max_len, sort_by_length)
-        return self.embed_tokens(tokens, side, batch_size, device, precision, runner)
+        return self.embed_tokens(tokens, side, batch_size, device, precision, runner, max_tokens)
 
     @contextmanager
     def inference_lengths(self):
@@ -256,13 +257,15 @@ class BiEncoder(nn.Module):
 
     @torch.inference_mode()
     def embed_tokens(self, tokens: dict, side: str, batch_size: int = 64, device: str | torch.device = "cpu",
-                     precision: str = "fp32", runner=None):
+                     precision: str = "fp32", runner=None, max_tokens: int | None = None):
         """`tokenize_sorted`'s arrays -> float32 numpy (N, D) in the texts' input order.
 
         Only the model's part of encoding (padding a batch is one vectorised copy), so a
         CPU stage can tokenise ahead of this. On CUDA each batch goes through pinned
         memory with a non-blocking copy. `runner` (models/backends.py: e.g. the tower compiled
-        by OpenVINO) takes the padded numpy batch instead of this module."""
+        by OpenVINO) takes the padded numpy batch instead of this module. A batch holds at most
+        `batch_size` rows and `max_tokens` padded tokens (None: CPU_BATCH_TOKENS on a CPU, rows
+        only on a GPU; 0: rows only)."""
         import numpy as np
 
         self.eval()
@@ -278,19 +281,21 @@ class BiEncoder(nn.Module):
         lengths, order = tokens["lengths"], tokens["order"]
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         out = np.empty((len(lengths), self.dim), dtype=np.float32)
-        for s in range(0, len(lengths), max(1, batch_size)):
-            e = min(len(lengths), s + max(1, batch_size))
-            batch = padded_batch(tokens, offsets, s, e, pad_id, left)
-            if runner is not None:
-                out[order[s:e]] = runner(batch)
-                continue
-            if cuda:
-                batch = {k: torch.from_numpy(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-            else:
-                batch = {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
-            with torch.autocast(device_type=device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                vecs = encode(batch)
-            out[order[s:e]] = vecs.float().cpu().numpy()
+        if max_tokens is None:
+            max_tokens = 0 if device.type == "cuda" else CPU_BATCH_TOKENS
+        # one autocast block around every batch: the weights are cast to bf16/fp16 once, not at every batch
+        with torch.autocast(device_type=device.type, dtype=dtype or torch.float32,
+                            enabled=dtype is not None and runner is None):
+            for s, e in batch_bounds(lengths, batch_size, max_tokens):
+                batch = padded_batch(tokens, offsets, s, e, pad_id, left)
+                if runner is not None:
+                    out[order[s:e]] = runner(batch)
+                    continue
+                if cuda:
+                    batch = {k: torch.from_numpy(v).pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+                else:
+                    batch = {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+                out[order[s:e]] = encode(batch).float().cpu().numpy()
         self.check_finite(out, side)
         return out
 

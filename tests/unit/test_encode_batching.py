@@ -19,7 +19,7 @@ from pipeline.index.encode_workers import read_slice
 from pipeline.index.shards import (completed_shards, pids_digest, plan_part, verify_shards, write_shard)
 from pipeline.models import BiEncoder
 from pipeline.models.precision import cpu_has_bf16, resolve_precision
-from pipeline.models.tokens import length_order
+from pipeline.models.tokens import CPU_BATCH_TOKENS, batch_bounds, length_order
 
 FAQ = Path(__file__).resolve().parents[2] / "pipeline" / "resources" / "python_faq" / "corpus.jsonl"
 
@@ -74,6 +74,44 @@ def test_each_batch_pads_only_to_its_own_longest_text(tiny, monkeypatch):
     padded_unsorted = sum(w * 8 for w, _ in widths)
     assert padded_sorted < 0.8 * padded_unsorted
     assert padded_sorted >= sum(lengths)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_bounds_keep_both_caps_and_fill_each_batch(seed):
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(1, 300, size=int(rng.integers(0, 200))))[::-1]
+    rows, budget = int(rng.integers(1, 70)), int(rng.choice([0, 1, 64, 512, 4096]))
+    bounds = batch_bounds(lengths, rows, budget)
+    assert [s for s, _ in bounds] == [0] + [e for _, e in bounds[:-1]]  # contiguous, in order
+    assert (bounds[-1][1] if bounds else 0) == len(lengths)  # every row once
+    for s, e in bounds:
+        assert 1 <= e - s <= rows
+        width = int(lengths[s:e].max())
+        assert not budget or e - s == 1 or (e - s) * width <= budget  # one row always fits
+        if e < len(lengths) and e - s < rows:  # stopped early only where the next row would break the cap
+            assert budget and (e - s + 1) * max(width, int(lengths[e])) > budget
+    if not budget:
+        assert bounds == [(s, min(len(lengths), s + rows)) for s in range(0, len(lengths), rows)]
+
+
+def test_a_cpu_batch_stops_at_its_padded_token_cap_and_vectors_do_not_change(tiny, monkeypatch):
+    texts = _texts(64)
+    rows_only = tiny.embed(texts, "doc", batch_size=64, max_tokens=0)
+    shapes: list[tuple[int, int]] = []
+    real = tiny.encode_docs
+
+    def spy(batch):
+        shapes.append(tuple(batch["input_ids"].shape))
+        return real(batch)
+
+    monkeypatch.setattr(tiny, "encode_docs", spy)
+    capped = tiny.embed(texts, "doc", batch_size=64, max_tokens=256)
+    assert len(shapes) > 1 and all(b == 1 or b * w <= 256 for b, w in shapes)
+    assert sum(b for b, _ in shapes) == len(texts)
+    np.testing.assert_allclose(capped, rows_only, atol=1e-5)
+    shapes.clear()
+    tiny.embed(texts, "doc", batch_size=64)  # on a CPU the default cap is CPU_BATCH_TOKENS
+    assert all(b * w <= CPU_BATCH_TOKENS for b, w in shapes)
 
 
 @pytest.mark.parametrize("flags, expected", [

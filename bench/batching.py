@@ -1,0 +1,165 @@
+"""Batches capped by padded tokens on a CPU, and validation inside training against encode's encoder.
+
+Side by side in one process, same model, threads, precision and tokens: passages/s of
+
+  1. our torch encoder (`BiEncoder.embed_tokens`) with 64-row batches (rows only, what every CPU run did
+     before `CPU_BATCH_TOKENS`) and with the padded-token cap (several caps);
+  2. the same for OpenVINO's tower (`encode.backend=auto` on a CPU);
+  3. sentence-transformers' `encode` on the same model and texts (batch 64, its own length sort);
+
+on three corpora: the bundled FAQ's 176 passages (7-256 tokens, the demo's validation set), 1,500
+FAQ-like passages (lengths drawn from the FAQ's, words from it) and 3,000 short ones (40-80 words).
+Then the validation inside training (`Validator`, the encoder it picks, its own rate, conversion
+included) against the steady rate of the encoder `pipeline encode` runs on the same passages.
+
+    python bench/batching.py                 # MiniLM, 2 threads, precision auto
+    python bench/batching.py --precision fp32 --caps 2048,4096,8192
+"""
+
+from __future__ import annotations
+
+from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def faq_corpus(folder: Path) -> Path:
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.ingest import ingest
+
+    out = folder / "faq"
+    ingest([python_faq_dir()], "beir", out, progress=False)
+    return out
+
+
+def corpus_texts(corpus: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    from pipeline.data.manifest import join_title, load_manifest
+
+    manifest, texts = load_manifest(corpus), []
+    for part in manifest["parts"]:
+        t = pq.read_table(corpus / part["file"])
+        texts += [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+    return texts
+
+
+def synthetic(texts: list[str], n: int, short: bool) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = " ".join(texts).split()
+    sizes = rng.integers(40, 81, n) if short else rng.choice([len(t.split()) for t in texts], n)
+    return [" ".join(words[s:s + k]) for s, k in zip(rng.integers(0, len(words) - 300, n), sizes)]
+
+
+def best_rate(fn, n: int, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return n / min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--precision", default="auto", help="auto (bf16 where native), fp32 or bf16")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=64, help="rows per batch (the row cap)")
+    ap.add_argument("--caps", default="2048,4096,8192", help="padded-token caps to compare with rows only")
+    ap.add_argument("--rounds", type=int, default=2, help="each row measured this many times, best kept")
+    ap.add_argument("--skip-st", action="store_true", help="no sentence-transformers row")
+    args = ap.parse_args()
+
+    import torch
+
+    from pipeline.config import ModelConfig
+    from pipeline.models.backends import openvino_available, tower_runner
+    from pipeline.models.encoder import BiEncoder
+    from pipeline.models.precision import resolve_precision
+    from pipeline.models.tokens import CPU_BATCH_TOKENS, tokenize_sorted
+
+    print_cpu()
+    torch.set_num_threads(args.threads)
+    precision = resolve_precision(args.precision, "cpu")
+    caps = sorted({int(c) for c in args.caps.split(",") if c} | {CPU_BATCH_TOKENS})
+    model = BiEncoder.load(ModelConfig(name_or_path=args.model))
+    print(f"model {args.model}, {args.threads} threads, precision {precision}, row cap {args.batch}, "
+          f"default token cap {CPU_BATCH_TOKENS:,}, best of {args.rounds}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = faq_corpus(Path(tmp))
+        faq = corpus_texts(corpus)
+        sets = [("FAQ passages", faq), ("FAQ-like x1,500", synthetic(faq, 1500, False)),
+                ("short x3,000 (40-80 words)", synthetic(faq, 3000, True))]
+        runner = None
+        with torch.inference_mode(), model.inference_lengths():
+            if openvino_available():
+                _, runner, ov_precision, note = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu",
+                                                             keep=False)
+            encode_rate = {}  # per corpus: the encoder `pipeline encode` runs, at the default cap
+            for name, texts in sets:
+                tok, prefix, max_len = model.token_spec("doc")
+                tokens = tokenize_sorted(tok, texts, prefix, max_len)
+                print(f"\n{name}: {len(texts):,} passages, {int(tokens['lengths'].sum()):,} tokens "
+                      f"({int(tokens['lengths'].min())}-{int(tokens['lengths'].max())} per passage)")
+                print(f"  {'encoder':<30}{'rows only':>11}" + "".join(f"{f'cap {c:,}':>19}" for c in caps))
+                backends = [("torch " + precision, None)] + ([(f"openvino {ov_precision}", runner)] if runner else [])
+                for label, run in backends:
+                    rates = {cap: best_rate(lambda cap=cap: model.embed_tokens(tokens, "doc", args.batch, "cpu",
+                                                                               precision, run, max_tokens=cap),
+                                            len(texts), args.rounds) for cap in [0] + caps}
+                    print(f"  {label:<30}{rates[0]:>9.1f}/s" + "".join(f"{rates[c]:>10.1f}/s ({rates[c] / rates[0]:.2f}x)"
+                                                                     for c in caps), flush=True)
+                    encode_rate[name] = rates[CPU_BATCH_TOKENS]  # openvino's when there, else torch's
+                if not args.skip_st:
+                    st_rate = st_encode_rate(args.model, texts, args.batch, precision, args.rounds)
+                    print(f"  {'sentence-transformers encode':<30}{st_rate:>9.1f}/s (batch {args.batch}, its own "
+                          f"length sort{', bf16 autocast' if precision == 'bf16' else ''})", flush=True)
+        validation_against_encode(model, corpus, encode_rate["FAQ passages"], args)
+
+
+def st_encode_rate(model_name: str, texts: list[str], batch: int, precision: str, rounds: int) -> float:
+    import contextlib
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from pipeline.models.loading import resolve_model_path
+
+    st = SentenceTransformer(str(resolve_model_path(model_name)), device="cpu")
+    st.max_seq_length = 256
+    ctx = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
+
+    def run():
+        with ctx():
+            st.encode(texts, batch_size=batch, show_progress_bar=False)
+    return best_rate(run, len(texts), rounds)
+
+
+def validation_against_encode(model, corpus: Path, encode_rate: float, args) -> None:
+    from pipeline.index.validate import Validator
+
+    validator = Validator(str(corpus), qrels=str(corpus / "qrels" / "test.trec"), metric="nDCG@10",
+                          batch_size=args.batch, precision=args.precision)
+    print(f"\nvalidation inside training on the FAQ (Validator, rate with any conversion included), "
+          f"against encode's encoder steady on the same passages ({encode_rate:.1f}/s):")
+    for backend in ("auto", "openvino", "torch"):
+        validator.backend = backend
+        best = max((validator(model, device="cpu") for _ in range(args.rounds)), key=lambda r: r["validation_rate"])
+        print(f"  validation.backend={backend:<9} {best['validation_rate']:6.1f}/s  "
+              f"{best['validation_rate'] / encode_rate:.2f}x  nDCG@10 {best['val_metric']:.4f}  "
+              f"({best['validation_encoder']})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
