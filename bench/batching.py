@@ -9,8 +9,10 @@ Side by side in one process, same model, threads, precision and tokens: passages
 
 on three corpora: the bundled FAQ's 176 passages (7-256 tokens, the demo's validation set), 1,500
 FAQ-like passages (lengths drawn from the FAQ's, words from it) and 3,000 short ones (40-80 words).
-Then the validation inside training (`Validator`, the encoder it picks, its own rate, conversion
-included) against the steady rate of the encoder `pipeline encode` runs on the same passages.
+Then validation inside training (`Validator`: the encoder it picks, its own rate, any conversion
+included; several validations with the weights changing between them, as in a run: the first converts
+the model for OpenVINO, the later ones refresh it) against the steady rate of the encoder `pipeline
+encode` runs on the same passages, on the FAQ and on the FAQ with distractors up to 1,500 passages.
 
     python bench/batching.py                 # MiniLM, 2 threads, precision auto
     python bench/batching.py --precision fp32 --caps 2048,4096,8192
@@ -79,6 +81,9 @@ def main() -> None:
     ap.add_argument("--caps", default="2048,4096,8192", help="padded-token caps to compare with rows only")
     ap.add_argument("--rounds", type=int, default=2, help="each row measured this many times, best kept")
     ap.add_argument("--skip-st", action="store_true", help="no sentence-transformers row")
+    ap.add_argument("--dev-sizes", default="176,1500", help="validation sets: the FAQ, then with distractors up to n")
+    ap.add_argument("--validations", type=int, default=3, help="validations per run (the first converts)")
+    ap.add_argument("--skip-encoders", action="store_true", help="only the validation rows")
     args = ap.parse_args()
 
     import torch
@@ -106,8 +111,7 @@ def main() -> None:
             if openvino_available():
                 _, runner, ov_precision, note = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu",
                                                              keep=False)
-            encode_rate = {}  # per corpus: the encoder `pipeline encode` runs, at the default cap
-            for name, texts in sets:
+            for name, texts in ([] if args.skip_encoders else sets):
                 tok, prefix, max_len = model.token_spec("doc")
                 tokens = tokenize_sorted(tok, texts, prefix, max_len)
                 print(f"\n{name}: {len(texts):,} passages, {int(tokens['lengths'].sum()):,} tokens "
@@ -120,12 +124,11 @@ def main() -> None:
                                             len(texts), args.rounds) for cap in [0] + caps}
                     print(f"  {label:<30}{rates[0]:>9.1f}/s" + "".join(f"{rates[c]:>10.1f}/s ({rates[c] / rates[0]:.2f}x)"
                                                                      for c in caps), flush=True)
-                    encode_rate[name] = rates[CPU_BATCH_TOKENS]  # openvino's when there, else torch's
                 if not args.skip_st:
                     st_rate = st_encode_rate(args.model, texts, args.batch, precision, args.rounds)
                     print(f"  {'sentence-transformers encode':<30}{st_rate:>9.1f}/s (batch {args.batch}, its own "
                           f"length sort{', bf16 autocast' if precision == 'bf16' else ''})", flush=True)
-        validation_against_encode(model, corpus, encode_rate["FAQ passages"], args)
+        validation_against_encode(model, corpus, args, [int(x) for x in args.dev_sizes.split(",") if x])
 
 
 def st_encode_rate(model_name: str, texts: list[str], batch: int, precision: str, rounds: int) -> float:
@@ -146,19 +149,71 @@ def st_encode_rate(model_name: str, texts: list[str], batch: int, precision: str
     return best_rate(run, len(texts), rounds)
 
 
-def validation_against_encode(model, corpus: Path, encode_rate: float, args) -> None:
-    from pipeline.index.validate import Validator
+def dev_set_with_distractors(folder: Path, n: int) -> Path:
+    """The FAQ with FAQ-like distractor passages up to `n` passages (same queries and qrels)."""
+    import json
+    import shutil
 
-    validator = Validator(str(corpus), qrels=str(corpus / "qrels" / "test.trec"), metric="nDCG@10",
-                          batch_size=args.batch, precision=args.precision)
-    print(f"\nvalidation inside training on the FAQ (Validator, rate with any conversion included), "
-          f"against encode's encoder steady on the same passages ({encode_rate:.1f}/s):")
-    for backend in ("auto", "openvino", "torch"):
-        validator.backend = backend
-        best = max((validator(model, device="cpu") for _ in range(args.rounds)), key=lambda r: r["validation_rate"])
-        print(f"  validation.backend={backend:<9} {best['validation_rate']:6.1f}/s  "
-              f"{best['validation_rate'] / encode_rate:.2f}x  nDCG@10 {best['val_metric']:.4f}  "
-              f"({best['validation_encoder']})", flush=True)
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.ingest import ingest
+
+    src, beir = python_faq_dir(), folder / f"faq-{n}-beir"
+    shutil.copytree(src / "qrels", beir / "qrels")
+    shutil.copy(src / "queries.jsonl", beir / "queries.jsonl")
+    lines = (src / "corpus.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines]
+    extra = synthetic(texts, max(0, n - len(lines)), False)
+    (beir / "corpus.jsonl").write_text("\n".join(lines + [json.dumps({"_id": f"x-{i}", "title": "", "text": t})
+                                                          for i, t in enumerate(extra)]) + "\n")
+    out = folder / f"faq-{n}"
+    ingest([beir], "beir", out, progress=False)
+    return out
+
+
+def validation_against_encode(model, corpus: Path, args, sizes: list[int]) -> None:
+    """Validations as a run makes them (one Validator, the model changing between them), against the steady
+    rate of the encoder `pipeline encode` runs (OpenVINO where installed) on the same passages."""
+    import torch
+
+    from pipeline.index.validate import Validator
+    from pipeline.models.backends import openvino_available, tower_runner
+    from pipeline.models.precision import resolve_precision
+    from pipeline.models.tokens import tokenize_sorted
+
+    precision = resolve_precision(args.precision, "cpu")
+    print(f"\nvalidation inside training (one Validator, {args.validations} validations, the weights nudged between "
+          "them as training would; rate with any conversion included) against encode's encoder steady on the same "
+          "passages:")
+    for n in sizes:
+        dev = corpus if n <= 176 else dev_set_with_distractors(corpus.parent, n)
+        texts = corpus_texts(dev)
+        with torch.inference_mode(), model.inference_lengths():
+            runner = None
+            if openvino_available():
+                _, runner, _, _ = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu", keep=False)
+            tok, prefix, max_len = model.token_spec("doc")
+            tokens = tokenize_sorted(tok, texts, prefix, max_len)
+            encode_rate = best_rate(lambda: model.embed_tokens(tokens, "doc", args.batch, "cpu", precision, runner),
+                                    len(texts), args.rounds)
+        print(f"  {len(texts):,} passages: encode's encoder ({'openvino' if runner else 'torch'} {precision}) "
+              f"{encode_rate:.1f}/s")
+        kept = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for backend in ("auto", "openvino", "torch"):
+            validator = Validator(str(dev), qrels=str(dev / "qrels" / "test.trec"), metric="nDCG@10",
+                                  batch_size=args.batch, precision=args.precision, backend=backend)
+            generator = torch.Generator().manual_seed(0)
+            rates = []
+            for _ in range(args.validations):
+                result = validator(model, device="cpu")
+                rates.append(result["validation_rate"])
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator) * 1e-3)
+            model.load_state_dict(kept)
+            later = sum(rates[1:]) / max(1, len(rates) - 1)
+            print(f"    validation.backend={backend:<9} first {rates[0]:6.1f}/s ({rates[0] / encode_rate:.2f}x), "
+                  f"later {later:6.1f}/s ({later / encode_rate:.2f}x)  last nDCG@10 {result['val_metric']:.4f}  "
+                  f"({result['validation_encoder']})", flush=True)
 
 
 if __name__ == "__main__":

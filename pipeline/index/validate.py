@@ -9,8 +9,8 @@ exported model and it runs at the encoder's speed: the lengths the export declar
 shorter ones: `BiEncoder.inference_lengths`), the passages in encode's precision (`validation.precision`,
 auto = bf16 where native, else fp32), the queries in fp32 (as retrieve encodes them), and on a CPU
 through OpenVINO (`validation.backend`) when the corpus is large enough for the faster encoder to pay
-for converting the model at every validation (OPENVINO_MIN_PASSAGES); each validation says which
-encoder ran, at what rate, and why.
+for its conversion (OPENVINO_MIN_PASSAGES: converted at the first validation, refreshed with the step's
+weights at the later ones); each validation says which encoder ran, at what rate, and why.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from ..data.readers import load_qrels, load_queries
 from ..eval.metrics import evaluate_run, measure_name, measures_for
 from ..eval.runs import read_run, write_run
 
-# auto uses OpenVINO from this many passages on: its conversion of the model being trained (~6 s for
-# MiniLM on 2 cores) is paid at every validation, and OpenVINO encodes MiniLM 2.2x torch's fp32 rate on
-# an AVX512 CPU but only 1.05x on an AVX2 one (bench/encode.py), so small corpora stay with torch
+# auto uses OpenVINO from this many passages on: the model being trained is converted at the first
+# validation (~5 s for MiniLM on 2 cores: RefreshableTower converts twice) and refreshed and compiled at
+# the later ones (~0.5-1 s with the check), while OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on
+# an AVX512-BF16 CPU (bench/batching.py) and 1.05x torch's fp32 on an AVX2 one (bench/encode.py), so
+# small corpora stay with torch
 OPENVINO_MIN_PASSAGES = 1000
 
 
@@ -49,12 +51,16 @@ class Validator:
         self.metric, self.top_k, self.batch_size = metric, top_k, batch_size
         self.precision, self.backend = precision, backend
         self.eval_cfg = eval_cfg or EvalConfig()
+        self._refreshable = None  # the model converted for OpenVINO at the first validation (not pickled)
         # the configured name may be an alias (MRR@10 -> RR@10); it is always computed
         self.metric_key = measure_name(metric, self.eval_cfg.rel_level)
         self.measures = list(measures_for(self.eval_cfg))
         if self.metric_key not in self.measures:
             self.measures.append(self.metric_key)
         load_manifest(self.corpus)  # fail here, on the driver, rather than inside a worker
+
+    def __getstate__(self):
+        return {**self.__dict__, "_refreshable": None}
 
     def encoder_plan(self, model, device, n_docs: int) -> tuple[str, str, str | None]:
         """(backend, precision, why) for the passages: `pipeline encode`'s choice on this machine."""
@@ -98,11 +104,7 @@ class Validator:
             t_enc = time.time()
             runner = None
             if backend == "openvino":
-                progress.update("converting the model for OpenVINO", 0, 1)
-                backend, runner, precision, note = tower_runner(model, "doc", backend, precision,
-                                                                torch.get_num_threads(), device, keep=False,
-                                                                option="validation")
-                why = note or why  # a conversion that failed, or a check that did not pass: torch, and why
+                backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
             progress.update("encoding passages", 0, n_docs)
             for part in manifest["parts"]:
                 t = pq.read_table(self.corpus / part["file"])
@@ -133,6 +135,33 @@ class Validator:
         out["validation_rate"] = n_docs / max(encode_s, 1e-9)
         out["validation_encoder"] = f"{backend} {precision}" + (f" ({why})" if why else "")
         return out
+
+
+    def _openvino(self, model, backend: str, precision: str, device, why: str | None):
+        """(backend, runner, precision, why): the model as OpenVINO's tower with this step's weights,
+        converted at the first validation and refreshed at the later ones (RefreshableTower), or
+        converted each time where it cannot be refreshed (and the line says why); torch, and why, where
+        the conversion failed or its check did not pass (auto)."""
+        import torch
+
+        from ..models.backends import RefreshableTower, tower_runner
+
+        first = self._refreshable is None or not self._refreshable.fits(model, "doc")
+        if first:
+            progress.update("converting the model for OpenVINO", 0, 1)
+            try:
+                self._refreshable = RefreshableTower(model, "doc")
+            except Exception:  # the conversion itself failed: tower_runner's own conversion says how
+                self._refreshable = None
+        used, runner, precision, note = tower_runner(model, "doc", backend, precision, torch.get_num_threads(), device,
+                                                     keep=False, option="validation", refreshable=self._refreshable)
+        if note or used != "openvino":
+            return used, runner, precision, note or why  # a failed conversion or check: torch, and why
+        if self._refreshable is None or self._refreshable.reason:
+            reason = self._refreshable.reason if self._refreshable is not None else "the conversion failed"
+            return used, runner, precision, f"converted at every validation: {reason}"
+        return used, runner, precision, ("converted for OpenVINO at this first validation" if first
+                                         else "the first validation's conversion, this step's weights written in")
 
 
 def make_validator(job):

@@ -195,3 +195,58 @@ def test_an_export_cache_that_is_a_file_is_one_clear_error(tiny_model_dir, tmp_p
     f.write_text("x")
     with pytest.raises(PipelineError, match=r"PIPELINE_EXPORT_CACHE=.*cache-file: not a folder"):
         tower_runner(_model(tiny_model_dir), "doc", "auto", "fp32", 1, cache=f)
+
+
+def _nudge(model, seed: int, scale: float = 0.05):
+    """Change every weight in place, as an optimizer step does."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_model_dir):
+    """Converted once; after the weights change in place (training steps) the refreshed graph gives torch's
+    vectors for the weights as they are now, without converting again. Finding which constant holds which
+    weight leaves the model as it was: the same tensors, the same values."""
+    model = _model(tiny_model_dir, pooling="mean", normalize=True)
+    # freshly initialised, its layer norms multiply by exactly 1 and add exactly 0: the converter drops those
+    # operations, so the graph would be wrong once training moves them; that is found, and said
+    assert "another graph" in backends.RefreshableTower(model, "doc").reason
+    _nudge(model, 0)  # as the first training steps leave it
+    toks = _tokens(model)
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    refreshable = backends.RefreshableTower(model, "doc")
+    assert refreshable.reason is None and refreshable.buffers and refreshable.fits(model, "doc")
+    for name, p in model.named_parameters():
+        assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
+    converted = []
+    real_convert = backends.convert_tower
+    for seed in (1, 2):
+        _nudge(model, seed)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+            used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False,
+                                                         option="validation", refreshable=refreshable)
+        assert (used, precision, note) == ("openvino", "fp32", None) and runner.check["passed"]
+        ref = model.embed_tokens(toks, "doc", batch_size=8, precision="fp32")
+        np.testing.assert_allclose(model.embed_tokens(toks, "doc", batch_size=8, precision="fp32", runner=runner),
+                                   ref, atol=1e-5)
+    assert not converted  # refreshed, never converted again
+    assert not refreshable.fits(_model(tiny_model_dir), "doc") and not refreshable.fits(model, "query")
+
+
+def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_time(tiny_model_dir, monkeypatch):
+    """A constant the converter folded from weights cannot be refreshed by copying one weight: the tower says
+    why and is not used, and the caller's conversion gives torch's vectors for the current weights."""
+    model = _model(tiny_model_dir, pooling="mean", normalize=True)
+    _nudge(model, 0)
+    real_encode = model.encode_docs
+    # a tower whose output adds a sum of one weight matrix: the converter folds that sum into one number
+    monkeypatch.setattr(model, "encode_docs", lambda b: real_encode(b) + 0.01 * next(model.parameters()).sum())
+    refreshable = backends.RefreshableTower(model, "doc")
+    assert refreshable.reason and "computed from the weights" in refreshable.reason, refreshable.reason
+    assert not refreshable.fits(model, "doc")
+    _nudge(model, 3)
+    used, runner, _, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False, refreshable=refreshable)
+    assert used == "openvino" and note is None  # passed its check against torch: converted with these weights

@@ -77,11 +77,26 @@ def test_openvino_validation_converts_the_trained_weights_and_caches_nothing(tin
     monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES", 100)  # the FAQ's 176 passages go to OpenVINO
     v = Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10", precision="fp32")
     got = v(model)
-    assert got["validation_encoder"] == "openvino fp32" and got["validation_rate"] > 0
-    torch_run = Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10", precision="fp32",
-                          backend="torch")(model)
+    assert got["validation_encoder"] == "openvino fp32 (converted for OpenVINO at this first validation)"
+    assert got["validation_rate"] > 0
+    torch_v = Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10", precision="fp32",
+                        backend="torch")
+    torch_run = torch_v(model)
     assert torch_run["validation_encoder"].startswith("torch fp32")
     assert abs(got["val_nDCG@10"] - torch_run["val_nDCG@10"]) <= 0.002
+    # later validations: the first one's conversion with the weights training has moved since written in
+    for seed in (1, 2):
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(seed)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        got, torch_run = v(model), torch_v(model)
+        assert got["validation_encoder"] == "openvino fp32 (the first validation's conversion, this step's weights written in)"
+        assert abs(got["val_nDCG@10"] - torch_run["val_nDCG@10"]) <= 0.002
+        assert abs(got["val_RR@10"] - torch_run["val_RR@10"]) <= 0.002
+    import pickle
+
+    assert pickle.loads(pickle.dumps(v))._refreshable is None  # a Validator sent to a worker carries no conversion
     assert not cache.exists() or not any(cache.rglob("*.xml"))
 
 
