@@ -31,8 +31,8 @@ from ..eval.metrics import evaluate_run, measure_name, measures_for
 from ..eval.runs import read_run, write_run
 
 # auto uses OpenVINO from this many passages on: the model being trained is converted at the first
-# validation (~5 s for MiniLM on 2 cores: RefreshableTower converts twice) and refreshed and compiled at
-# the later ones (~0.5-1 s with the check), while OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on
+# validation (~2.5 s for MiniLM on 2 cores), again at the second to find its weights in the graph
+# (RefreshableTower), and refreshed and compiled at the later ones (~0.5-1 s with the check), while OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on
 # an AVX512-BF16 CPU (bench/batching.py) and 1.05x torch's fp32 on an AVX2 one (bench/encode.py), so
 # small corpora stay with torch
 OPENVINO_MIN_PASSAGES = 1000
@@ -80,7 +80,7 @@ class Validator:
             return "torch", precision, "OpenVINO is not installed"
         if n_docs < OPENVINO_MIN_PASSAGES:
             return "torch", precision, (f"{n_docs:,} passages < {OPENVINO_MIN_PASSAGES:,}: converting the model for "
-                                        "OpenVINO at every validation costs more than it saves")
+                                        "OpenVINO costs more than it saves on so few")
         return "openvino", precision, None
 
     def __call__(self, model, device: str | None = None) -> dict:
@@ -146,22 +146,25 @@ class Validator:
 
         from ..models.backends import RefreshableTower, tower_runner
 
-        first = self._refreshable is None or not self._refreshable.fits(model, "doc")
-        if first:
+        tower = self._refreshable
+        stuck = tower is not None and tower.reason is not None and tower.is_of(model, "doc")  # cannot be refreshed
+        if not stuck and (tower is None or not tower.fits(model, "doc")):
             progress.update("converting the model for OpenVINO", 0, 1)
             try:
                 self._refreshable = RefreshableTower(model, "doc")
             except Exception:  # the conversion itself failed: tower_runner's own conversion says how
                 self._refreshable = None
         used, runner, precision, note = tower_runner(model, "doc", backend, precision, torch.get_num_threads(), device,
-                                                     keep=False, option="validation", refreshable=self._refreshable)
+                                                     keep=False, option="validation",
+                                                     refreshable=None if stuck else self._refreshable)
         if note or used != "openvino":
             return used, runner, precision, note or why  # a failed conversion or check: torch, and why
-        if self._refreshable is None or self._refreshable.reason:
-            reason = self._refreshable.reason if self._refreshable is not None else "the conversion failed"
-            return used, runner, precision, f"converted at every validation: {reason}"
-        return used, runner, precision, ("converted for OpenVINO at this first validation" if first
-                                         else "the first validation's conversion, this step's weights written in")
+        tower = self._refreshable
+        if tower is None or tower.reason:
+            return used, runner, precision, ("converted at every validation: "
+                                             + (tower.reason if tower is not None else "the conversion failed"))
+        return used, runner, precision, ("converted for OpenVINO at this validation" if tower.uses == 1 else
+                                         "converted at the first validation, this step's weights written in")
 
 
 def make_validator(job):

@@ -326,10 +326,10 @@ class OpenVinoTower:
         try:
             if keep:
                 converted = core.read_model(str(xml))
-            elif refreshable is not None and refreshable.fits(model, side):
-                converted = refreshable.refreshed(model)  # converted once, with this step's weights written in
-            else:
-                converted = self._convert(model)
+            else:  # converted once and refreshed with this step's weights where it can be, else converted now
+                converted = refreshable.refreshed(model) if refreshable is not None and refreshable.fits(model, side) \
+                    else None
+                converted = converted if converted is not None else self._convert(model)
             self.compiled = core.compile_model(converted, "CPU", {
                 "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
                 "PERFORMANCE_HINT": "LATENCY"})
@@ -478,34 +478,65 @@ class RefreshableTower:
     model's current weights into the converted graph and only compiles it again (validation inside
     training: MiniLM on 2 cores, ~0.2-0.6 s to refresh and compile against ~2.5 s to convert).
 
-    Which constant of the graph holds which parameter is found by converting a second time with every
-    parameter set to seeded random values (then put back: the same tensors, untouched): a constant that
-    differs between the two conversions is a parameter's values, as they are or reshaped or transposed,
-    or it was computed from parameters (folded by the converter), and then the graph cannot be refreshed
-    (`reason` says so and the caller converts at every use). A refreshed tower still passes
-    OpenVinoTower's check against torch before it is used."""
+    Which constant of the graph holds which parameter is found at the second use (so no use costs more
+    than a conversion) by converting again with every parameter set to seeded random values (then put
+    back: the same tensors, untouched): a constant that differs between the two conversions is a
+    parameter's values, as they are or reshaped or transposed, or it was computed from parameters, or
+    the converter built another graph (it drops a layer norm's multiply by exactly 1, say); then the
+    graph cannot be refreshed, `reason` says why and the caller converts at every use. A refreshed tower
+    still passes OpenVinoTower's check against torch before it is used."""
 
     def __init__(self, model, side: str = "doc"):
         import weakref
 
-        import openvino as ov
-
         self.side, self._model = side, weakref.ref(model)
         self._shapes = _parameter_shapes(model)
         self.reason: str | None = None
-        self.buffers: list[tuple[np.ndarray, str, bool]] = []  # (constant's memory, parameter, transposed)
-        params = dict(model.named_parameters())
-        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params.values()):
+        self.buffers: list[tuple[np.ndarray, str, bool]] | None = None  # (constant's memory, parameter, transposed)
+        self.uses = 0
+        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
             self.reason, self.graph = "its weights are not float32 on the CPU", None
             return
         self.graph = convert_tower(model, side, share_weights=False)
+
+    def is_of(self, model, side: str) -> bool:
+        """Whether this conversion is of `model`'s `side` (refreshable or not)."""
+        return side == self.side and self._model() is model and _parameter_shapes(model) == self._shapes
+
+    def fits(self, model, side: str) -> bool:
+        """Whether this conversion is of `model`'s `side` (the same module, the same parameters) and can
+        still be refreshed."""
+        return self.reason is None and self.is_of(model, side)
+
+    def refreshed(self, model):
+        """The converted graph holding `model`'s weights as they are now (at the first use: as converted,
+        just before), or None where it cannot be refreshed (`reason`)."""
+        self.uses += 1
+        if self.uses == 1:
+            return self.graph
+        if self.buffers is None:
+            self._find_weights(model)
+            if self.reason:
+                return None
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for memory, name, transposed in self.buffers:
+                value = params[name].detach().float().cpu().numpy()
+                np.copyto(memory, (value.T if transposed else value).reshape(memory.shape))
+        return self.graph
+
+    def _find_weights(self, model) -> None:
+        """Tie each constant of the graph that holds a weight to it (see the class), or set `reason`."""
+        import openvino as ov
+
+        params = dict(model.named_parameters())
         generator = torch.Generator().manual_seed(0)
         marks = {name: torch.randn(p.shape, generator=generator) for name, p in params.items()}
         kept = {name: p.data for name, p in params.items()}
         try:
             for name, p in params.items():
                 p.data = marks[name]
-            marked = convert_tower(model, side, share_weights=False)
+            marked = convert_tower(model, self.side, share_weights=False)
         finally:
             for name, p in params.items():
                 p.data = kept[name]
@@ -530,25 +561,12 @@ class RefreshableTower:
                                f"{list(value.shape)}) is computed from the weights, not one of them")
                 return
             found.append((op, *source))
+        self.buffers = []
         for op, name, transposed in found:  # each such constant now reads memory of our own
             memory = np.ascontiguousarray(op.get_data()).copy()
             fresh = ov.op.Constant(ov.Tensor(memory, shared_memory=True), shared_memory=True)
             op.output(0).replace(fresh.output(0))
             self.buffers.append((memory, name, transposed))
-
-    def fits(self, model, side: str) -> bool:
-        """Whether this conversion is of `model`'s `side` (the same module, the same parameters)."""
-        return (self.reason is None and side == self.side and self._model() is model
-                and _parameter_shapes(model) == self._shapes)
-
-    def refreshed(self, model):
-        """The converted graph holding `model`'s weights as they are now."""
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for memory, name, transposed in self.buffers:
-                value = params[name].detach().float().cpu().numpy()
-                np.copyto(memory, (value.T if transposed else value).reshape(memory.shape))
-        return self.graph
 
 
 def _parameter_shapes(model) -> list[tuple[str, tuple[int, ...]]]:

@@ -207,32 +207,35 @@ def _nudge(model, seed: int, scale: float = 0.05):
 
 def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_model_dir):
     """Converted once; after the weights change in place (training steps) the refreshed graph gives torch's
-    vectors for the weights as they are now, without converting again. Finding which constant holds which
-    weight leaves the model as it was: the same tensors, the same values."""
+    vectors for the weights as they are now. The second use converts once more to find which constant holds
+    which weight, leaving the model as it was (the same tensors, the same values); later uses convert nothing."""
     model = _model(tiny_model_dir, pooling="mean", normalize=True)
     # freshly initialised, its layer norms multiply by exactly 1 and add exactly 0: the converter drops those
-    # operations, so the graph would be wrong once training moves them; that is found, and said
-    assert "another graph" in backends.RefreshableTower(model, "doc").reason
+    # operations, so the graph would be wrong once training moves them; that is found at the second use, and said
+    fresh = backends.RefreshableTower(model, "doc")
+    assert fresh.refreshed(model) is fresh.graph
     _nudge(model, 0)  # as the first training steps leave it
+    assert fresh.refreshed(model) is None and "another graph" in fresh.reason and not fresh.fits(model, "doc")
     toks = _tokens(model)
-    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
     refreshable = backends.RefreshableTower(model, "doc")
-    assert refreshable.reason is None and refreshable.buffers and refreshable.fits(model, "doc")
-    for name, p in model.named_parameters():
-        assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
+    assert refreshable.reason is None and refreshable.fits(model, "doc")
     converted = []
     real_convert = backends.convert_tower
-    for seed in (1, 2):
-        _nudge(model, seed)
+    for use in range(3):
+        if use:
+            _nudge(model, use)
+        before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+            mp.setattr(backends, "convert_tower", lambda *a, **k: converted.append(use) or real_convert(*a, **k))
             used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False,
                                                          option="validation", refreshable=refreshable)
         assert (used, precision, note) == ("openvino", "fp32", None) and runner.check["passed"]
+        for name, p in model.named_parameters():
+            assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
         ref = model.embed_tokens(toks, "doc", batch_size=8, precision="fp32")
         np.testing.assert_allclose(model.embed_tokens(toks, "doc", batch_size=8, precision="fp32", runner=runner),
                                    ref, atol=1e-5)
-    assert not converted  # refreshed, never converted again
+    assert converted == [1] and refreshable.buffers and refreshable.uses == 3  # one mapping conversion, then none
     assert not refreshable.fits(_model(tiny_model_dir), "doc") and not refreshable.fits(model, "query")
 
 
@@ -245,8 +248,9 @@ def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_tim
     # a tower whose output adds a sum of one weight matrix: the converter folds that sum into one number
     monkeypatch.setattr(model, "encode_docs", lambda b: real_encode(b) + 0.01 * next(model.parameters()).sum())
     refreshable = backends.RefreshableTower(model, "doc")
-    assert refreshable.reason and "computed from the weights" in refreshable.reason, refreshable.reason
-    assert not refreshable.fits(model, "doc")
+    refreshable.refreshed(model)  # the first use: as converted
     _nudge(model, 3)
+    assert refreshable.refreshed(model) is None and not refreshable.fits(model, "doc")
+    assert "computed from the weights" in refreshable.reason, refreshable.reason
     used, runner, _, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False, refreshable=refreshable)
     assert used == "openvino" and note is None  # passed its check against torch: converted with these weights
