@@ -25,11 +25,20 @@ def terminal_signals() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, and never one this process was handed before: the OS may
+    give a just-closed port again, and a Ray head given the same port for two of its components refuses
+    to start (it happened: gcs and dashboard_agent_http both got 55891)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def run_result_script(script: str, *args: str, timeout: float, what: str) -> dict:

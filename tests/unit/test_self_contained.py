@@ -101,3 +101,11 @@ def test_test_modules_have_unique_names():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         assert path.name not in seen, f"{path.relative_to(ROOT)} and {seen[path.name].relative_to(ROOT)} share a name"
         seen[path.name] = path
+
+
+def test_free_port_never_hands_out_a_port_twice():
+    """Ray head fixtures take several ports from free_port(); one port twice makes the head refuse to start."""
+    from subprocs import free_port
+
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
