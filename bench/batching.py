@@ -93,7 +93,7 @@ def main() -> None:
     from pipeline.models.backends import openvino_available, tower_runner
     from pipeline.models.encoder import BiEncoder
     from pipeline.models.precision import resolve_precision
-    from pipeline.models.tokens import CPU_BATCH_TOKENS, tokenize_sorted
+    from pipeline.models.tokens import CPU_BATCH_TOKENS
 
     print_cpu()
     torch.set_num_threads(args.threads)
@@ -105,31 +105,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = faq_corpus(Path(tmp))
         faq = corpus_texts(corpus)
-        sets = [("FAQ passages", faq), ("FAQ-like x1,500", synthetic(faq, 1500, False)),
-                ("short x3,000 (40-80 words)", synthetic(faq, 3000, True))]
-        runner = None
         with torch.inference_mode(), model.inference_lengths():
-            if openvino_available():
-                _, runner, ov_precision, note = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu",
-                                                             keep=False)
-            for name, texts in ([] if args.skip_encoders else sets):
-                tok, prefix, max_len = model.token_spec("doc")
-                tokens = tokenize_sorted(tok, texts, prefix, max_len)
-                print(f"\n{name}: {len(texts):,} passages, {int(tokens['lengths'].sum()):,} tokens "
-                      f"({int(tokens['lengths'].min())}-{int(tokens['lengths'].max())} per passage)")
-                print(f"  {'encoder':<30}{'rows only':>11}" + "".join(f"{f'cap {c:,}':>19}" for c in caps))
-                backends = [("torch " + precision, None)] + ([(f"openvino {ov_precision}", runner)] if runner else [])
-                for label, run in backends:
-                    rates = {cap: best_rate(lambda cap=cap: model.embed_tokens(tokens, "doc", args.batch, "cpu",
-                                                                               precision, run, max_tokens=cap),
-                                            len(texts), args.rounds) for cap in [0] + caps}
-                    print(f"  {label:<30}{rates[0]:>9.1f}/s" + "".join(f"{rates[c]:>10.1f}/s ({rates[c] / rates[0]:.2f}x)"
-                                                                     for c in caps), flush=True)
-                if not args.skip_st:
-                    st_rate = st_encode_rate(args.model, texts, args.batch, precision, args.rounds)
-                    print(f"  {'sentence-transformers encode':<30}{st_rate:>9.1f}/s (batch {args.batch}, its own "
-                          f"length sort{', bf16 autocast' if precision == 'bf16' else ''})", flush=True)
-        validation_against_encode(model, corpus, args, [int(x) for x in args.dev_sizes.split(",") if x])
+            # OpenVINO's tower of the model as loaded: the encoder `pipeline encode` runs on a CPU
+            runner = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu", keep=False)[1] \
+                if openvino_available() else None
+            if not args.skip_encoders:
+                sets = [("FAQ passages", faq), ("FAQ-like x1,500", synthetic(faq, 1500, False)),
+                        ("short x3,000 (40-80 words)", synthetic(faq, 3000, True))]
+                encoder_rows(model, runner, sets, caps, precision, args)
+        validation_against_encode(model, runner, corpus, args, [int(x) for x in args.dev_sizes.split(",") if x])
+
+
+def encoder_rows(model, runner, sets, caps: list[int], precision: str, args) -> None:
+    """Per corpus: torch's and OpenVINO's rates with rows-only batches and each cap, and sentence-transformers'."""
+    from pipeline.models.tokens import tokenize_sorted
+
+    for name, texts in sets:
+        tok, prefix, max_len = model.token_spec("doc")
+        tokens = tokenize_sorted(tok, texts, prefix, max_len)
+        print(f"\n{name}: {len(texts):,} passages, {int(tokens['lengths'].sum()):,} tokens "
+              f"({int(tokens['lengths'].min())}-{int(tokens['lengths'].max())} per passage)")
+        print(f"  {'encoder':<30}{'rows only':>11}" + "".join(f"{f'cap {c:,}':>19}" for c in caps))
+        backends = [("torch " + precision, None)] + ([(f"openvino {runner.precision}", runner)] if runner else [])
+        for label, run in backends:
+            rates = {cap: best_rate(lambda cap=cap: model.embed_tokens(tokens, "doc", args.batch, "cpu", precision,
+                                                                       run, max_tokens=cap), len(texts), args.rounds)
+                     for cap in [0] + caps}
+            print(f"  {label:<30}{rates[0]:>9.1f}/s" + "".join(f"{rates[c]:>10.1f}/s ({rates[c] / rates[0]:.2f}x)"
+                                                             for c in caps), flush=True)
+        if not args.skip_st:
+            st_rate = st_encode_rate(args.model, texts, args.batch, precision, args.rounds)
+            print(f"  {'sentence-transformers encode':<30}{st_rate:>9.1f}/s (batch {args.batch}, its own "
+                  f"length sort{', bf16 autocast' if precision == 'bf16' else ''})", flush=True)
 
 
 def st_encode_rate(model_name: str, texts: list[str], batch: int, precision: str, rounds: int) -> float:
@@ -171,16 +178,17 @@ def dev_set_with_distractors(folder: Path, n: int) -> Path:
     return out
 
 
-def validation_against_encode(model, corpus: Path, args, sizes: list[int]) -> None:
+def validation_against_encode(model, runner, corpus: Path, args, sizes: list[int]) -> None:
     """Validations as a run makes them (one Validator, the model changing between them), against the steady
-    rate of the encoder `pipeline encode` runs (OpenVINO where installed) on the same passages."""
+    rate of the encoder `pipeline encode` runs (`runner`: OpenVINO's tower where installed) on the same passages."""
     import torch
 
     from pipeline.index.validate import Validator
-    from pipeline.models.backends import openvino_available, tower_runner
     from pipeline.models.precision import resolve_precision
     from pipeline.models.tokens import tokenize_sorted
 
+    if not sizes:
+        return
     precision = resolve_precision(args.precision, "cpu")
     print(f"\nvalidation inside training (one Validator, {args.validations} validations, the weights nudged between "
           "them as training would; rate with any conversion included) against encode's encoder steady on the same "
@@ -189,9 +197,6 @@ def validation_against_encode(model, corpus: Path, args, sizes: list[int]) -> No
         dev = corpus if n <= 176 else dev_set_with_distractors(corpus.parent, n)
         texts = corpus_texts(dev)
         with torch.inference_mode(), model.inference_lengths():
-            runner = None
-            if openvino_available():
-                _, runner, _, _ = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu", keep=False)
             tok, prefix, max_len = model.token_spec("doc")
             tokens = tokenize_sorted(tok, texts, prefix, max_len)
             encode_rate = best_rate(lambda: model.embed_tokens(tokens, "doc", args.batch, "cpu", precision, runner),

@@ -32,9 +32,9 @@ from ..eval.runs import read_run, write_run
 
 # auto uses OpenVINO from this many passages on: the model being trained is converted at the first
 # validation (~2.5 s for MiniLM on 2 cores), again at the second to find its weights in the graph
-# (RefreshableTower), and refreshed and compiled at the later ones (~0.5-1 s with the check), while OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on
-# an AVX512-BF16 CPU (bench/batching.py) and 1.05x torch's fp32 on an AVX2 one (bench/encode.py), so
-# small corpora stay with torch
+# (RefreshableTower), and refreshed and compiled at the later ones (~0.5-1 s with the check), while
+# OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on an AVX512-BF16 CPU (bench/batching.py) and
+# 1.05x torch's fp32 on an AVX2 one (bench/encode.py), so small corpora stay with torch
 OPENVINO_MIN_PASSAGES = 1000
 
 
@@ -136,7 +136,6 @@ class Validator:
         out["validation_encoder"] = f"{backend} {precision}" + (f" ({why})" if why else "")
         return out
 
-
     def _openvino(self, model, backend: str, precision: str, device, why: str | None):
         """(backend, runner, precision, why): the model as OpenVINO's tower with this step's weights,
         converted at the first validation and refreshed at the later ones (RefreshableTower), or
@@ -150,19 +149,15 @@ class Validator:
         stuck = tower is not None and tower.reason is not None and tower.is_of(model, "doc")  # cannot be refreshed
         if not stuck and (tower is None or not tower.fits(model, "doc")):
             progress.update("converting the model for OpenVINO", 0, 1)
-            try:
-                self._refreshable = RefreshableTower(model, "doc")
-            except Exception:  # the conversion itself failed: tower_runner's own conversion says how
-                self._refreshable = None
+            self._refreshable = RefreshableTower(model, "doc")
         used, runner, precision, note = tower_runner(model, "doc", backend, precision, torch.get_num_threads(), device,
                                                      keep=False, option="validation",
                                                      refreshable=None if stuck else self._refreshable)
         if note or used != "openvino":
             return used, runner, precision, note or why  # a failed conversion or check: torch, and why
         tower = self._refreshable
-        if tower is None or tower.reason:
-            return used, runner, precision, ("converted at every validation: "
-                                             + (tower.reason if tower is not None else "the conversion failed"))
+        if tower.reason:
+            return used, runner, precision, f"converted at every validation: {tower.reason}"
         return used, runner, precision, ("converted for OpenVINO at this validation" if tower.uses == 1 else
                                          "converted at the first validation, this step's weights written in")
 

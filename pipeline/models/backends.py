@@ -327,9 +327,10 @@ class OpenVinoTower:
             if keep:
                 converted = core.read_model(str(xml))
             else:  # converted once and refreshed with this step's weights where it can be, else converted now
-                converted = refreshable.refreshed(model) if refreshable is not None and refreshable.fits(model, side) \
-                    else None
-                converted = converted if converted is not None else self._convert(model)
+                fits = refreshable is not None and refreshable.fits(model, side)
+                converted = refreshable.refreshed(model) if fits else None
+                if converted is None:
+                    converted = self._convert(model)
             self.compiled = core.compile_model(converted, "CPU", {
                 "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
                 "PERFORMANCE_HINT": "LATENCY"})
@@ -494,10 +495,15 @@ class RefreshableTower:
         self.reason: str | None = None
         self.buffers: list[tuple[np.ndarray, str, bool]] | None = None  # (constant's memory, parameter, transposed)
         self.uses = 0
+        self.graph = None
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
-            self.reason, self.graph = "its weights are not float32 on the CPU", None
+            self.reason = "its weights are not float32 on the CPU"
             return
-        self.graph = convert_tower(model, side, share_weights=False)
+        try:
+            self.graph = convert_tower(model, side, share_weights=False)
+        except Exception as e:  # the caller's own conversion then fails too, and says so (or torch is used)
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:200]
+            self.reason = f"the conversion failed ({type(e).__name__}: {first})"
 
     def is_of(self, model, side: str) -> bool:
         """Whether this conversion is of `model`'s `side` (refreshable or not)."""

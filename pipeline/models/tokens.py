@@ -29,9 +29,9 @@ def tokenize_sorted(tok, texts, prefix: str = "", max_len: int = 256, sort_by_le
 
 # On a CPU a batch also stops at this many padded tokens (rows x its longest row): a batch much larger
 # than the caches runs slower per token, and a wide one on a small or varied corpus pads the most.
-# MiniLM, bf16, 2 threads, AVX512-BF16 EPYC (bench/encode.py --batch-tokens): the 176 FAQ passages
-# (7-256 tokens) 1.3x the rate of 64-row batches with OpenVINO and torch; 1,500 FAQ-like passages
-# 1.10x; 3,000 passages of 40-80 tokens 1.0-1.05x. GPUs batch by rows only.
+# MiniLM, bf16, 2 threads, AVX512-BF16 EPYC (bench/batching.py), against 64-row batches: the FAQ's 176
+# passages (7-256 tokens) torch 1.25x, OpenVINO 1.18x; 1,500 FAQ-like passages 1.05x / 0.94x; 3,000
+# short passages 0.97x / 1.12x (the last two within the machine's run-to-run noise). GPUs batch by rows.
 CPU_BATCH_TOKENS = 4096
 
 

@@ -254,3 +254,17 @@ def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_tim
     assert "computed from the weights" in refreshable.reason, refreshable.reason
     used, runner, _, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False, refreshable=refreshable)
     assert used == "openvino" and note is None  # passed its check against torch: converted with these weights
+
+
+def test_a_conversion_that_fails_is_a_reason_and_auto_falls_back_to_torch(tiny_model_dir, monkeypatch):
+    model = _model(tiny_model_dir, pooling="mean", normalize=True)
+
+    def broken(*a, **k):
+        raise ValueError("no such op\nmore detail")
+
+    monkeypatch.setattr(backends, "convert_tower", broken)
+    tower = backends.RefreshableTower(model, "doc")
+    assert tower.reason == "the conversion failed (ValueError: no such op)" and not tower.fits(model, "doc")
+    assert tower.is_of(model, "doc")  # known for this model: a validator does not try it again
+    used, runner, _, note = tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
+    assert (used, runner) == ("torch", None) and "could not convert" in note
