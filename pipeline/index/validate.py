@@ -30,12 +30,15 @@ from ..data.readers import load_qrels, load_queries
 from ..eval.metrics import evaluate_run, measure_name, measures_for
 from ..eval.runs import read_run, write_run
 
-# auto uses OpenVINO from this many passages on: the model being trained is converted at the first
-# validation (~2.5 s for MiniLM on 2 cores), again at the second to find its weights in the graph
-# (RefreshableTower), and refreshed and compiled at the later ones (~0.5-1 s with the check), while
-# OpenVINO encodes MiniLM 1.2-1.4x torch's bf16 rate on an AVX512-BF16 CPU (bench/batching.py) and
-# 1.05x torch's fp32 on an AVX2 one (bench/encode.py), so small corpora stay with torch
-OPENVINO_MIN_PASSAGES = 1000
+# auto uses OpenVINO from this many passages per worker on: the model being trained is converted at the
+# first validation (~1.7 s for MiniLM on one thread), again at the second to find its weights in the graph
+# (RefreshableTower), and refreshed and compiled at the later ones (~0.6 s on one thread, the check
+# included). In bf16 on an AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.2x torch (one thread, 400 and 800
+# passages, `python bench/batching.py --skip-encoders --threads 1 --dev-sizes 400,800`): its first two
+# validations cost 0.9-1.0x torch's time, the later ones 0.8x. In fp32 (and on AVX2, where bf16 is not
+# native) it was 1.05x torch with a costlier conversion (bench/encode.py), so it waits for larger corpora
+OPENVINO_MIN_PASSAGES = 500
+OPENVINO_MIN_PASSAGES_FP32 = 1000
 
 
 class Validator:
@@ -62,8 +65,9 @@ class Validator:
     def __getstate__(self):
         return {**self.__dict__, "_refreshable": None}
 
-    def encoder_plan(self, model, device, n_docs: int) -> tuple[str, str, str | None]:
-        """(backend, precision, why) for the passages: `pipeline encode`'s choice on this machine."""
+    def encoder_plan(self, model, device, n_docs: int, workers: int = 1) -> tuple[str, str, str | None]:
+        """(backend, precision, why) for `n_docs` passages (one worker's share of `workers`):
+        `pipeline encode`'s choice on this machine."""
         from ..models.backends import openvino_available, resolve_backend
         from ..models.precision import resolve_precision
 
@@ -78,51 +82,71 @@ class Validator:
             return "openvino", precision, None
         if not openvino_available():
             return "torch", precision, "OpenVINO is not installed"
-        if n_docs < OPENVINO_MIN_PASSAGES:
-            return "torch", precision, (f"{n_docs:,} passages < {OPENVINO_MIN_PASSAGES:,}: converting the model for "
-                                        "OpenVINO costs more than it saves on so few")
+        least = OPENVINO_MIN_PASSAGES if precision == "bf16" else OPENVINO_MIN_PASSAGES_FP32
+        if n_docs < least:
+            each = " per worker" if workers > 1 else ""
+            return "torch", precision, (f"{n_docs:,} passages{each} < {least:,}: converting the model for "
+                                        f"OpenVINO costs more than it saves on so few{' in ' + precision if precision != 'bf16' else ''}")
         return "openvino", precision, None
 
-    def __call__(self, model, device: str | None = None) -> dict:
+    # the training loop runs this on every rank of a multi-worker run (each encodes its share, see __call__)
+    splits_across_ranks = True
+
+    def __call__(self, model, device: str | None = None, part: tuple | None = None) -> dict:
+        """The validation figures of `model`. `part` = (rank, world, all_gather) when every worker of a
+        run calls it at once: each encodes its contiguous share of the passages and queries (so every
+        worker's threads or GPU work, not rank 0's alone while the others wait), `all_gather(obj)` hands
+        rank 0 every share in rank order, and rank 0 searches and evaluates; the other ranks return {}.
+        A rank that fails makes every rank raise, naming it (no rank waits for a share that never comes)."""
         import faiss
         import torch
 
-        from ..models.backends import tower_runner
-        from ..models.precision import query_precision
-
+        rank, world, all_gather = part if part is not None else (0, 1, None)
         t0 = time.time()
         device = device or str(next(model.parameters()).device)
         manifest = load_manifest(self.corpus)
         qrels = load_qrels(self.qrels_path)
         queries = {q: t for q, t in load_queries(self.queries).items() if q in qrels}
-        index = faiss.IndexFlatIP(model.dim)
-        pids: list[str] = []
+        qids = list(queries)
         n_docs = int(manifest["rows"])
-        chunk = max(self.batch_size * 16, 256)  # progress after every chunk (the sink prints every few s)
-        with torch.no_grad(), model.inference_lengths():
-            backend, precision, why = self.encoder_plan(model, device, n_docs)
-            t_enc = time.time()
-            runner = None
-            if backend == "openvino":
-                backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
-            progress.update("encoding passages", 0, n_docs)
-            for part in manifest["parts"]:
-                t = pq.read_table(self.corpus / part["file"])
-                texts = [join_title(a, b, manifest["title_join"]) for a, b in zip(t["title"].to_pylist(), t["text"].to_pylist())]
-                for s in range(0, len(texts), chunk):
-                    index.add(model.embed(texts[s:s + chunk], "doc", batch_size=self.batch_size, device=device,
-                                          precision=precision, runner=runner))
-                    progress.update("encoding passages", index.ntotal, n_docs)
-                pids.extend(t["pid"].to_pylist())
-            encode_s = time.time() - t_enc
-            qids = list(queries)
-            qv = np.zeros((0, model.dim), dtype=np.float32)
-            progress.update("encoding queries", 0, len(qids))
-            for s in range(0, len(qids), chunk):
-                qv = np.concatenate([qv, model.embed([queries[q] for q in qids[s:s + chunk]], "query",
-                                                     batch_size=self.batch_size, device=device,
-                                                     precision=query_precision())])
-                progress.update("encoding queries", len(qv), len(qids))
+        # passages split by their length (the work), queries by their count
+        lo, hi = (_balanced(self._passage_work(model, manifest), world)[rank] if world > 1 else (0, n_docs))
+        qlo, qhi = _share(len(qids), rank, world)
+        t_enc = time.time()
+        try:
+            with torch.no_grad(), model.inference_lengths():
+                # every rank plans for the largest share, so they choose alike and say the same
+                backend, precision, why = self.encoder_plan(model, device, -(-n_docs // world), world)
+                runner = None
+                if backend == "openvino":
+                    backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
+                docs = self._encode_passages(model, manifest, lo, hi, n_docs, world, device, precision, runner)
+                mine = {"docs": docs, "encoder": f"{backend} {precision}", "why": why}
+                if world > 1:  # every share, so the rate counts the slowest worker in
+                    shares = _gathered(all_gather, mine, rank)
+                    docs = np.concatenate([s["docs"] for s in shares]) if rank == 0 else docs
+                else:
+                    shares = [mine]
+                encode_s = time.time() - t_enc
+                if world > 1:
+                    progress.update("encoding passages", n_docs, n_docs)
+                qv = self._encode_queries(model, [queries[q] for q in qids[qlo:qhi]], len(qids), world, device)
+        except _RankFailed:
+            raise  # every rank saw it at the same exchange
+        except Exception as e:  # this rank's failure reaches the others before they wait for its share
+            if world > 1:
+                all_gather({"error": f"{type(e).__name__}: {e}"})  # the others raise, naming this rank
+            raise
+        if world > 1:
+            qshares = _gathered(all_gather, {"queries": qv}, rank)
+            if rank != 0:
+                return {}
+            qv = np.concatenate([s["queries"] for s in qshares])
+            progress.update("encoding queries", len(qv), len(qids))
+        pids = [p for part_ in manifest["parts"]
+                for p in pq.read_table(self.corpus / part_["file"], columns=["pid"])["pid"].to_pylist()]
+        index = faiss.IndexFlatIP(model.dim)
+        index.add(np.ascontiguousarray(docs, dtype=np.float32))
         scores, ids = index.search(np.ascontiguousarray(qv, dtype=np.float32), min(self.top_k, len(pids)))
         with tempfile.TemporaryDirectory() as tmp:
             run_path = Path(tmp) / "val.trec"
@@ -133,8 +157,59 @@ class Validator:
         out["val_seconds"] = time.time() - t0
         # how the passages were encoded (their rate counts a conversion in), and why not faster
         out["validation_rate"] = n_docs / max(encode_s, 1e-9)
-        out["validation_encoder"] = f"{backend} {precision}" + (f" ({why})" if why else "")
+        out["validation_encoder"] = _encoder_line(shares, world)
         return out
+
+    def _passage_work(self, model, manifest: dict) -> np.ndarray:
+        """Each passage's share of the encoding work, roughly: its characters up to what the export's
+        length keeps (~4 per token), plus a per-passage cost. Every rank computes the same figures."""
+        import pyarrow.compute as pc
+
+        cap = 4 * int(model.default_max_lengths["doc"] or 512)
+        out = []
+        for part in manifest["parts"]:
+            t = pq.read_table(self.corpus / part["file"], columns=["title", "text"])
+            chars = [pc.fill_null(pc.utf8_length(t[c]), 0).to_numpy(zero_copy_only=False) for c in ("title", "text")]
+            out.append(np.minimum(chars[0] + chars[1], cap) + 64)
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def _encode_passages(self, model, manifest: dict, lo: int, hi: int, n_docs: int, world: int, device,
+                         precision: str, runner) -> np.ndarray:
+        """Rows lo..hi of the corpus (its parts in manifest order) as vectors; progress on rank 0 counts
+        every worker's passages (its own share scaled: the shares are equal and encoded side by side)."""
+        chunk = max(self.batch_size * 16, 256)  # progress after every chunk (the sink prints every few s)
+        out, start = [], 0
+        progress.update("encoding passages", 0, n_docs)
+        for part in manifest["parts"]:
+            rows = int(part["rows"])
+            a, b = max(lo - start, 0), min(hi - start, rows)
+            start += rows
+            if a >= b:
+                continue
+            t = pq.read_table(self.corpus / part["file"], columns=["title", "text"]).slice(a, b - a)
+            texts = [join_title(x, y, manifest["title_join"]) for x, y in zip(t["title"].to_pylist(), t["text"].to_pylist())]
+            for s in range(0, len(texts), chunk):
+                out.append(model.embed(texts[s:s + chunk], "doc", batch_size=self.batch_size, device=device,
+                                       precision=precision, runner=runner))
+                done = sum(len(v) for v in out) * world
+                if world == 1 or done < n_docs:  # with several workers the last update follows the exchange
+                    progress.update("encoding passages", done, n_docs)
+        return np.concatenate(out) if out else np.zeros((0, model.dim), dtype=np.float32)
+
+    def _encode_queries(self, model, texts: list[str], n_queries: int, world: int, device) -> np.ndarray:
+        """The queries as retrieve encodes them (fp32, torch); progress as for the passages."""
+        from ..models.precision import query_precision
+
+        chunk = max(self.batch_size * 16, 256)
+        out = []
+        progress.update("encoding queries", 0, n_queries)
+        for s in range(0, len(texts), chunk):
+            out.append(model.embed(texts[s:s + chunk], "query", batch_size=self.batch_size, device=device,
+                                   precision=query_precision()))
+            done = sum(len(v) for v in out) * world
+            if world == 1 or done < n_queries:
+                progress.update("encoding queries", done, n_queries)
+        return np.concatenate(out) if out else np.zeros((0, model.dim), dtype=np.float32)
 
     def _openvino(self, model, backend: str, precision: str, device, why: str | None):
         """(backend, runner, precision, why): the model as OpenVINO's tower with this step's weights,
@@ -160,6 +235,48 @@ class Validator:
             return used, runner, precision, f"converted at every validation: {tower.reason}"
         return used, runner, precision, ("converted for OpenVINO at this validation" if tower.uses == 1 else
                                          "converted at the first validation, this step's weights written in")
+
+
+def _share(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous rows of `n` split `world` ways (sizes differ by at most one; rank order
+    concatenates back to 0..n)."""
+    return n * rank // world, n * (rank + 1) // world
+
+
+class _RankFailed(RuntimeError):
+    """A rank's share of the validation failed; every rank raises it at the same exchange."""
+
+
+def _balanced(work: np.ndarray, world: int) -> list[tuple[int, int]]:
+    """Contiguous (lo, hi) rows per rank, cut where the cumulative `work` crosses each rank's equal part
+    (a row goes to the rank holding its midpoint); rank order concatenates back to 0..n."""
+    if len(work) == 0:
+        return [(0, 0)] * world
+    work = np.asarray(work, dtype=np.float64)
+    mid, total = np.cumsum(work) - work / 2, float(work.sum())
+    cuts = [0] + [int(np.searchsorted(mid, total * r / world)) for r in range(1, world)] + [len(work)]
+    return [(cuts[r], cuts[r + 1]) for r in range(world)]
+
+
+def _gathered(all_gather, obj: dict, rank: int) -> list[dict]:
+    """Every rank's `obj` in rank order; any rank's {"error": …} raises on every rank, naming it."""
+    shares = all_gather(obj)
+    failed = [(r, s["error"]) for r, s in enumerate(shares) if "error" in s]
+    if failed:
+        raise _RankFailed("validation failed on " + "; ".join(f"rank {r}: {e}" for r, e in failed)
+                           + (f" (this is rank {rank})" if all(r != rank for r, _ in failed) else ""))
+    return shares
+
+
+def _encoder_line(shares: list[dict], world: int) -> str:
+    """`torch bf16 (why)`, or with several workers `torch bf16 on 2 workers (why)`; workers that encoded
+    differently (other hardware) are each named."""
+    kinds = sorted({s["encoder"] for s in shares})
+    whys = sorted({s["why"] for s in shares if s["why"]})
+    text = kinds[0] if len(kinds) == 1 else "mixed: " + ", ".join(kinds)
+    if world > 1:
+        text += f" on {world} workers"
+    return text + (f" ({'; '.join(whys)})" if whys else "")
 
 
 def make_validator(job):

@@ -449,14 +449,20 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             return {}
         t0 = time.time()
         out: dict = {}
-        if rank == 0:
+        # a validator that splits its work (the spine's: each rank encodes its share of the passages) runs
+        # on every rank; any other on rank 0 while the others wait
+        split = world > 1 and getattr(validate_fn, "splits_across_ranks", False)
+        if rank == 0 or split:
             model.eval()
             # the validator's progress (e.g. "encoding 2,048/5,183 passages") reaches the driver's terminal
             def forward(rec: dict) -> None:
                 if progress_queue is not None:
                     progress_queue.put_nowait({"kind": "progress", "step": step, "stage": "validation", **rec})
-            with progress.sink(forward):
-                out = validate_fn(model)
+            with progress.sink(forward if rank == 0 else None):
+                if split:
+                    out = validate_fn(model, part=(rank, world, lambda obj: _all_gather_object(obj, world)))
+                else:
+                    out = validate_fn(model)
             model.train()
         _barrier(world)
         spent = time.time() - t0

@@ -108,7 +108,7 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     assert model.pooling == "cls" and model.embed(["a question"], "query").shape == (1, 32)
     # the validation encoded as encode would here, and said so; its figure is the spine's on the exported model
     lines = [ln for ln in out.splitlines() if ln.startswith("[train] dpr step 24 validation: RR@10")]
-    assert len(lines) == 1 and "passages at " in lines[0] and "by torch fp32 (176 passages" in lines[0], lines
+    assert len(lines) == 1 and "passages at " in lines[0] and "by torch fp32 on 2 workers (88 passages per worker" in lines[0], lines
     _spine_matches_validation(summary, faq, tmp_path, capsys)
 
 

@@ -49,10 +49,19 @@ def test_the_encoder_plan_follows_encode_and_says_why(tiny_model_dir, faq, monke
     model = _model(tiny_model_dir)
     want = resolve_precision("auto", "cpu")  # bf16 where the CPU computes it natively, else fp32
     v = Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"))
+    least = "500" if want == "bf16" else "1,000"  # OpenVINO pays off sooner in bf16 (bench/batching.py)
     backend, precision, why = v.encoder_plan(model, "cpu", 176)
-    assert (backend, precision) == ("torch", want) and "176 passages < 1,000" in why
+    assert (backend, precision) == ("torch", want) and f"176 passages < {least}" in why
     pytest.importorskip("openvino")
     assert v.encoder_plan(model, "cpu", 5_000) == ("openvino", want, None)
+    # one worker's share of several: the figure is per worker, and fp32 waits for more passages
+    assert v.encoder_plan(model, "cpu", 300, workers=2)[2].startswith(f"300 passages per worker < {least}: ")
+    fp32 = Validator(str(faq), precision="fp32")
+    assert fp32.encoder_plan(model, "cpu", 700) == ("torch", "fp32", "700 passages < 1,000: converting the model "
+                                                    "for OpenVINO costs more than it saves on so few in fp32")
+    assert fp32.encoder_plan(model, "cpu", 1_000)[0] == "openvino"
+    if want == "bf16":
+        assert v.encoder_plan(model, "cpu", 700) == ("openvino", "bf16", None)
     assert Validator(str(faq), precision="fp32", backend="torch").encoder_plan(model, "cpu", 5_000) == \
         ("torch", "fp32", None)
     assert Validator(str(faq), backend="openvino").encoder_plan(model, "cpu", 10)[0] == "openvino"
@@ -75,6 +84,7 @@ def test_openvino_validation_converts_the_trained_weights_and_caches_nothing(tin
     assert (used, precision, note) == ("openvino", "fp32", None) and runner.check["passed"]
     np.testing.assert_allclose(model.embed(TEXTS, "doc", precision="fp32", runner=runner), ref, atol=1e-5)
     monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES", 100)  # the FAQ's 176 passages go to OpenVINO
+    monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES_FP32", 100)
     v = Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10", precision="fp32")
     got = v(model)
     assert got["validation_encoder"] == "openvino fp32 (converted for OpenVINO at this validation)"
@@ -109,6 +119,7 @@ def test_a_model_whose_conversion_cannot_be_refreshed_is_converted_at_every_vali
     from pipeline.models import backends
 
     monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES", 100)
+    monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES_FP32", 100)
     model = _model(tiny_model_dir)
     qrels = str(faq / "qrels" / "test.trec")
     v = Validator(str(faq), qrels=qrels, metric="nDCG@10", precision="fp32")
@@ -169,3 +180,97 @@ def test_every_validation_option_value_encodes_what_it_says(tiny_model_dir, faq)
             seen[precision, backend] = used
     assert len(seen) == len(precisions) * len(backends)
     print(seen)
+
+
+def _fake_group(world: int):
+    """all_gather for `world` ranks run as threads of this process: each gets every rank's object in rank order."""
+    import threading
+
+    barrier, box = threading.Barrier(world, timeout=120), [None] * world
+
+    def for_rank(rank: int):
+        def all_gather(obj):
+            box[rank] = obj
+            barrier.wait()
+            out = list(box)
+            barrier.wait()  # nobody overwrites a slot before every rank has read this round
+            return out
+        return all_gather
+    return for_rank
+
+
+def _run_ranks(validators, models, world: int) -> list:
+    """Each rank's return value (or the exception it raised), the ranks run side by side as threads."""
+    import threading
+
+    group, results = _fake_group(world), [None] * world
+
+    def run(rank):
+        try:
+            results[rank] = validators[rank](models[rank], part=(rank, world, group(rank)))
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            results[rank] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return results
+
+
+def test_shares_cover_every_row_once_in_order():
+    """Queries split by count (sizes within one), passages by their work: every row once, in rank order,
+    and no rank's work above an equal part by more than one row's."""
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 2, 5, 176, 1001):
+        for world in (1, 2, 3, 4, 7):
+            bounds = [validate_mod._share(n, r, world) for r in range(world)]
+            assert [i for lo, hi in bounds for i in range(lo, hi)] == list(range(n))
+            assert max(hi - lo for lo, hi in bounds) - min(hi - lo for lo, hi in bounds) <= 1
+            work = rng.integers(64, 1100, n).astype(float)
+            bounds = validate_mod._balanced(work, world)
+            assert len(bounds) == world
+            assert [i for lo, hi in bounds for i in range(lo, hi)] == list(range(n))
+            if n:
+                assert max(work[lo:hi].sum() for lo, hi in bounds) <= work.sum() / world + work.max()
+    # a long first passage: the rest goes to the other rank
+    assert validate_mod._balanced(np.array([10.0] + [1.0] * 10), 2) == [(0, 1), (1, 11)]
+
+
+def test_every_rank_encodes_its_share_and_rank_0_scores_all_of_them(tiny_model_dir, faq):
+    """Three workers (uneven shares of 176 passages and 11 queries): rank 0's figures are exactly the
+    single-worker ones, the other ranks return nothing, and the line says how many workers encoded."""
+    import copy
+
+    model = _nudged(_model(tiny_model_dir))
+    mk = lambda: Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10",  # noqa: E731
+                           precision="fp32")  # backend auto: torch for so few passages, and why
+    alone = mk()(model)
+    world = 3
+    got = _run_ranks([mk() for _ in range(world)], [copy.deepcopy(model) for _ in range(world)], world)
+    assert not any(isinstance(r, Exception) for r in got), got
+    assert got[1] == {} and got[2] == {}
+    for k in ("val_nDCG@10", "val_RR@10", "val_R@100", "val_metric"):
+        assert got[0][k] == pytest.approx(alone[k], abs=1e-12), k
+    from pipeline.models.backends import openvino_available
+
+    why = "59 passages per worker < 1,000" if openvino_available() else "OpenVINO is not installed"
+    assert got[0]["validation_encoder"].startswith(f"torch fp32 on 3 workers ({why}"), got[0]
+    assert got[0]["validation_rate"] > 0
+
+
+def test_a_rank_that_fails_makes_every_rank_raise_naming_it(tiny_model_dir, faq):
+    """No rank waits for a share that never comes: the failure reaches every rank at the next exchange."""
+    import copy
+
+    model = _model(tiny_model_dir)
+    broken = copy.deepcopy(model)
+
+    def fail(*a, **k):
+        raise ValueError("out of memory on this worker")
+    broken.embed = fail
+    mk = lambda: Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), backend="torch")  # noqa: E731
+    got = _run_ranks([mk(), mk()], [model, broken], 2)
+    assert isinstance(got[1], ValueError) and "out of memory" in str(got[1])
+    assert isinstance(got[0], RuntimeError), got[0]
+    assert "validation failed on rank 1: ValueError: out of memory on this worker (this is rank 0)" in str(got[0])
