@@ -10,7 +10,8 @@ shorter ones: `BiEncoder.inference_lengths`), the passages in encode's precision
 auto = bf16 where native, else fp32), the queries in fp32 (as retrieve encodes them), and on a CPU
 through OpenVINO (`validation.backend`) when the corpus is large enough for the faster encoder to pay
 for its conversion (OPENVINO_MIN_PASSAGES: converted at the first validation, refreshed with the step's
-weights at the later ones); each validation says which encoder ran, at what rate, and why.
+weights at the later ones); each validation says which encoder ran, at what rate, and why. In a run of
+several workers every rank encodes its share and rank 0 scores them all (`part` in `__call__`).
 """
 
 from __future__ import annotations

@@ -128,9 +128,10 @@ class ValidationConfig(Section):
     # precision: of the passages (queries are fp32, as retrieve encodes them); auto = bf16 where the
     # CPU or GPU computes it natively, else fp32 (the rule pipeline encode follows)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    # backend: torch, or openvino (the model as it is at that step, converted in memory at every
-    # validation, never cached: ~6 s for MiniLM on 2 cores); auto = openvino on a CPU with OpenVINO
-    # installed for corpora of at least 1,000 passages, where the faster encoder pays for the conversion
+    # backend: torch, or openvino (the model as it is at that step, converted in memory at the first
+    # validation and refreshed with the step's weights at later ones, never cached); auto = openvino on a
+    # CPU with OpenVINO installed from 500 passages per worker in bf16 (1,000 in fp32), where the faster
+    # encoder pays for the conversion. With several workers each encodes its share of the passages
     backend: Literal["auto", "torch", "openvino"] = "auto"
 
     SECTION = "validation"
