@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import progress
@@ -102,26 +103,33 @@ class Validator:
         import faiss
         import torch
 
+        from ..models.precision import query_precision
+
         rank, world, all_gather = part if part is not None else (0, 1, None)
         t0 = time.time()
         device = device or str(next(model.parameters()).device)
-        manifest = load_manifest(self.corpus)
-        qrels = load_qrels(self.qrels_path)
-        queries = {q: t for q, t in load_queries(self.queries).items() if q in qrels}
-        qids = list(queries)
-        n_docs = int(manifest["rows"])
-        # passages split by their length (the work), queries by their count
-        lo, hi = (_balanced(self._passage_work(model, manifest), world)[rank] if world > 1 else (0, n_docs))
-        qlo, qhi = _share(len(qids), rank, world)
-        t_enc = time.time()
-        try:
+        try:  # from here a failure on one rank reaches the others (a file missing on one node, say)
+            manifest = load_manifest(self.corpus)
+            qrels = load_qrels(self.qrels_path)
+            queries = {q: t for q, t in load_queries(self.queries).items() if q in qrels}
+            qids = list(queries)
+            t_enc = time.time()
+            corpus = pa.concat_tables([pq.read_table(self.corpus / p["file"], columns=["pid", "title", "text"])
+                                       for p in manifest["parts"]])  # the parts in manifest order: row i is pid i
+            n_docs = corpus.num_rows
+            # passages split by their length (the work), queries by their count
+            lo, hi = _balanced(_passage_work(corpus, model), world)[rank] if world > 1 else (0, n_docs)
+            qlo, qhi = _balanced(np.ones(len(qids)), world)[rank]
             with torch.no_grad(), model.inference_lengths():
                 # every rank plans for the largest share, so they choose alike and say the same
                 backend, precision, why = self.encoder_plan(model, device, -(-n_docs // world), world)
                 runner = None
                 if backend == "openvino":
                     backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
-                docs = self._encode_passages(model, manifest, lo, hi, n_docs, world, device, precision, runner)
+                rows = corpus.slice(lo, hi - lo)
+                texts = [join_title(a, b, manifest["title_join"])
+                         for a, b in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
+                docs = self._encode(model, texts, "doc", n_docs, world, device, precision, runner)
                 mine = {"docs": docs, "encoder": f"{backend} {precision}", "why": why}
                 if world > 1:  # every share, so the rate counts the slowest worker in
                     shares = _gathered(all_gather, mine, rank)
@@ -131,7 +139,8 @@ class Validator:
                 encode_s = time.time() - t_enc
                 if world > 1:
                     progress.update("encoding passages", n_docs, n_docs)
-                qv = self._encode_queries(model, [queries[q] for q in qids[qlo:qhi]], len(qids), world, device)
+                qv = self._encode(model, [queries[q] for q in qids[qlo:qhi]], "query", len(qids), world, device,
+                                  query_precision(), None)
         except _RankFailed:
             raise  # every rank saw it at the same exchange
         except Exception as e:  # this rank's failure reaches the others before they wait for its share
@@ -144,8 +153,7 @@ class Validator:
                 return {}
             qv = np.concatenate([s["queries"] for s in qshares])
             progress.update("encoding queries", len(qv), len(qids))
-        pids = [p for part_ in manifest["parts"]
-                for p in pq.read_table(self.corpus / part_["file"], columns=["pid"])["pid"].to_pylist()]
+        pids = corpus["pid"].to_pylist()
         index = faiss.IndexFlatIP(model.dim)
         index.add(np.ascontiguousarray(docs, dtype=np.float32))
         scores, ids = index.search(np.ascontiguousarray(qv, dtype=np.float32), min(self.top_k, len(pids)))
@@ -161,55 +169,21 @@ class Validator:
         out["validation_encoder"] = _encoder_line(shares, world)
         return out
 
-    def _passage_work(self, model, manifest: dict) -> np.ndarray:
-        """Each passage's share of the encoding work, roughly: its characters up to what the export's
-        length keeps (~4 per token), plus a per-passage cost. Every rank computes the same figures."""
-        import pyarrow.compute as pc
-
-        cap = 4 * int(model.default_max_lengths["doc"] or 512)
-        out = []
-        for part in manifest["parts"]:
-            t = pq.read_table(self.corpus / part["file"], columns=["title", "text"])
-            chars = [pc.fill_null(pc.utf8_length(t[c]), 0).to_numpy(zero_copy_only=False) for c in ("title", "text")]
-            out.append(np.minimum(chars[0] + chars[1], cap) + 64)
-        return np.concatenate(out) if out else np.zeros(0)
-
-    def _encode_passages(self, model, manifest: dict, lo: int, hi: int, n_docs: int, world: int, device,
-                         precision: str, runner) -> np.ndarray:
-        """Rows lo..hi of the corpus (its parts in manifest order) as vectors; progress on rank 0 counts
-        every worker's passages (its own share scaled: the shares are equal and encoded side by side)."""
+    def _encode(self, model, texts: list[str], side: str, total: int, world: int, device, precision: str,
+                runner) -> np.ndarray:
+        """This rank's `texts` as vectors, with progress ("encoding passages" / "encoding queries") of
+        `total`: with several workers rank 0 counts every worker's (its own scaled by the workers, which
+        encode side by side) and the last update follows the exchange."""
+        what = "encoding passages" if side == "doc" else "encoding queries"
         chunk = max(self.batch_size * 16, 256)  # progress after every chunk (the sink prints every few s)
-        out, start = [], 0
-        progress.update("encoding passages", 0, n_docs)
-        for part in manifest["parts"]:
-            rows = int(part["rows"])
-            a, b = max(lo - start, 0), min(hi - start, rows)
-            start += rows
-            if a >= b:
-                continue
-            t = pq.read_table(self.corpus / part["file"], columns=["title", "text"]).slice(a, b - a)
-            texts = [join_title(x, y, manifest["title_join"]) for x, y in zip(t["title"].to_pylist(), t["text"].to_pylist())]
-            for s in range(0, len(texts), chunk):
-                out.append(model.embed(texts[s:s + chunk], "doc", batch_size=self.batch_size, device=device,
-                                       precision=precision, runner=runner))
-                done = sum(len(v) for v in out) * world
-                if world == 1 or done < n_docs:  # with several workers the last update follows the exchange
-                    progress.update("encoding passages", done, n_docs)
-        return np.concatenate(out) if out else np.zeros((0, model.dim), dtype=np.float32)
-
-    def _encode_queries(self, model, texts: list[str], n_queries: int, world: int, device) -> np.ndarray:
-        """The queries as retrieve encodes them (fp32, torch); progress as for the passages."""
-        from ..models.precision import query_precision
-
-        chunk = max(self.batch_size * 16, 256)
         out = []
-        progress.update("encoding queries", 0, n_queries)
+        progress.update(what, 0, total)
         for s in range(0, len(texts), chunk):
-            out.append(model.embed(texts[s:s + chunk], "query", batch_size=self.batch_size, device=device,
-                                   precision=query_precision()))
+            out.append(model.embed(texts[s:s + chunk], side, batch_size=self.batch_size, device=device,
+                                   precision=precision, runner=runner))
             done = sum(len(v) for v in out) * world
-            if world == 1 or done < n_queries:
-                progress.update("encoding queries", done, n_queries)
+            if world == 1 or done < total:
+                progress.update(what, done, total)
         return np.concatenate(out) if out else np.zeros((0, model.dim), dtype=np.float32)
 
     def _openvino(self, model, backend: str, precision: str, device, why: str | None):
@@ -238,10 +212,14 @@ class Validator:
                                          "converted at the first validation, this step's weights written in")
 
 
-def _share(n: int, rank: int, world: int) -> tuple[int, int]:
-    """Rank `rank`'s contiguous rows of `n` split `world` ways (sizes differ by at most one; rank order
-    concatenates back to 0..n)."""
-    return n * rank // world, n * (rank + 1) // world
+def _passage_work(corpus, model) -> np.ndarray:
+    """Each passage's share of the encoding work, roughly: its characters up to what the export's length
+    keeps (~4 per token), plus a per-passage cost. Every rank computes the same figures."""
+    import pyarrow.compute as pc
+
+    cap = 4 * int(model.default_max_lengths["doc"] or 512)
+    chars = [pc.fill_null(pc.utf8_length(corpus[c]), 0).to_numpy(zero_copy_only=False) for c in ("title", "text")]
+    return np.minimum(chars[0] + chars[1], cap) + 64
 
 
 class _RankFailed(RuntimeError):

@@ -224,7 +224,7 @@ def test_shares_cover_every_row_once_in_order():
     rng = np.random.default_rng(0)
     for n in (0, 1, 2, 5, 176, 1001):
         for world in (1, 2, 3, 4, 7):
-            bounds = [validate_mod._share(n, r, world) for r in range(world)]
+            bounds = validate_mod._balanced(np.ones(n), world)
             assert [i for lo, hi in bounds for i in range(lo, hi)] == list(range(n))
             assert max(hi - lo for lo, hi in bounds) - min(hi - lo for lo, hi in bounds) <= 1
             work = rng.integers(64, 1100, n).astype(float)
