@@ -274,3 +274,27 @@ def test_a_rank_that_fails_makes_every_rank_raise_naming_it(tiny_model_dir, faq)
     assert isinstance(got[1], ValueError) and "out of memory" in str(got[1])
     assert isinstance(got[0], RuntimeError), got[0]
     assert "validation failed on rank 1: ValueError: out of memory on this worker (this is rank 0)" in str(got[0])
+
+
+def test_every_rank_converts_its_own_openvino_tower_and_the_figures_hold(tiny_model_dir, faq):
+    """validation.backend=openvino on 2 workers: each rank converts the model it holds (then refreshes it),
+    and rank 0's figures are the single-worker OpenVINO figures, at both validations."""
+    pytest.importorskip("openvino")
+    import copy
+
+    model = _nudged(_model(tiny_model_dir))
+    mk = lambda: Validator(str(faq), qrels=str(faq / "qrels" / "test.trec"), metric="nDCG@10",  # noqa: E731
+                           precision="fp32", backend="openvino")
+    alone = mk()
+    validators, models = [mk(), mk()], [copy.deepcopy(model), copy.deepcopy(model)]
+    for n in range(2):
+        want = alone(model)
+        got = _run_ranks(validators, models, 2)
+        assert not any(isinstance(r, Exception) for r in got), got
+        assert got[1] == {}
+        assert got[0]["validation_encoder"].startswith("openvino fp32 on 2 workers ("), got[0]["validation_encoder"]
+        for k in ("val_nDCG@10", "val_RR@10", "val_R@100"):
+            assert got[0][k] == pytest.approx(want[k], abs=2e-3), (n, k)
+        for m in (model, *models):  # the next step's weights, the same on every rank
+            _nudged(m)
+    assert all(v._refreshable is not None and v._refreshable.uses == 2 for v in validators)
