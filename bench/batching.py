@@ -8,7 +8,8 @@ Side by side in one process, same model, threads, precision and tokens: passages
   3. sentence-transformers' `encode` on the same model and texts (batch 64, its own length sort);
 
 on three corpora: the bundled FAQ's 176 passages (7-256 tokens, the demo's validation set), 1,500
-FAQ-like passages (lengths drawn from the FAQ's, words from it) and 3,000 short ones (40-80 words).
+FAQ-like passages (lengths drawn from the FAQ's, words from it) and 3,000 short ones (40-80 words)
+(`--sizes`). The default cap depends on the threads (`cpu_batch_tokens`: half on one thread).
 Then validation inside training (`Validator`: the encoder it picks, its own rate, any conversion
 included; several validations with the weights changing between them, as in a run: the first converts
 the model for OpenVINO, the later ones refresh it) against the steady rate of the encoder `pipeline
@@ -16,6 +17,7 @@ encode` runs on the same passages, on the FAQ and on the FAQ with distractors up
 
     python bench/batching.py                 # MiniLM, 2 threads, precision auto
     python bench/batching.py --precision fp32 --caps 2048,4096,8192
+    python bench/batching.py --threads 1 --caps 1024,4096 --sizes 400,600 --skip-st --dev-sizes ''   # one worker's thread
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def main() -> None:
     ap.add_argument("--validations", type=int, default=4,
                     help="validations per run (OpenVINO: the first converts, the second maps the weights, then refreshes)")
     ap.add_argument("--skip-encoders", action="store_true", help="only the validation rows")
+    ap.add_argument("--sizes", default="1500,3000",
+                    help="the encoder rows' synthetic corpora: FAQ-like passages, short passages (0: left out)")
     args = ap.parse_args()
 
     import torch
@@ -93,15 +97,16 @@ def main() -> None:
     from pipeline.models.backends import openvino_available, tower_runner
     from pipeline.models.encoder import BiEncoder
     from pipeline.models.precision import resolve_precision
-    from pipeline.models.tokens import CPU_BATCH_TOKENS
+    from pipeline.models.tokens import cpu_batch_tokens
 
     print_cpu()
     torch.set_num_threads(args.threads)
     precision = resolve_precision(args.precision, "cpu")
-    caps = sorted({int(c) for c in args.caps.split(",") if c} | {CPU_BATCH_TOKENS})
+    default_cap = cpu_batch_tokens(args.threads)
+    caps = sorted({int(c) for c in args.caps.split(",") if c} | {default_cap})
     model = BiEncoder.load(ModelConfig(name_or_path=args.model))
     print(f"model {args.model}, {args.threads} threads, precision {precision}, row cap {args.batch}, "
-          f"default token cap {CPU_BATCH_TOKENS:,}, best of {args.rounds}", flush=True)
+          f"default token cap {default_cap:,}, best of {args.rounds}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = faq_corpus(Path(tmp))
         faq = corpus_texts(corpus)
@@ -110,8 +115,9 @@ def main() -> None:
             runner = tower_runner(model, "doc", "openvino", precision, args.threads, "cpu", keep=False)[1] \
                 if openvino_available() else None
             if not args.skip_encoders:
-                sets = [("FAQ passages", faq), ("FAQ-like x1,500", synthetic(faq, 1500, False)),
-                        ("short x3,000 (40-80 words)", synthetic(faq, 3000, True))]
+                like, short = (int(x) for x in args.sizes.split(","))
+                sets = [("FAQ passages", faq)] + ([(f"FAQ-like x{like:,}", synthetic(faq, like, False))] if like else []) \
+                    + ([(f"short x{short:,} (40-80 words)", synthetic(faq, short, True))] if short else [])
                 encoder_rows(model, runner, sets, caps, precision, args)
         validation_against_encode(model, runner, corpus, args, [int(x) for x in args.dev_sizes.split(",") if x])
 

@@ -160,8 +160,8 @@ class EncodeConfig(Section):
     # CPUs per actor; None = every CPU of the smallest node (1 when the actors use GPUs).
     cpus_per_actor: PosFloat | None = None
     gpus_per_actor: NonNegFloat = 0.0
-    # Rows per batch; on a CPU a batch also stops at 4,096 padded tokens (models/tokens.CPU_BATCH_TOKENS:
-    # 1.2-1.3x on the FAQ's passages, bench/batching.py); GPUs batch by rows only.
+    # Rows per batch; on a CPU a batch also stops at 4,096 padded tokens, 2,048 on one thread
+    # (models/tokens.cpu_batch_tokens: 1.2-1.3x on the FAQ's passages, bench/batching.py); GPUs batch by rows only.
     batch_size: PosInt = 64
     # Matmul precision (autocast); vectors are stored float32 (or float16 with `fp16`).
     # auto = bf16 on CPUs with AMX/AVX512-BF16 and on GPUs with bf16, else fp32. int8 (opt-in, CPU,

@@ -22,7 +22,7 @@ from .loading import (BIENCODER_FILE, _declared_length, _detect_max_length, _loa
                       resolve_model_path)
 from .precision import resolve_precision
 from .st_layout import read_st_layout, save_st_directory
-from .tokens import CPU_BATCH_TOKENS, batch_bounds, padded_batch, tokenize_sorted
+from .tokens import batch_bounds, cpu_batch_tokens, padded_batch, tokenize_sorted
 
 
 class BiEncoder(nn.Module):
@@ -264,8 +264,8 @@ class BiEncoder(nn.Module):
         CPU stage can tokenise ahead of this. On CUDA each batch goes through pinned
         memory with a non-blocking copy. `runner` (models/backends.py: e.g. the tower compiled
         by OpenVINO) takes the padded numpy batch instead of this module. A batch holds at most
-        `batch_size` rows and `max_tokens` padded tokens (None: CPU_BATCH_TOKENS on a CPU, rows
-        only on a GPU; 0: rows only)."""
+        `batch_size` rows and `max_tokens` padded tokens (None: on a CPU `cpu_batch_tokens` of the threads
+        that run it, rows only on a GPU; 0: rows only)."""
         import numpy as np
 
         self.eval()
@@ -281,8 +281,9 @@ class BiEncoder(nn.Module):
         lengths, order = tokens["lengths"], tokens["order"]
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         out = np.empty((len(lengths), self.dim), dtype=np.float32)
-        if max_tokens is None:
-            max_tokens = 0 if device.type == "cuda" else CPU_BATCH_TOKENS
+        if max_tokens is None:  # on a CPU: the cap for the threads that run the batches (the runner's or torch's)
+            max_tokens = 0 if device.type == "cuda" else cpu_batch_tokens(getattr(runner, "threads", None)
+                                                                           or torch.get_num_threads())
         # one autocast block around every batch: the weights are cast to bf16/fp16 once, not at every batch
         with torch.autocast(device_type=device.type, dtype=dtype or torch.float32,
                             enabled=dtype is not None and runner is None):

@@ -32,7 +32,17 @@ def tokenize_sorted(tok, texts, prefix: str = "", max_len: int = 256, sort_by_le
 # MiniLM, bf16, 2 threads, AVX512-BF16 EPYC (bench/batching.py), against 64-row batches: the FAQ's 176
 # passages (7-256 tokens) torch 1.25x, OpenVINO 1.18x; 1,500 FAQ-like passages 1.05x / 0.94x; 3,000
 # short passages 0.97x / 1.12x (the last two within the machine's run-to-run noise). GPUs batch by rows.
+# On one thread (a worker of a 2-worker training run validating, say) half of it is faster: 2,048 against
+# 4,096 gave torch 1.07x / 1.03x / 1.03x and OpenVINO 1.07x / 1.04x / 1.03x on the FAQ, 400 FAQ-like and
+# 600 short passages (`python bench/batching.py --threads 1 --caps 1024,4096 --sizes 400,600`); on 2
+# threads 2,048 was within the noise of 4,096 and behind it on short passages (0.98x / 0.89x).
 CPU_BATCH_TOKENS = 4096
+CPU_BATCH_TOKENS_ONE_THREAD = 2048
+
+
+def cpu_batch_tokens(threads: int) -> int:
+    """The padded-token cap of a CPU batch for an encoder running on `threads` threads."""
+    return CPU_BATCH_TOKENS_ONE_THREAD if threads <= 1 else CPU_BATCH_TOKENS
 
 
 def batch_bounds(lengths, batch_size: int, max_tokens: int = 0) -> list[tuple[int, int]]:

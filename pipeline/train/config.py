@@ -116,7 +116,7 @@ class ValidationConfig(Section):
     qrels: str | None = None                # default <corpus>/qrels/test.trec
     metric: str = "MRR@10"                  # the one reported as `val_metric` (for Tune)
     top_k: PosInt = 100
-    batch_size: PosInt = 64                 # rows per batch; on a CPU also <= 4,096 padded tokens (as encode)
+    batch_size: PosInt = 64                 # rows per batch; on a CPU also <= 4,096 padded tokens (2,048 on one thread), as encode
     # > 0: a seeded share of the training queries, held out of training, is the dev split the run
     # validates (and a sweep selects) on, instead of `qrels` (train/dev_split.py)
     dev_split: OpenFraction = 0.0

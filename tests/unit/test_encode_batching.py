@@ -19,7 +19,7 @@ from pipeline.index.encode_workers import read_slice
 from pipeline.index.shards import (completed_shards, pids_digest, plan_part, verify_shards, write_shard)
 from pipeline.models import BiEncoder
 from pipeline.models.precision import cpu_has_bf16, resolve_precision
-from pipeline.models.tokens import CPU_BATCH_TOKENS, batch_bounds, length_order
+from pipeline.models.tokens import CPU_BATCH_TOKENS, CPU_BATCH_TOKENS_ONE_THREAD, batch_bounds, length_order
 
 FAQ = Path(__file__).resolve().parents[2] / "pipeline" / "resources" / "python_faq" / "corpus.jsonl"
 
@@ -109,9 +109,27 @@ def test_a_cpu_batch_stops_at_its_padded_token_cap_and_vectors_do_not_change(tin
     assert len(shapes) > 1 and all(b == 1 or b * w <= 256 for b, w in shapes)
     assert sum(b for b, _ in shapes) == len(texts)
     np.testing.assert_allclose(capped, rows_only, atol=1e-5)
-    shapes.clear()
-    tiny.embed(texts, "doc", batch_size=64)  # on a CPU the default cap is CPU_BATCH_TOKENS
-    assert all(b * w <= CPU_BATCH_TOKENS for b, w in shapes)
+    # on a CPU the default cap follows the threads that run the batches: half on one thread (bench/batching.py)
+    kept = torch.get_num_threads()
+    try:
+        for threads, cap in ((1, CPU_BATCH_TOKENS_ONE_THREAD), (2, CPU_BATCH_TOKENS)):
+            torch.set_num_threads(threads)
+            shapes.clear()
+            tiny.embed(texts, "doc", batch_size=64)
+            assert all(b * w <= cap for b, w in shapes) and max(b * w for b, w in shapes) > cap // 2, (threads, shapes)
+        # a runner (OpenVINO's tower) runs on its own threads: its cap is theirs, whatever torch's are
+        widths: list[tuple[int, int]] = []
+
+        class OneThreadRunner:
+            threads = 1
+
+            def __call__(self, batch):
+                widths.append(batch["input_ids"].shape)
+                return np.ones((len(batch["input_ids"]), tiny.dim), dtype=np.float32)
+        tiny.embed(texts, "doc", batch_size=64, runner=OneThreadRunner())
+        assert all(b * w <= CPU_BATCH_TOKENS_ONE_THREAD for b, w in widths) and len(widths) > len(shapes)
+    finally:
+        torch.set_num_threads(kept)
 
 
 @pytest.mark.parametrize("flags, expected", [
