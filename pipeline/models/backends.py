@@ -154,14 +154,18 @@ def _token_batches(model, side: str, tokens: dict, size: int) -> list[dict[str, 
     return [padded_batch(tokens, offsets, s, min(n, s + size), pad, left) for s in range(0, n, size)]
 
 
-def _probe_batches(model, side: str) -> list[dict[str, np.ndarray]]:
+PROBE_WORDS = (3, 9, 17, 30, 48, 70, 100, 140)  # the probe texts' lengths in words
+SHORT_PROBE_WORDS = (3, 9, 17, 30)  # a refreshed tower's check: the graph is the one already checked
+
+
+def _probe_batches(model, side: str, words: tuple[int, ...] = PROBE_WORDS) -> list[dict[str, np.ndarray]]:
     """Token batches of several lengths (real words of the tokenizer's vocabulary, seeded)."""
     from .tokens import tokenize_sorted
 
     tok, prefix, max_len = model.token_spec(side)
     rng = np.random.default_rng(0)
     vocab = [w for w in sorted(tok.get_vocab()) if w.isalpha() and len(w) > 2][:5000] or ["probe"]
-    texts = [" ".join(rng.choice(vocab, size=n)) for n in (3, 9, 17, 30, 48, 70, 100, 140)]
+    texts = [" ".join(rng.choice(vocab, size=n)) for n in words]
     return _token_batches(model, side, tokenize_sorted(tok, texts, prefix, max_len), 4)
 
 
@@ -303,7 +307,8 @@ class OpenVinoTower:
         import openvino as ov
 
         self.side, self.names = side, _input_names(model, side)
-        self.converted = self.quantized = False
+        self.threads = max(1, int(threads))
+        self.converted = self.quantized = self.refreshed = False
         self.notes: list[str] = []
         self.keep = keep
         if keep:
@@ -329,13 +334,14 @@ class OpenVinoTower:
             else:  # converted once and refreshed with this step's weights where it can be, else converted now
                 fits = refreshable is not None and refreshable.fits(model, side)
                 converted = refreshable.refreshed(model) if fits else None
+                self.refreshed = converted is not None and refreshable.uses > 1
                 if converted is None:
                     converted = self._convert(model)
             # no pinning: the plugin pins its threads to the machine's first cores as if the process owned
             # them, so two processes on one node (training workers validating side by side, encode actors)
             # both run on the same cores (2 ranks x 1 thread: 35 psg/s pinned, 60 not; one process: the same)
             self.compiled = core.compile_model(converted, "CPU", {
-                "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, int(threads)),
+                "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": self.threads,
                 "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
         except RuntimeError as e:  # OpenVINO's C++ error: its first line, and the entry it read
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -426,8 +432,9 @@ class OpenVinoTower:
             tok, prefix, max_len = model.token_spec(self.side)
             sample = list(texts[:CHECK_TEXTS])
             batches = _token_batches(model, self.side, tokenize_sorted(tok, sample, prefix, max_len), 16)
-        else:
-            batches = _probe_batches(model, self.side)
+        else:  # a refreshed graph was checked whole when converted; wrong weights show on short texts too
+            # (every layer acts on every token; an embedding table is written whole, the rows read vouch for it)
+            batches = _probe_batches(model, self.side, SHORT_PROBE_WORDS if self.refreshed else PROBE_WORDS)
         key = hashlib.sha256(json.dumps([self.precision, _cpu_key(), sorted(sample) if on_texts else "probe",
                                          self.digest, self.model_file.parent.name]).encode()).hexdigest()[:16]
         memo = self.folder / f"check-{key}.json" if self.keep else None
@@ -488,7 +495,7 @@ def convert_tower(model, side: str, share_weights: bool = True):
 class RefreshableTower:
     """One side of a model being trained, converted for OpenVINO once; each later use writes the
     model's current weights into the converted graph and only compiles it again (validation inside
-    training: MiniLM on 2 cores, ~0.2-0.6 s to refresh and compile against ~2.5 s to convert).
+    training: MiniLM on one thread, ~0.3 s to refresh, compile and check against ~1.7 s to convert).
 
     Which constant of the graph holds which parameter is found at the second use (so no use costs more
     than a conversion) by converting again with every parameter set to seeded random values (then put
@@ -496,7 +503,8 @@ class RefreshableTower:
     parameter's values, as they are or reshaped or transposed, or it was computed from parameters, or
     the converter built another graph (it drops a layer norm's multiply by exactly 1, say); then the
     graph cannot be refreshed, `reason` says why and the caller converts at every use. A refreshed tower
-    still passes OpenVinoTower's check against torch before it is used."""
+    still passes OpenVinoTower's check against torch before it is used (on short probe texts: the graph was
+    checked whole when converted, and a weight written wrong shows on any text)."""
 
     def __init__(self, model, side: str = "doc"):
         import weakref

@@ -230,6 +230,9 @@ def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_m
             used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False,
                                                          option="validation", refreshable=refreshable)
         assert (used, precision, note) == ("openvino", "fp32", None) and runner.check["passed"]
+        # a refreshed graph (checked whole when converted) is checked on the short probe texts
+        assert runner.refreshed == (use > 0)
+        assert runner.check["texts"] == len(backends.SHORT_PROBE_WORDS if use else backends.PROBE_WORDS)
         for name, p in model.named_parameters():
             assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
         ref = model.embed_tokens(toks, "doc", batch_size=8, precision="fp32")
@@ -237,6 +240,30 @@ def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_m
                                    ref, atol=1e-5)
     assert converted == [1] and refreshable.buffers and refreshable.uses == 3  # one mapping conversion, then none
     assert not refreshable.fits(_model(tiny_model_dir), "doc") and not refreshable.fits(model, "query")
+
+
+def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tiny_model_dir, monkeypatch):
+    """The short probe reads every layer: the last layer's feed-forward output matrix left unwritten fails
+    the check (0.985 against the 0.9999 gate; the full probe gives the same figure), and auto encodes with
+    torch, saying why. (A tiny random model's attention is near uniform: its query matrix barely shows.)"""
+    model = _model(tiny_model_dir, pooling="mean", normalize=True)
+    _nudge(model, 0)
+    tower = backends.RefreshableTower(model, "doc")
+    tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
+    _nudge(model, 1)
+    real = backends.RefreshableTower.refreshed
+    last = max((n for n, _ in model.named_parameters() if n.endswith(".output.dense.weight") and "attention" not in n),
+               key=lambda n: int(n.split(".layer.")[1].split(".")[0]))
+
+    def stale_last_layer(self, m):
+        graph = real(self, m)
+        for memory, name, _ in self.buffers:
+            if name == last:
+                memory[...] = 0.0  # as if this weight had not been written
+        return graph
+    monkeypatch.setattr(backends.RefreshableTower, "refreshed", stale_last_layer)
+    used, runner, _, note = tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
+    assert (used, runner) == ("torch", None) and "minimum cosine of 0.98" in note and "4 probe texts" in note, note
 
 
 def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_time(tiny_model_dir, monkeypatch):
