@@ -34,10 +34,11 @@ from ..eval.runs import read_run, write_run
 
 # auto uses OpenVINO from this many passages per worker on: the model being trained is converted at the
 # first validation (~1.7 s for MiniLM on one thread), again at the second to find its weights in the graph
-# (RefreshableTower), and refreshed and compiled at the later ones (~0.6 s on one thread, the check
-# included). In bf16 on an AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.2x torch (one thread, 400 and 800
-# passages, `python bench/batching.py --skip-encoders --threads 1 --dev-sizes 400,800`): its first two
-# validations cost 0.9-1.0x torch's time, the later ones 0.8x. In fp32 (and on AVX2, where bf16 is not
+# (RefreshableTower), and refreshed and compiled at the later ones (~0.3 s on one thread, its check on short
+# probe texts included). In bf16 on an AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.25x torch (one thread, 400
+# and 800 passages, `python bench/batching.py --skip-encoders --threads 1 --dev-sizes 400,800`): its first
+# two validations cost 1.0-1.1x torch's time, the later ones 0.8x (break-even at the third validation on
+# 400 passages, ahead from the first on 800). In fp32 (and on AVX2, where bf16 is not
 # native) it was 1.05x torch with a costlier conversion (bench/encode.py), so it waits for larger corpora
 OPENVINO_MIN_PASSAGES = 500
 OPENVINO_MIN_PASSAGES_FP32 = 1000
@@ -117,19 +118,18 @@ class Validator:
             corpus = pa.concat_tables([pq.read_table(self.corpus / p["file"], columns=["pid", "title", "text"])
                                        for p in manifest["parts"]])  # the parts in manifest order: row i is pid i
             n_docs = corpus.num_rows
-            # passages split by their length (the work), queries by their count
-            lo, hi = _balanced(_passage_work(corpus, model), world)[rank] if world > 1 else (0, n_docs)
-            qlo, qhi = _balanced(np.ones(len(qids)), world)[rank]
+            texts = [join_title(a, b, manifest["title_join"])
+                     for a, b in zip(corpus["title"].to_pylist(), corpus["text"].to_pylist())]
+            qlo, qhi = _balanced(np.ones(len(qids)), world)[rank]  # queries split by their count
             with torch.no_grad(), model.inference_lengths():
+                # passages by their tokens (the work: the FAQ's second half has 9 % more in 7 % fewer passages)
+                lo, hi = _balanced(_passage_work(model, texts), world)[rank] if world > 1 else (0, n_docs)
                 # every rank plans for the largest share, so they choose alike and say the same
                 backend, precision, why = self.encoder_plan(model, device, -(-n_docs // world), world)
                 runner = None
                 if backend == "openvino":
                     backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
-                rows = corpus.slice(lo, hi - lo)
-                texts = [join_title(a, b, manifest["title_join"])
-                         for a, b in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
-                docs = self._encode(model, texts, "doc", n_docs, world, device, precision, runner)
+                docs = self._encode(model, texts[lo:hi], "doc", n_docs, world, device, precision, runner)
                 mine = {"docs": docs, "encoder": f"{backend} {precision}", "why": why}
                 if world > 1:  # every share, so the rate counts the slowest worker in
                     shares = _gathered(all_gather, mine, rank)
@@ -212,14 +212,12 @@ class Validator:
                                          "converted at the first validation, this step's weights written in")
 
 
-def _passage_work(corpus, model) -> np.ndarray:
-    """Each passage's share of the encoding work, roughly: its characters up to what the export's length
-    keeps (~4 per token), plus a per-passage cost. Every rank computes the same figures."""
-    import pyarrow.compute as pc
-
-    cap = 4 * int(model.default_max_lengths["doc"] or 512)
-    chars = [pc.fill_null(pc.utf8_length(corpus[c]), 0).to_numpy(zero_copy_only=False) for c in ("title", "text")]
-    return np.minimum(chars[0] + chars[1], cap) + 64
+def _passage_work(model, texts: list[str]) -> np.ndarray:
+    """Each passage's share of the encoding work, roughly: the tokens the model encodes of it (tokenising
+    is ~1 % of encoding them) plus a per-passage cost. Every rank computes the same figures."""
+    tok, prefix, max_len = model.token_spec("doc")
+    ids = tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"] if texts else []
+    return np.fromiter((len(x) for x in ids), dtype=np.float64, count=len(ids)) + 16
 
 
 class _RankFailed(RuntimeError):

@@ -237,6 +237,19 @@ def test_shares_cover_every_row_once_in_order():
     assert validate_mod._balanced(np.array([10.0] + [1.0] * 10), 2) == [(0, 1), (1, 11)]
 
 
+def test_a_passages_work_is_the_tokens_the_model_encodes_of_it(tiny_model_dir):
+    """Shares are cut by tokens, truncation included: characters miscount them (the FAQ's second half has
+    9 % more tokens than its first for the same characters)."""
+    model = _model(tiny_model_dir)
+    with model.inference_lengths():
+        tok, _, max_len = model.token_spec("doc")
+        texts = ["short", "word " * 10, "word " * (3 * max_len), "x" * 60]
+        work = validate_mod._passage_work(model, texts)
+        want = [len(tok(t, truncation=True, max_length=max_len)["input_ids"]) for t in texts]
+    assert work.tolist() == [w + 16 for w in want] and want[2] == max_len
+    assert validate_mod._passage_work(model, []).shape == (0,)
+
+
 def test_every_rank_encodes_its_share_and_rank_0_scores_all_of_them(tiny_model_dir, faq):
     """Three workers (uneven shares of 176 passages and 11 queries): rank 0's figures are exactly the
     single-worker ones, the other ranks return nothing, and the line says how many workers encoded."""
