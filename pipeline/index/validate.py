@@ -58,6 +58,7 @@ class Validator:
         self.precision, self.backend = precision, backend
         self.eval_cfg = eval_cfg or EvalConfig()
         self._refreshable = None  # the model converted for OpenVINO at the first validation (not pickled)
+        self._work = None  # (what it was computed for, each passage's work): the shares' cut, once per run
         # the configured name may be an alias (MRR@10 -> RR@10); it is always computed
         self.metric_key = measure_name(metric, self.eval_cfg.rel_level)
         self.measures = list(measures_for(self.eval_cfg))
@@ -66,7 +67,7 @@ class Validator:
         load_manifest(self.corpus)  # fail here, on the driver, rather than inside a worker
 
     def __getstate__(self):
-        return {**self.__dict__, "_refreshable": None}
+        return {**self.__dict__, "_refreshable": None, "_work": None}
 
     def encoder_plan(self, model, device, n_docs: int, workers: int = 1) -> tuple[str, str, str | None]:
         """(backend, precision, why) for `n_docs` passages (one worker's share of `workers`):
@@ -118,18 +119,19 @@ class Validator:
             corpus = pa.concat_tables([pq.read_table(self.corpus / p["file"], columns=["pid", "title", "text"])
                                        for p in manifest["parts"]])  # the parts in manifest order: row i is pid i
             n_docs = corpus.num_rows
-            texts = [join_title(a, b, manifest["title_join"])
-                     for a, b in zip(corpus["title"].to_pylist(), corpus["text"].to_pylist())]
             qlo, qhi = _balanced(np.ones(len(qids)), world)[rank]  # queries split by their count
             with torch.no_grad(), model.inference_lengths():
                 # passages by their tokens (the work: the FAQ's second half has 9 % more in 7 % fewer passages)
-                lo, hi = _balanced(_passage_work(model, texts), world)[rank] if world > 1 else (0, n_docs)
+                lo, hi = _balanced(self._passage_work(model, corpus, manifest), world)[rank] if world > 1 else (0, n_docs)
+                rows = corpus.slice(lo, hi - lo)
+                texts = [join_title(a, b, manifest["title_join"])
+                         for a, b in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
                 # every rank plans for the largest share, so they choose alike and say the same
                 backend, precision, why = self.encoder_plan(model, device, -(-n_docs // world), world)
                 runner = None
                 if backend == "openvino":
                     backend, runner, precision, why = self._openvino(model, backend, precision, device, why)
-                docs = self._encode(model, texts[lo:hi], "doc", n_docs, world, device, precision, runner)
+                docs = self._encode(model, texts, "doc", n_docs, world, device, precision, runner)
                 mine = {"docs": docs, "encoder": f"{backend} {precision}", "why": why}
                 if world > 1:  # every share, so the rate counts the slowest worker in
                     shares = _gathered(all_gather, mine, rank)
@@ -186,6 +188,15 @@ class Validator:
                 progress.update(what, done, total)
         return np.concatenate(out) if out else np.zeros((0, model.dim), dtype=np.float32)
 
+    def _passage_work(self, model, corpus, manifest) -> np.ndarray:
+        """Each passage's share of the encoding work (`passage_work`), computed at the first validation of
+        a run and kept: the dev corpus and the tokenizer do not change while it trains."""
+        tok, prefix, max_len = model.token_spec("doc")
+        key = (manifest.get("fingerprint"), corpus.num_rows, id(tok), prefix, max_len)
+        if self._work is None or self._work[0] != key:
+            self._work = (key, passage_work(model, corpus, manifest["title_join"]))
+        return self._work[1]
+
     def _openvino(self, model, backend: str, precision: str, device, why: str | None):
         """(backend, runner, precision, why): the model as OpenVINO's tower with this step's weights,
         converted at the first validation and refreshed at the later ones (RefreshableTower), or
@@ -212,12 +223,17 @@ class Validator:
                                          "converted at the first validation, this step's weights written in")
 
 
-def _passage_work(model, texts: list[str]) -> np.ndarray:
+def passage_work(model, corpus, title_join: str, chunk: int = 8192) -> np.ndarray:
     """Each passage's share of the encoding work, roughly: the tokens the model encodes of it (tokenising
-    is ~1 % of encoding them) plus a per-passage cost. Every rank computes the same figures."""
+    is ~1 % of encoding them) plus a per-passage cost, `corpus` (pid, title, text rows) read `chunk` rows
+    at a time so a large dev set's texts are never all held at once. Every rank computes the same figures."""
     tok, prefix, max_len = model.token_spec("doc")
-    ids = tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"] if texts else []
-    return np.fromiter((len(x) for x in ids), dtype=np.float64, count=len(ids)) + 16
+    out = np.empty(corpus.num_rows, dtype=np.float64)
+    for s in range(0, corpus.num_rows, chunk):
+        rows = corpus.slice(s, chunk)
+        texts = [prefix + join_title(a, b, title_join) for a, b in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
+        out[s:s + len(texts)] = [len(x) for x in tok(texts, truncation=True, max_length=max_len)["input_ids"]]
+    return out + 16
 
 
 class _RankFailed(RuntimeError):

@@ -238,19 +238,25 @@ def test_shares_cover_every_row_once_in_order():
 
 
 def test_a_passages_work_is_the_tokens_the_model_encodes_of_it(tiny_model_dir):
-    """Shares are cut by tokens, truncation included: characters miscount them (the FAQ's second half has
-    9 % more tokens than its first for the same characters)."""
+    """Shares are cut by tokens, title and truncation included: characters miscount them (the FAQ's second
+    half has 9 % more tokens than its first for the same characters); read in chunks, the same figures."""
+    import pyarrow as pa
+
     model = _model(tiny_model_dir)
+    titles, bodies = ["", "a title", "", ""], ["short", "word " * 10, "word " * 3000, "x" * 60]
+    corpus = pa.table({"pid": ["0", "1", "2", "3"], "title": titles, "text": bodies})
     with model.inference_lengths():
         tok, _, max_len = model.token_spec("doc")
-        texts = ["short", "word " * 10, "word " * (3 * max_len), "x" * 60]
-        work = validate_mod._passage_work(model, texts)
-        want = [len(tok(t, truncation=True, max_length=max_len)["input_ids"]) for t in texts]
-    assert work.tolist() == [w + 16 for w in want] and want[2] == max_len
-    assert validate_mod._passage_work(model, []).shape == (0,)
+        want = [len(tok(f"{t} {b}".strip(), truncation=True, max_length=max_len)["input_ids"])
+                for t, b in zip(titles, bodies)]
+        for chunk in (1, 3, 8192):
+            work = validate_mod.passage_work(model, corpus, "{title} {text}", chunk=chunk)
+            assert work.tolist() == [w + 16 for w in want], chunk
+        assert validate_mod.passage_work(model, corpus.slice(0, 0), "{title} {text}").shape == (0,)
+    assert want[2] == max_len and want[1] > want[0]
 
 
-def test_every_rank_encodes_its_share_and_rank_0_scores_all_of_them(tiny_model_dir, faq):
+def test_every_rank_encodes_its_share_and_rank_0_scores_all_of_them(tiny_model_dir, faq, monkeypatch):
     """Three workers (uneven shares of 176 passages and 11 queries): rank 0's figures are exactly the
     single-worker ones, the other ranks return nothing, and the line says how many workers encoded."""
     import copy
@@ -260,7 +266,12 @@ def test_every_rank_encodes_its_share_and_rank_0_scores_all_of_them(tiny_model_d
                            precision="fp32")  # backend auto: torch for so few passages, and why
     alone = mk()(model)
     world = 3
-    got = _run_ranks([mk() for _ in range(world)], [copy.deepcopy(model) for _ in range(world)], world)
+    counted, real = [], validate_mod.passage_work
+    monkeypatch.setattr(validate_mod, "passage_work", lambda *a, **k: counted.append(1) or real(*a, **k))
+    validators, models = [mk() for _ in range(world)], [copy.deepcopy(model) for _ in range(world)]
+    for _ in range(2):
+        got = _run_ranks(validators, models, world)
+    assert len(counted) == world  # the shares' cut: once per rank and run, not at every validation
     assert not any(isinstance(r, Exception) for r in got), got
     assert got[1] == {} and got[2] == {}
     for k in ("val_nDCG@10", "val_RR@10", "val_R@100", "val_metric"):
