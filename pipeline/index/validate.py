@@ -227,12 +227,15 @@ def passage_work(model, corpus, title_join: str, chunk: int = 8192) -> np.ndarra
     """Each passage's share of the encoding work, roughly: the tokens the model encodes of it (tokenising
     is ~1 % of encoding them) plus a per-passage cost, `corpus` (pid, title, text rows) read `chunk` rows
     at a time so a large dev set's texts are never all held at once. Every rank computes the same figures."""
+    from ..data.manifest import join_titles
+    from ..models.tokens import tokenize_sorted
+
     tok, prefix, max_len = model.token_spec("doc")
     out = np.empty(corpus.num_rows, dtype=np.float64)
     for s in range(0, corpus.num_rows, chunk):
         rows = corpus.slice(s, chunk)
-        texts = [prefix + join_title(a, b, title_join) for a, b in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
-        out[s:s + len(texts)] = [len(x) for x in tok(texts, truncation=True, max_length=max_len)["input_ids"]]
+        texts = join_titles(rows["title"], rows["text"], title_join).to_pylist()
+        out[s:s + len(texts)] = tokenize_sorted(tok, texts, prefix, max_len, sort_by_length=False)["lengths"]
     return out + 16
 
 
