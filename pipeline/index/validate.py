@@ -9,8 +9,9 @@ exported model and it runs at the encoder's speed: the lengths the export declar
 shorter ones: `BiEncoder.inference_lengths`), the passages in encode's precision (`validation.precision`,
 auto = bf16 where native, else fp32), the queries in fp32 (as retrieve encodes them), and on a CPU
 through OpenVINO (`validation.backend`) when the corpus is large enough for the faster encoder to pay
-for its conversion (OPENVINO_MIN_PASSAGES: converted at the first validation, refreshed with the step's
-weights at the later ones); each validation says which encoder ran, at what rate, and why. In a run of
+for its conversion (OPENVINO_MIN_PASSAGES: converted at the first validation, or the architecture's graph
+read from the export cache, the step's weights written in at every one; fewer passages pay where the graph
+is cached); each validation says which encoder ran, at what rate, and why. In a run of
 several workers every rank encodes its share and rank 0 scores them all (`part` in `__call__`).
 """
 
@@ -32,16 +33,18 @@ from ..data.readers import load_qrels, load_queries
 from ..eval.metrics import evaluate_run, measure_name, measures_for
 from ..eval.runs import read_run, write_run
 
-# auto uses OpenVINO from this many passages per worker on: the model being trained is converted at the
-# first validation (~1.7 s for MiniLM on one thread), again at the second to find its weights in the graph
-# (RefreshableTower), and refreshed and compiled at the later ones (~0.3 s on one thread, its check on short
-# probe texts included). In bf16 on an AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.25x torch (one thread, 400
-# and 800 passages, `python bench/batching.py --skip-encoders --threads 1 --dev-sizes 400,800`): its first
-# two validations cost 1.0-1.1x torch's time, the later ones 0.8x (break-even at the third validation on
-# 400 passages, ahead from the first on 800). In fp32 (and on AVX2, where bf16 is not
-# native) it was 1.05x torch with a costlier conversion (bench/encode.py), so it waits for larger corpora
-OPENVINO_MIN_PASSAGES = 500
+# auto uses OpenVINO from this many passages per worker on. The model being trained is converted at the
+# first validation (~1.7 s for MiniLM on one thread, with seeded random weights so that each weight's constant
+# is found by its values), and its weights are written in and compiled at every validation (~0.3 s on one
+# thread, the check on short probe texts included); the graph is kept in the export cache by architecture,
+# so a later run of it (the next trial of a sweep) converts nothing (the _CACHED thresholds). In bf16 on an
+# AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.25x torch on one thread; in fp32 (and on AVX2, where bf16 is not
+# native) ~1.05x with a costlier conversion (bench/encode.py), so it waits for larger corpora. Measured:
+# `python bench/batching.py --skip-encoders --skip-st --threads 1 --dev-sizes 176,400,800` (docs/performance.md).
+OPENVINO_MIN_PASSAGES = 250
 OPENVINO_MIN_PASSAGES_FP32 = 1000
+OPENVINO_MIN_PASSAGES_CACHED = 64
+OPENVINO_MIN_PASSAGES_FP32_CACHED = 250
 
 
 class Validator:
@@ -86,11 +89,20 @@ class Validator:
             return "openvino", precision, None
         if not openvino_available():
             return "torch", precision, "OpenVINO is not installed"
-        least = OPENVINO_MIN_PASSAGES if precision == "bf16" else OPENVINO_MIN_PASSAGES_FP32
+        tower = self._refreshable
+        if tower is not None and tower.is_of(model, "doc"):  # this run validates through OpenVINO: it goes on
+            return "openvino", precision, None
+        from ..models.backends import graph_cached
+
+        cached = graph_cached(model, "doc")  # a run of this architecture kept its graph: nothing to convert
+        least = (OPENVINO_MIN_PASSAGES_CACHED if cached else OPENVINO_MIN_PASSAGES) if precision == "bf16" else (
+            OPENVINO_MIN_PASSAGES_FP32_CACHED if cached else OPENVINO_MIN_PASSAGES_FP32)
         if n_docs < least:
             each = " per worker" if workers > 1 else ""
-            return "torch", precision, (f"{n_docs:,} passages{each} < {least:,}: converting the model for "
-                                        f"OpenVINO costs more than it saves on so few{' in ' + precision if precision != 'bf16' else ''}")
+            cost = ("writing the weights into the cached OpenVINO graph" if cached
+                    else "converting the model for OpenVINO")
+            return "torch", precision, (f"{n_docs:,} passages{each} < {least:,}: {cost} costs more than it saves "
+                                        f"on so few{' in ' + precision if precision != 'bf16' else ''}")
         return "openvino", precision, None
 
     # the training loop runs this on every rank of a multi-worker run (each encodes its share, see __call__)
@@ -204,23 +216,29 @@ class Validator:
         the conversion failed or its check did not pass (auto)."""
         import torch
 
-        from ..models.backends import RefreshableTower, tower_runner
+        from ..models.backends import RefreshableTower, graph_cached, tower_runner
 
         tower = self._refreshable
         stuck = tower is not None and tower.reason is not None and tower.is_of(model, "doc")  # cannot be refreshed
         if not stuck and (tower is None or not tower.fits(model, "doc")):
-            progress.update("converting the model for OpenVINO", 0, 1)
+            progress.update("reading the model's OpenVINO graph" if graph_cached(model, "doc")
+                            else "converting the model for OpenVINO", 0, 1)
             self._refreshable = RefreshableTower(model, "doc")
         used, runner, precision, note = tower_runner(model, "doc", backend, precision, torch.get_num_threads(), device,
                                                      keep=False, option="validation",
                                                      refreshable=None if stuck else self._refreshable)
-        if note or used != "openvino":
+        if used != "openvino":
             return used, runner, precision, note or why  # a failed conversion or check: torch, and why
         tower = self._refreshable
         if tower.reason:
             return used, runner, precision, f"converted at every validation: {tower.reason}"
-        return used, runner, precision, ("converted for OpenVINO at this validation" if tower.uses == 1 else
-                                         "converted at the first validation, this step's weights written in")
+        if tower.uses > 1:
+            line = ("read from the export cache at the first validation" if tower.source == "cache"
+                    else "converted at the first validation")
+        else:
+            line = ("the converted graph of this architecture read from the export cache" if tower.source == "cache"
+                    else "converted for OpenVINO at this validation")
+        return used, runner, precision, "; ".join([f"{line}, this step's weights written in", *([note] if note else [])])
 
 
 def passage_work(model, corpus, title_join: str, chunk: int = 8192) -> np.ndarray:

@@ -24,9 +24,11 @@ passages (minimum cosine >= 0.999); int8 on the same passages (mean >= 0.99, min
 figures go into each shard's marker and embeddings.json. A tower that fails is refused (`openvino`,
 int8) or replaced by torch, and the reason kept (`auto`).
 
-A model being trained (validation inside training) is converted in memory, never cached, and once:
-`RefreshableTower` writes the step's weights into that conversion at later validations (see it for
-how each constant is tied to the weight it holds, and when a graph cannot be refreshed).
+A model being trained (validation inside training) is converted in memory, once: `RefreshableTower`
+writes the step's weights into that conversion at every validation (see it for how each constant is tied
+to the weight it holds, and when a graph cannot be refreshed). Its weights are never cached as an export;
+the converted graph is, under a digest of the architecture (`graph_key`, in `openvino-graphs/`), once it
+has passed its check with real weights, so a later run of the architecture converts nothing.
 """
 
 from __future__ import annotations
@@ -310,7 +312,7 @@ class OpenVinoTower:
         self.threads = max(1, int(threads))
         self.converted = self.quantized = self.refreshed = False
         self.notes: list[str] = []
-        self.keep = keep
+        self.keep, self._cache = keep, cache
         if keep:
             self.digest = tower_digest(model, side)
             self.folder = export_cache_dir(cache) / "openvino" / self.digest[:32]
@@ -326,22 +328,38 @@ class OpenVinoTower:
             xml = Path("(in memory)")
             self.converted = True
         self.model_file = xml  # the IR compiled below (the export's, or an int8 entry's): its check is its own
-        hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
-        core = ov.Core()
+        self._hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
+        self._core = ov.Core()
+        written = False  # the graph is a RefreshableTower's, this step's weights written in
+        if keep:
+            converted = self._core.read_model(str(xml))
+        else:  # converted once and refreshed with this step's weights where it can be, else converted now
+            fits = refreshable is not None and refreshable.fits(model, side)
+            converted = refreshable.refreshed(model) if fits else None
+            written = converted is not None
+            self.refreshed = written and refreshable.checked
+            if converted is None:
+                converted = self._convert(model)
+        self._compile(converted, xml, precision)
+        self.check = self._check(model, calibration)
+        if written and not refreshable.checked:  # its first check on the full probe texts
+            if self.check["passed"]:
+                refreshable.passed()
+                self.notes.extend(refreshable.notes)
+            else:  # a constant computed from the weights holds what the random ones gave: converted as it is
+                refreshable.failed(f"with this model's weights written in, its graph gave a minimum cosine of "
+                                   f"{self.check['min_cosine']} with torch's vectors on {self.check['texts']} "
+                                   f"{self.check['on']} (a constant of the graph is computed from the weights)")
+                self._compile(self._convert(model), xml, precision)
+                self.check = self._check(model, calibration)
+
+    def _compile(self, converted, xml: Path, precision: str) -> None:
         try:
-            if keep:
-                converted = core.read_model(str(xml))
-            else:  # converted once and refreshed with this step's weights where it can be, else converted now
-                fits = refreshable is not None and refreshable.fits(model, side)
-                converted = refreshable.refreshed(model) if fits else None
-                self.refreshed = converted is not None and refreshable.uses > 1
-                if converted is None:
-                    converted = self._convert(model)
             # no pinning: the plugin pins its threads to the machine's first cores as if the process owned
             # them, so two processes on one node (training workers validating side by side, encode actors)
             # both run on the same cores (2 ranks x 1 thread: 35 psg/s pinned, 60 not; one process: the same)
-            self.compiled = core.compile_model(converted, "CPU", {
-                "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": self.threads,
+            self.compiled = self._core.compile_model(converted, "CPU", {
+                "INFERENCE_PRECISION_HINT": self._hint, "INFERENCE_NUM_THREADS": self.threads,
                 "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
         except RuntimeError as e:  # OpenVINO's C++ error: its first line, and the entry it read
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
@@ -353,7 +371,6 @@ class OpenVinoTower:
         if precision == "int8":
             self.precision = "int8"  # the quantised matmuls in int8, the rest in f32
         self.request = self.compiled.create_infer_request()
-        self.check = self._check(model, calibration)
 
     def _convert(self, model):
         """The tower as OpenVINO's model, in memory (dynamic batch and length)."""
@@ -364,11 +381,31 @@ class OpenVinoTower:
         def make(tmp: Path) -> dict:
             import openvino as ov
 
-            ov.save_model(self._convert(model), str(tmp / "tower.xml"), compress_to_fp16=False)
+            graph, owner = self._graph_with_weights(model)
+            ov.save_model(graph, str(tmp / "tower.xml"), compress_to_fp16=False)
+            del owner  # (the memory the graph's weight constants read, held until it is saved)
             return {"digest": self.digest, "side": self.side, "inputs": self.names}
 
         self.converted = cached_entry(self.folder, "export.json", make, self.notes)
         return self.folder / "tower.xml"
+
+    def _graph_with_weights(self, model):
+        """(graph, what holds its weights' memory): the tower with `model`'s weights for its export: the architecture's graph kept in the cache with
+        the weights written in, or a conversion with random weights that is kept once it gives torch's
+        vectors (RefreshableTower: a later model of the architecture, say each checkpoint of a training
+        run, converts nothing); else (a constant computed from the weights, say) the model converted as it is."""
+        tower = RefreshableTower(model, self.side, self._cache)
+        graph = tower.refreshed(model)
+        if graph is not None:
+            words = SHORT_PROBE_WORDS if tower.checked else PROBE_WORDS
+            cosine = _probe_cosine(graph, model, self.side, words, self.threads)
+            if cosine >= COSINE_GATE:
+                tower.passed()
+                self.notes.extend(tower.notes)
+                return graph, tower
+            tower.failed(f"with the weights written in, its graph gave a minimum cosine of {cosine:.6f}")
+        self.notes.extend(tower.notes)
+        return self._convert(model), None
 
     def _quantize(self, model, xml: Path, texts: list[str]) -> Path:
         """The int8 tower for these calibration texts, cached under a digest of their tokens and of the
@@ -469,6 +506,25 @@ class OpenVinoTower:
         return {**figures, **gates, "passed": bool(passed)}
 
 
+def _probe_cosine(graph, model, side: str, words: tuple[int, ...], threads: int) -> float:
+    """The least cosine between `graph`'s fp32 vectors and torch's on the probe texts of `words`."""
+    import openvino as ov
+
+    names = _input_names(model, side)
+    compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                      "INFERENCE_NUM_THREADS": max(1, int(threads)),
+                                                      "ENABLE_CPU_PINNING": False})
+    request = compiled.create_infer_request()
+    encode = model.encode_queries if side == "query" else model.encode_docs
+    least = 1.0
+    with torch.inference_mode():
+        for b in _probe_batches(model, side, words):
+            ref = encode({n: torch.from_numpy(b[n]) for n in names}).float().numpy()
+            ours = np.array(request.infer([np.ascontiguousarray(b[n], dtype=np.int64) for n in names])[0], dtype=np.float32)
+            least = min(least, float(_cosines(ours, ref).min()))
+    return least
+
+
 def convert_tower(model, side: str, share_weights: bool = True):
     """One side of `model` as OpenVINO's model, in memory (dynamic batch and length)."""
     import warnings
@@ -493,36 +549,63 @@ def convert_tower(model, side: str, share_weights: bool = True):
 
 
 class RefreshableTower:
-    """One side of a model being trained, converted for OpenVINO once; each later use writes the
-    model's current weights into the converted graph and only compiles it again (validation inside
-    training: MiniLM on one thread, ~0.3 s to refresh, compile and check against ~1.7 s to convert).
+    """One side of a model being trained, converted for OpenVINO once; each use writes the model's current
+    weights into the converted graph and only compiles it (validation inside training: MiniLM on one
+    thread, ~0.3 s to write the weights, compile and check against ~1.7 s to convert).
 
-    Which constant of the graph holds which parameter is found at the second use (so no use costs more
-    than a conversion) by converting again with every parameter set to seeded random values (then put
-    back: the same tensors, untouched): a constant that differs between the two conversions is a
-    parameter's values, as they are or reshaped or transposed, or it was computed from parameters, or
-    the converter built another graph (it drops a layer norm's multiply by exactly 1, say); then the
-    graph cannot be refreshed, `reason` says why and the caller converts at every use. A refreshed tower
-    still passes OpenVinoTower's check against torch before it is used (on short probe texts: the graph was
-    checked whole when converted, and a weight written wrong shows on any text)."""
+    The conversion is made with every parameter set to seeded random values (then put back: the same
+    tensors, untouched), so the graph is the one the converter builds for weights in general (a model
+    freshly initialised multiplies its layer norms by exactly 1, which the converter would drop) and each
+    constant that holds a parameter is found by its values (as they are, reshaped or a matrix transposed).
+    A constant the converter computed from parameters cannot be written that way: it still holds what
+    the random values gave, so the first use's check against torch fails by a wide margin, and then
+    `reason` says why and the caller converts the model as it is at every use.
 
-    def __init__(self, model, side: str = "doc"):
+    The graph and which constant holds which parameter are kept in the export cache under a digest of
+    the architecture (`graph_key`: not the weights), once the graph has passed its check with real
+    weights: a later run of the same architecture (the next trial of a sweep, DAR after DPR) converts
+    nothing and writes its weights in at once. A graph used before (checked whole in this process, or
+    before it was cached) is checked on the short probe texts (a weight written wrong shows on any text)."""
+
+    MARKER = "graph.json"
+
+    def __init__(self, model, side: str = "doc", cache: str | Path | None = None):
         import weakref
 
         self.side, self._model = side, weakref.ref(model)
         self._shapes = _parameter_shapes(model)
         self.reason: str | None = None
-        self.buffers: list[tuple[np.ndarray, str, bool]] | None = None  # (constant's memory, parameter, transposed)
+        self.buffers: list[tuple[np.ndarray, str, bool]] = []  # (constant's memory, parameter, transposed)
+        self.names: list[str] = []  # the constants' friendly names, as `buffers`
         self.uses = 0
         self.graph = None
+        self.checked = False  # passed a check on the full probe texts (at a use here, or before it was cached)
+        self.source: str | None = None  # "cache" (read from the export cache) or "converted" (here)
+        self.notes: list[str] = []
+        self.entry: Path | None = None
+        self._unreadable = False
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
             self.reason = "its weights are not float32 on the CPU"
             return
         try:
-            self.graph = convert_tower(model, side, share_weights=False)
+            self.entry = export_cache_dir(cache) / "openvino-graphs" / graph_key(model, side)[:32]
+        except Exception as e:  # a cache path naming a file, say: converted, not kept (and said)
+            self.notes.append(f"the converted graph is not kept in the export cache ({e})")
+        try:
+            if self.entry is not None and entry_problem(self.entry, self.MARKER) is None and self._read():
+                self.source, self.checked = "cache", True
+        except Exception as e:  # an entry OpenVINO cannot read: converted instead, and made again once it passes
+            self.buffers, self.names, self.graph, self._unreadable = [], [], None, True
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
+            self.notes.append(f"the converted graph kept at {self.entry} could not be read ({first}); converted again")
+        try:
+            if self.source is None:
+                self._convert(model)
+                self.source = "converted"
         except Exception as e:  # the caller's own conversion then fails too, and says so (or torch is used)
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:200]
             self.reason = f"the conversion failed ({type(e).__name__}: {first})"
+            self.graph = None
 
     def is_of(self, model, side: str) -> bool:
         """Whether this conversion is of `model`'s `side` (refreshable or not)."""
@@ -534,15 +617,11 @@ class RefreshableTower:
         return self.reason is None and self.is_of(model, side)
 
     def refreshed(self, model):
-        """The converted graph holding `model`'s weights as they are now (at the first use: as converted,
-        just before), or None where it cannot be refreshed (`reason`)."""
+        """The converted graph holding `model`'s weights as they are now, or None where it cannot be
+        refreshed (`reason`)."""
+        if self.reason is not None:
+            return None
         self.uses += 1
-        if self.uses == 1:
-            return self.graph
-        if self.buffers is None:
-            self._find_weights(model)
-            if self.reason:
-                return None
         params = dict(model.named_parameters())
         with torch.no_grad():
             for memory, name, transposed in self.buffers:
@@ -550,8 +629,48 @@ class RefreshableTower:
                 np.copyto(memory, (value.T if transposed else value).reshape(memory.shape))
         return self.graph
 
-    def _find_weights(self, model) -> None:
-        """Tie each constant of the graph that holds a weight to it (see the class), or set `reason`."""
+    def passed(self) -> None:
+        """The graph, with real weights written in, passed its check on the full probe texts: later uses
+        are checked on the short ones, and a graph converted here is kept in the export cache."""
+        first, self.checked = not self.checked, True
+        if not first or self.source != "converted" or self.entry is None or len(set(self.names)) != len(self.names):
+            return
+
+        def make(tmp: Path) -> dict:
+            import openvino as ov
+
+            ov.save_model(self.graph, str(tmp / "tower.xml"), compress_to_fp16=False)
+            return {"weights": [[op, name, transposed] for op, (_, name, transposed) in zip(self.names, self.buffers)],
+                    "side": self.side, "parameters": [[n, list(s)] for n, s in self._shapes]}
+
+        try:
+            if self._unreadable:  # an entry whose files match their digests, which OpenVINO could not read
+                with _entry_lock(self.entry):
+                    _set_aside(self.entry)
+            cached_entry(self.entry, self.MARKER, make, self.notes)
+        except Exception as e:  # a read-only or full cache: the next run converts again
+            self.notes.append(f"the converted graph could not be kept in the export cache "
+                              f"({getattr(e, 'strerror', None) or e})")
+
+    def failed(self, reason: str) -> None:
+        """The graph with real weights written in failed its first check: it cannot be refreshed."""
+        self.reason, self.graph, self.buffers = reason, None, []
+
+    def _own(self, op, name: str, transposed: bool, copy: bool = True) -> None:
+        """The constant `op` of the graph reads memory of ours from now on, which `refreshed` writes
+        (`copy`: holding the constant's values until then)."""
+        import openvino as ov
+
+        memory = (np.array(op.get_data(), dtype=np.float32, copy=True, order="C") if copy
+                  else np.empty(tuple(op.get_output_shape(0)), dtype=np.float32))
+        fresh = ov.op.Constant(ov.Tensor(memory, shared_memory=True), shared_memory=True)
+        fresh.set_friendly_name(op.get_friendly_name())  # the name a kept graph finds it by
+        op.output(0).replace(fresh.output(0))
+        self.buffers.append((memory, name, transposed))
+        self.names.append(op.get_friendly_name())
+
+    def _convert(self, model) -> None:
+        """Converted with seeded random weights, each constant holding a parameter found by its values."""
         import openvino as ov
 
         params = dict(model.named_parameters())
@@ -561,37 +680,82 @@ class RefreshableTower:
         try:
             for name, p in params.items():
                 p.data = marks[name]
-            marked = convert_tower(model, self.side, share_weights=False)
+            self.graph = convert_tower(model, self.side, share_weights=False)
         finally:
             for name, p in params.items():
                 p.data = kept[name]
-        ops, marked_ops = self.graph.get_ordered_ops(), marked.get_ordered_ops()
-        if [o.get_type_name() for o in ops] != [o.get_type_name() for o in marked_ops]:
-            self.reason = "the converter built another graph for other weights"
-            return
-        by_size: dict[int, list[str]] = {}
+        # a parameter's values, found by their first values and size (each way round for a matrix)
+        heads: dict[tuple, list[tuple[str, bool]]] = {}
         for name, mark in marks.items():
-            by_size.setdefault(mark.numel(), []).append(name)
-        found = []
-        for op, marked_op in zip(ops, marked_ops):
-            if op.get_type_name() != "Constant":
+            values = mark.numpy()
+            for transposed in ((False, True) if values.ndim == 2 else (False,)):
+                flat = (values.T if transposed else values).reshape(-1)
+                heads.setdefault((flat.size, flat[:8].tobytes()), []).append((name, transposed))
+        for op in self.graph.get_ordered_ops():
+            if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f32:
                 continue
-            value, mark = op.get_data(), marked_op.get_data()
-            if value.shape == mark.shape and np.array_equal(value, mark):
-                continue  # not from a parameter
-            source = next(((name, t) for name in by_size.get(mark.size, []) for t in (False, True)
-                           if _holds(mark, marks[name].numpy(), t)), None) if op.get_element_type() == ov.Type.f32 else None
-            if source is None:
-                self.reason = (f"a constant of the converted graph ({op.get_friendly_name()}, shape "
-                               f"{list(value.shape)}) is computed from the weights, not one of them")
-                return
-            found.append((op, *source))
-        self.buffers = []
-        for op, name, transposed in found:  # each such constant now reads memory of our own
-            memory = np.ascontiguousarray(op.get_data()).copy()
-            fresh = ov.op.Constant(ov.Tensor(memory, shared_memory=True), shared_memory=True)
-            op.output(0).replace(fresh.output(0))
-            self.buffers.append((memory, name, transposed))
+            value = op.get_data()
+            flat = value.reshape(-1)
+            source = next(((name, t) for name, t in heads.get((flat.size, flat[:8].tobytes()), [])
+                           if _holds(value, marks[name].numpy(), t)), None)
+            if source is not None:
+                self._own(op, *source)
+
+    def _read(self) -> bool:
+        """The graph kept in the export cache for this architecture, its weight constants ours; False
+        (converted instead) where it does not fit this model."""
+        import openvino as ov
+
+        record = json.loads((self.entry / self.MARKER).read_text())
+        shapes = dict(self._shapes)
+        weights = record.get("weights") or []
+        if any(name not in shapes for _, name, _ in weights):
+            return False
+        graph = ov.Core().read_model(str(self.entry / "tower.xml"))
+        ops = {op.get_friendly_name(): op for op in graph.get_ordered_ops() if op.get_type_name() == "Constant"}
+        for op_name, name, transposed in weights:
+            op = ops.get(op_name)
+            size = int(np.prod(shapes[name])) if shapes[name] else 1
+            if op is None or op.get_element_type() != ov.Type.f32 or int(np.prod(op.get_output_shape(0))) != size:
+                self.buffers, self.names = [], []
+                return False
+            self._own(op, name, bool(transposed), copy=False)  # (each use writes the weights first)
+        self.graph = graph
+        return True
+
+
+def graph_key(model, side: str) -> str:
+    """What a tower's converted graph depends on apart from the weights' values: the architecture (the
+    transformer's config, the parameters' names and shapes, the buffers' values), the tower's settings,
+    the code that computes it (this package's model modules) and the versions."""
+    import openvino
+    import transformers
+
+    encoder = model.query_encoder if side == "query" else model.doc_encoder
+    config = encoder.config.to_dict() if hasattr(encoder, "config") else {}
+    config = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("torch_dtype", "dtype",
+                                                                                       "transformers_version")}
+    h = hashlib.sha256()
+    for name, buffer in model.named_buffers():
+        h.update(name.encode() + buffer.detach().cpu().contiguous().numpy().tobytes())
+    for source in sorted(Path(__file__).parent.glob("*.py")):  # encoder, heads, tokens: how a tower computes
+        h.update(source.read_bytes())
+    settings = {"side": side, "config": config, "parameters": _parameter_shapes(model),
+                "pooling": model.cfg.pooling, "normalize": model.cfg.normalize,
+                "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
+                "dim": model.dim, "export_version": EXPORT_VERSION, "torch": torch.__version__,
+                "transformers": transformers.__version__, "openvino": openvino.__version__}
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def graph_cached(model, side: str, cache: str | Path | None = None) -> bool:
+    """Whether the export cache holds a converted graph of this architecture (RefreshableTower)."""
+    try:
+        entry = export_cache_dir(cache) / "openvino-graphs" / graph_key(model, side)[:32]
+    except Exception:
+        return False
+    return (entry / RefreshableTower.MARKER).is_file()
 
 
 def _parameter_shapes(model) -> list[tuple[str, tuple[int, ...]]]:

@@ -128,10 +128,11 @@ class ValidationConfig(Section):
     # precision: of the passages (queries are fp32, as retrieve encodes them); auto = bf16 where the
     # CPU or GPU computes it natively, else fp32 (the rule pipeline encode follows)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    # backend: torch, or openvino (the model as it is at that step, converted in memory at the first
-    # validation and refreshed with the step's weights at later ones, never cached); auto = openvino on a
-    # CPU with OpenVINO installed from 500 passages per worker in bf16 (1,000 in fp32), where the faster
-    # encoder pays for the conversion. With several workers each encodes its share of the passages
+    # backend: torch, or openvino (converted once, or its architecture's graph read from the export cache,
+    # the step's weights written in at every validation; the weights are never cached); auto = openvino on
+    # a CPU with OpenVINO installed from 250 passages per worker in bf16 (1,000 in fp32), or from 64 (250
+    # in fp32) where the architecture's graph is cached (`pipeline encode` and earlier runs keep it), where
+    # the faster encoder pays for what it costs. With several workers each encodes its share of the passages
     backend: Literal["auto", "torch", "openvino"] = "auto"
 
     SECTION = "validation"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -51,7 +52,12 @@ def test_openvino_tower_gives_torchs_vectors(tiny_model_dir, tmp_path, pooling):
     np.testing.assert_allclose(got, ref, atol=1e-5)  # same rows, same order, same values
 
 
-def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path):
+def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path, monkeypatch):
+    """One export per model folder's digest; another model (other weights) of an architecture exported before
+    is made from the graph kept then, its weights written in: nothing converted, torch's vectors."""
+    converted = []
+    real_convert = backends.convert_tower
+    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
     cache = tmp_path / "cache"
@@ -68,6 +74,7 @@ def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path
     changed = _model(model_dir)
     fresh = OpenVinoTower(changed, cache=cache)
     assert fresh.converted and fresh.digest != first.digest and fresh.check["passed"]
+    assert converted == [1]  # the first export's conversion; the second wrote its weights into the kept graph
     toks = _tokens(changed)
     np.testing.assert_allclose(changed.embed_tokens(toks, "doc", runner=fresh), changed.embed_tokens(toks, "doc"),
                                atol=1e-5)
@@ -205,50 +212,95 @@ def _nudge(model, seed: int, scale: float = 0.05):
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
-def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_model_dir):
-    """Converted once; after the weights change in place (training steps) the refreshed graph gives torch's
-    vectors for the weights as they are now. The second use converts once more to find which constant holds
-    which weight, leaving the model as it was (the same tensors, the same values); later uses convert nothing."""
-    model = _model(tiny_model_dir, pooling="mean", normalize=True)
-    # freshly initialised, its layer norms multiply by exactly 1 and add exactly 0: the converter drops those
-    # operations, so the graph would be wrong once training moves them; that is found at the second use, and said
-    fresh = backends.RefreshableTower(model, "doc")
-    assert fresh.refreshed(model) is fresh.graph
-    _nudge(model, 0)  # as the first training steps leave it
-    assert fresh.refreshed(model) is None and "another graph" in fresh.reason and not fresh.fits(model, "doc")
-    toks = _tokens(model)
-    refreshable = backends.RefreshableTower(model, "doc")
-    assert refreshable.reason is None and refreshable.fits(model, "doc")
+def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_model_dir, tmp_path, monkeypatch):
+    """Converted once, with seeded random weights (a freshly initialised model multiplies its layer norms by
+    exactly 1, which the converter would drop); at each use the model's weights as they are now (training
+    steps change them in place) are written in, and the graph gives torch's vectors for them. The model is
+    left as it was (the same tensors, the same values); no use after the first conversion converts."""
     converted = []
     real_convert = backends.convert_tower
+    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+    model = _model(tiny_model_dir, pooling="mean", normalize=True)  # freshly initialised: layer norms exactly 1
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    refreshable = backends.RefreshableTower(model, "doc", cache=tmp_path)
+    for name, p in model.named_parameters():
+        assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
+    assert refreshable.reason is None and refreshable.fits(model, "doc") and refreshable.source == "converted"
+    assert len(refreshable.buffers) == len(list(model.parameters())) - 2  # all but BERT's pooler (never used)
+    toks = _tokens(model)
     for use in range(3):
         if use:
             _nudge(model, use)
-        before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(backends, "convert_tower", lambda *a, **k: converted.append(use) or real_convert(*a, **k))
-            used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False,
-                                                         option="validation", refreshable=refreshable)
+        used, runner, precision, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False,
+                                                     option="validation", refreshable=refreshable)
         assert (used, precision, note) == ("openvino", "fp32", None) and runner.check["passed"]
-        # a refreshed graph (checked whole when converted) is checked on the short probe texts
+        # checked whole at its first use; then on the short probe texts
         assert runner.refreshed == (use > 0)
         assert runner.check["texts"] == len(backends.SHORT_PROBE_WORDS if use else backends.PROBE_WORDS)
-        for name, p in model.named_parameters():
-            assert p.data_ptr() == before[name][0] and torch.equal(p.detach(), before[name][1]), name
         ref = model.embed_tokens(toks, "doc", batch_size=8, precision="fp32")
         np.testing.assert_allclose(model.embed_tokens(toks, "doc", batch_size=8, precision="fp32", runner=runner),
                                    ref, atol=1e-5)
-    assert converted == [1] and refreshable.buffers and refreshable.uses == 3  # one mapping conversion, then none
+    assert converted == [1] and refreshable.uses == 3
     assert not refreshable.fits(_model(tiny_model_dir), "doc") and not refreshable.fits(model, "query")
 
 
-def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tiny_model_dir, monkeypatch):
+def test_a_converted_graph_is_kept_by_architecture_and_a_later_run_converts_nothing(tiny_model_dir, tmp_path,
+                                                                                    monkeypatch):
+    """Once its graph passed the check with real weights it is kept in the export cache under a digest of the
+    architecture (not the weights): another model of that architecture (the next run, other weights) reads it,
+    writes its own weights in, and is checked on the short probe texts. Another tower setting is another
+    entry; an entry whose files were altered is not read, and is set aside and made again, with a note."""
+    first = _model(tiny_model_dir, pooling="mean", normalize=True)
+    _nudge(first, 0)
+    tower = backends.RefreshableTower(first, "doc", cache=tmp_path)
+    assert not backends.graph_cached(first, "doc", cache=tmp_path)  # kept once it has passed with real weights
+    tower_runner(first, "doc", "openvino", "fp32", 1, keep=False, refreshable=tower)
+    assert backends.graph_cached(first, "doc", cache=tmp_path)
+    converted = []
+    real_convert = backends.convert_tower
+    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+    later = _model(tiny_model_dir, pooling="mean", normalize=True)
+    _nudge(later, 7)  # other weights, the same architecture
+    assert backends.graph_cached(later, "doc", cache=tmp_path)
+    again = backends.RefreshableTower(later, "doc", cache=tmp_path)
+    assert again.source == "cache" and again.reason is None and converted == []
+    used, runner, _, note = tower_runner(later, "doc", "openvino", "fp32", 1, keep=False, refreshable=again)
+    assert used == "openvino" and note is None and runner.refreshed and runner.check["passed"]
+    assert runner.check["texts"] == len(backends.SHORT_PROBE_WORDS)
+    toks = _tokens(later)
+    np.testing.assert_allclose(later.embed_tokens(toks, "doc", batch_size=8, precision="fp32", runner=runner),
+                               later.embed_tokens(toks, "doc", batch_size=8, precision="fp32"), atol=1e-5)
+    assert converted == []
+    # another pooling: another graph
+    assert not backends.graph_cached(_model(tiny_model_dir, pooling="cls", normalize=True), "doc", cache=tmp_path)
+    # a kept graph whose weights file was altered is not read: converted, then set aside and made again
+    entry = tower.entry
+    with open(entry / "tower.bin", "r+b") as f:
+        f.truncate(1000)
+    third = backends.RefreshableTower(later, "doc", cache=tmp_path)
+    assert third.source == "converted" and converted == [1]
+    used, runner, _, note = tower_runner(later, "doc", "openvino", "fp32", 1, keep=False, refreshable=third)
+    assert used == "openvino" and runner.check["passed"] and "was broken" in note, note
+    assert backends.entry_problem(entry, backends.RefreshableTower.MARKER) is None
+    # one whose files match their digests but that OpenVINO cannot read: converted, said, and made again
+    (entry / "tower.xml").write_text("<net>not a graph</net>")
+    record = json.loads((entry / "graph.json").read_text())
+    record["files"]["tower.xml"] = hashlib.sha256((entry / "tower.xml").read_bytes()).hexdigest()
+    (entry / "graph.json").write_text(json.dumps(record))
+    fourth = backends.RefreshableTower(later, "doc", cache=tmp_path)
+    assert fourth.source == "converted" and fourth.reason is None and converted == [1, 1]
+    used, runner, _, note = tower_runner(later, "doc", "openvino", "fp32", 1, keep=False, refreshable=fourth)
+    assert used == "openvino" and runner.check["passed"] and "could not be read" in note, note
+    assert backends.RefreshableTower(later, "doc", cache=tmp_path).source == "cache"
+
+
+def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tiny_model_dir, tmp_path, monkeypatch):
     """The short probe reads every layer: the last layer's feed-forward output matrix left unwritten fails
     the check (0.985 against the 0.9999 gate; the full probe gives the same figure), and auto encodes with
     torch, saying why. (A tiny random model's attention is near uniform: its query matrix barely shows.)"""
     model = _model(tiny_model_dir, pooling="mean", normalize=True)
     _nudge(model, 0)
-    tower = backends.RefreshableTower(model, "doc")
+    tower = backends.RefreshableTower(model, "doc", cache=tmp_path)
     tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
     _nudge(model, 1)
     real = backends.RefreshableTower.refreshed
@@ -266,31 +318,32 @@ def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tin
     assert (used, runner) == ("torch", None) and "minimum cosine of 0.98" in note and "4 probe texts" in note, note
 
 
-def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_time(tiny_model_dir, monkeypatch):
-    """A constant the converter folded from weights cannot be refreshed by copying one weight: the tower says
-    why and is not used, and the caller's conversion gives torch's vectors for the current weights."""
+def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_time(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """A constant the converter folded from the (random) weights cannot be refreshed by copying weights in: the
+    graph fails its first check by a wide margin, the tower says why, the model as it is is converted instead
+    (torch's vectors for the current weights), and the graph is not kept."""
     model = _model(tiny_model_dir, pooling="mean", normalize=True)
     _nudge(model, 0)
     real_encode = model.encode_docs
     # a tower whose output adds a sum of one weight matrix: the converter folds that sum into one number
     monkeypatch.setattr(model, "encode_docs", lambda b: real_encode(b) + 0.01 * next(model.parameters()).sum())
-    refreshable = backends.RefreshableTower(model, "doc")
-    refreshable.refreshed(model)  # the first use: as converted
-    _nudge(model, 3)
-    assert refreshable.refreshed(model) is None and not refreshable.fits(model, "doc")
-    assert "computed from the weights" in refreshable.reason, refreshable.reason
+    refreshable = backends.RefreshableTower(model, "doc", cache=tmp_path)
     used, runner, _, note = tower_runner(model, "doc", "openvino", "fp32", 1, keep=False, refreshable=refreshable)
-    assert used == "openvino" and note is None  # passed its check against torch: converted with these weights
+    assert used == "openvino" and note is None and runner.check["passed"]  # converted with these weights
+    assert not refreshable.fits(model, "doc") and refreshable.refreshed(model) is None
+    assert "computed from the weights" in refreshable.reason and "minimum cosine" in refreshable.reason, refreshable.reason
+    assert not backends.graph_cached(model, "doc", cache=tmp_path)
 
 
-def test_a_conversion_that_fails_is_a_reason_and_auto_falls_back_to_torch(tiny_model_dir, monkeypatch):
+def test_a_conversion_that_fails_is_a_reason_and_auto_falls_back_to_torch(tiny_model_dir, tmp_path, monkeypatch):
     model = _model(tiny_model_dir, pooling="mean", normalize=True)
 
     def broken(*a, **k):
         raise ValueError("no such op\nmore detail")
 
     monkeypatch.setattr(backends, "convert_tower", broken)
-    tower = backends.RefreshableTower(model, "doc")
+    tower = backends.RefreshableTower(model, "doc", cache=tmp_path)
     assert tower.reason == "the conversion failed (ValueError: no such op)" and not tower.fits(model, "doc")
     assert tower.is_of(model, "doc")  # known for this model: a validator does not try it again
     used, runner, _, note = tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
