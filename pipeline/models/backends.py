@@ -41,6 +41,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -525,6 +526,9 @@ def _probe_cosine(graph, model, side: str, words: tuple[int, ...], threads: int)
     return least
 
 
+_CONVERTING = threading.Lock()
+
+
 def convert_tower(model, side: str, share_weights: bool = True):
     """One side of `model` as OpenVINO's model, in memory (dynamic batch and length)."""
     import warnings
@@ -534,7 +538,9 @@ def convert_tower(model, side: str, share_weights: bool = True):
     names = _input_names(model, side)
     tower = _Tower(model, side).eval()
     example = tuple(torch.from_numpy(_probe_batches(model, side)[0][n]) for n in names)
-    with torch.no_grad(), warnings.catch_warnings():
+    # one conversion at a time in a process: warnings.catch_warnings is not thread-safe (the tracer's notes
+    # would leak from a thread converting beside another), and tracing holds the GIL most of the time anyway
+    with _CONVERTING, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on the model's Python branches
         try:  # traced once: torch's check of the trace (a second trace, ~40 % of a conversion) is left out,
             # OpenVinoTower's own check of the converted tower against torch's vectors stands in for it
