@@ -51,7 +51,8 @@ from ..errors import ConfigError, PipelineError
 from ..io_utils import sha256_files
 
 BACKENDS = ("auto", "torch", "openvino")
-EXPORT_VERSION = 2  # bump when the conversion changes: earlier exports are not used
+EXPORT_VERSION = 3  # bump when the conversion changes: earlier exports are not used (3: made through the
+# architecture's graph, which an export made now keeps for later models and for validation)
 COSINE_GATE = 0.9999   # fp32: min cosine to torch's fp32 vectors on the probe batches (the same computation)
 BF16_MIN_GATE = 0.999  # bf16: min cosine to torch's fp32 vectors on the corpus's first passages
 INT8_MEAN_GATE = 0.99  # int8, on the corpus's first passages: mean cosine to torch fp32 (a broken quantisation,
