@@ -34,6 +34,7 @@ has passed its check with real weights, so a later run of the architecture conve
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -465,7 +466,6 @@ class OpenVinoTower:
         machine does not pay for it twice."""
         from .tokens import tokenize_sorted
 
-        encode = model.encode_queries if self.side == "query" else model.encode_docs
         on_texts = self.precision in ("bf16", "int8") and texts
         if on_texts:
             tok, prefix, max_len = model.token_spec(self.side)
@@ -482,15 +482,9 @@ class OpenVinoTower:
         except (OSError, ValueError):
             figures = None
         if figures is None:
-            ours, ref = [], []
-            with torch.inference_mode():
-                for b in batches:
-                    t = {n: torch.from_numpy(b[n]) for n in self.names}
-                    ref.append(encode(t).float().numpy())
-                    ours.append(self(b))
-            ref_v = np.concatenate(ref)
+            ours, ref_v = _against_torch(self, model, self.side, batches)
             model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
-            cosines = _cosines(np.concatenate(ours), ref_v)
+            cosines = _cosines(ours, ref_v)
             figures = {"min_cosine": round(float(cosines.min()), 6), "mean_cosine": round(float(cosines.mean()), 6),
                        "texts": len(cosines), "on": "the corpus's first passages" if on_texts else "probe texts",
                        "precision": self.precision}
@@ -508,23 +502,30 @@ class OpenVinoTower:
         return {**figures, **gates, "passed": bool(passed)}
 
 
+def _against_torch(run, model, side: str, batches) -> tuple[np.ndarray, np.ndarray]:
+    """(`run`'s vectors, torch's fp32 vectors) for the same token batches."""
+    names = _input_names(model, side)
+    encode = model.encode_queries if side == "query" else model.encode_docs
+    ours, ref = [], []
+    with torch.inference_mode():
+        for b in batches:
+            ref.append(encode({n: torch.from_numpy(b[n]) for n in names}).float().numpy())
+            ours.append(run(b))
+    return np.concatenate(ours), np.concatenate(ref)
+
+
 def _probe_cosine(graph, model, side: str, words: tuple[int, ...], threads: int) -> float:
     """The least cosine between `graph`'s fp32 vectors and torch's on the probe texts of `words`."""
     import openvino as ov
 
     names = _input_names(model, side)
-    compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                      "INFERENCE_NUM_THREADS": max(1, int(threads)),
-                                                      "ENABLE_CPU_PINNING": False})
-    request = compiled.create_infer_request()
-    encode = model.encode_queries if side == "query" else model.encode_docs
-    least = 1.0
-    with torch.inference_mode():
-        for b in _probe_batches(model, side, words):
-            ref = encode({n: torch.from_numpy(b[n]) for n in names}).float().numpy()
-            ours = np.array(request.infer([np.ascontiguousarray(b[n], dtype=np.int64) for n in names])[0], dtype=np.float32)
-            least = min(least, float(_cosines(ours, ref).min()))
-    return least
+    request = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                     "INFERENCE_NUM_THREADS": max(1, int(threads)),
+                                                     "ENABLE_CPU_PINNING": False}).create_infer_request()
+    ours, ref = _against_torch(
+        lambda b: np.array(request.infer([np.ascontiguousarray(b[n], dtype=np.int64) for n in names])[0],
+                           dtype=np.float32), model, side, _probe_batches(model, side, words))
+    return float(_cosines(ours, ref).min())
 
 
 _CONVERTING = threading.Lock()
@@ -731,6 +732,15 @@ class RefreshableTower:
         return True
 
 
+@functools.lru_cache(maxsize=1)
+def _model_code_digest() -> str:
+    """This package's model modules (encoder, heads, tokens: how a tower computes), read once a process."""
+    h = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(source.read_bytes())
+    return h.hexdigest()
+
+
 def graph_key(model, side: str) -> str:
     """What a tower's converted graph depends on apart from the weights' values: the architecture (the
     transformer's config, the parameters' names and shapes, the buffers' values), the tower's settings,
@@ -745,8 +755,7 @@ def graph_key(model, side: str) -> str:
     h = hashlib.sha256()
     for name, buffer in model.named_buffers():
         h.update(name.encode() + buffer.detach().cpu().contiguous().numpy().tobytes())
-    for source in sorted(Path(__file__).parent.glob("*.py")):  # encoder, heads, tokens: how a tower computes
-        h.update(source.read_bytes())
+    h.update(_model_code_digest().encode())
     settings = {"side": side, "config": config, "parameters": _parameter_shapes(model),
                 "pooling": model.cfg.pooling, "normalize": model.cfg.normalize,
                 "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
