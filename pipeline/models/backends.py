@@ -7,66 +7,47 @@
   EPYC (bench/encode.py): 2.2x torch's fp32 at cosine 1.000000, 1.5x torch's bf16.
 - `auto`: openvino on a CPU when it is installed and passes its check, else torch.
 
-The conversion (~1.5 s for MiniLM) is cached under `export_cache()` in a folder named by a digest of
-everything the tower's output depends on: the model folder's files (each by its place in the folder,
-symlinks followed), the tower's settings (pooling, normalisation, prompt length, the tokenizer's input
-names) and the torch, transformers and OpenVINO versions. Another model, or the same folder with a
-changed file, is another digest, so a stale export is never used. An entry is made under a lock in a
-temporary folder and renamed into place with its marker (`export.json`, listing each file's digest):
-two processes converting one model at once do it once, a complete entry is never replaced, one whose
-files no longer match their digests is set aside and made again (with a note naming it), and what a
-killed converter left is cleaned by the next. The cache is not kept in the model's folder: a model may
-sit in a read-only package, and files added there would change its digest.
+The conversion (~1.5 s for MiniLM) is kept in the export cache (models/export_cache.py: the keys, and
+how an entry is made under a lock, checked against its digests and repaired).
 
-Every OpenVINO tower is checked when it is made, against torch's fp32 vectors: fp32 on seeded probe
-batches (minimum cosine >= 0.9999, the same computation); bf16 on the corpus's first CHECK_TEXTS
-passages (minimum cosine >= 0.999); int8 on the same passages (mean >= 0.99, minimum >= 0.95). The
-figures go into each shard's marker and embeddings.json. A tower that fails is refused (`openvino`,
-int8) or replaced by torch, and the reason kept (`auto`).
+Every OpenVINO tower is checked when it is made, against torch's fp32 vectors, at what a correct
+conversion gives in its precision (models/tower_check.py): fp32 on seeded probe batches (the same
+computation: minimum cosine >= 0.9999 and no component off by more than 2.5e-6 of its vector's length);
+bf16 on the corpus's first CHECK_TEXTS passages (minimum cosine >= 0.999); int8 on the same passages
+(mean >= 0.99, minimum >= 0.95). The figures go into each shard's marker and embeddings.json. A tower
+that fails is refused (`openvino`, int8) or replaced by torch, and the reason kept (`auto`).
 
 A model being trained (validation inside training) is converted in memory, once: `RefreshableTower`
 writes the step's weights into that conversion at every validation (see it for how each constant is tied
 to the weight it holds, and when a graph cannot be refreshed). Its weights are never cached as an export;
 the converted graph is, under a digest of the architecture (`graph_key`, in `openvino-graphs/`), once it
-has passed its check with real weights, so a later run of the architecture converts nothing.
+has passed the fp32 check with real weights (a tower used in bf16 is verified in fp32 first), so a later
+run of the architecture converts nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
 import json
 import logging
-import os
-import shutil
-import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, PipelineError
-from ..io_utils import sha256_files
+from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir,  # noqa: F401
+                           graph_cached, graph_key, input_names, parameter_shapes, set_aside, tower_digest)
+# the gates live in tower_check (a test changes them there); the probe texts are named here too
+from .tower_check import (CHECK_TEXTS, PROBE_WORDS, SHORT_PROBE_WORDS, against_torch, check_figures,  # noqa: F401
+                          cpu_key, describe_check, gates_for, passes, probe_batches, probe_check, token_batches)
 
+_input_names, _probe_batches = input_names, probe_batches  # (bench/encode.py's names for them)
 BACKENDS = ("auto", "torch", "openvino")
-EXPORT_VERSION = 3  # bump when the conversion changes: earlier exports are not used (3: made through the
-# architecture's graph, which an export made now keeps for later models and for validation)
-COSINE_GATE = 0.9999   # fp32: min cosine to torch's fp32 vectors on the probe batches (the same computation)
-BF16_MIN_GATE = 0.999  # bf16: min cosine to torch's fp32 vectors on the corpus's first passages
-INT8_MEAN_GATE = 0.99  # int8, on the corpus's first passages: mean cosine to torch fp32 (a broken quantisation,
-INT8_MIN_GATE = 0.95   # not its known cost: FAQ MiniLM min 0.986, mean 0.997) and a floor for the worst passage
-CHECK_TEXTS = 128      # passages of the corpus's first ones that bf16 and int8 are checked on
-
-
-def export_cache() -> Path:
-    """Where converted towers are kept: $PIPELINE_EXPORT_CACHE, else the user's cache folder."""
-    if os.environ.get("PIPELINE_EXPORT_CACHE"):
-        return Path(os.environ["PIPELINE_EXPORT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dense-retrieval-pipeline" / "exports"
 
 
 def openvino_available() -> bool:
@@ -119,186 +100,6 @@ class _Tower(torch.nn.Module):
         return self.model.encode_queries(batch) if self.side == "query" else self.model.encode_docs(batch)
 
 
-def _input_names(model, side: str) -> list[str]:
-    tok = model.token_spec(side)[0]
-    names = ["input_ids", "attention_mask"]
-    if "token_type_ids" in tok("probe", truncation=True):
-        names.append("token_type_ids")
-    return names
-
-
-def tower_digest(model, side: str) -> str:
-    """What the tower's output depends on: the model folder's files (each by its place in the folder,
-    symlinks followed: models/loading.model_digest), its settings and the versions."""
-    import openvino
-    import transformers
-
-    from .loading import model_digest, resolve_model_path
-
-    cfg = model.cfg
-    path = resolve_model_path(cfg.query_name_or_path if side == "query" and cfg.query_name_or_path
-                              else cfg.name_or_path)
-    h = hashlib.sha256(model_digest(path).encode())
-    settings = {"side": side, "pooling": cfg.pooling, "normalize": cfg.normalize,
-                "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
-                "dim": model.dim, "export_version": EXPORT_VERSION, "torch": torch.__version__,
-                "transformers": transformers.__version__, "openvino": openvino.__version__}
-    h.update(json.dumps(settings, sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def _token_batches(model, side: str, tokens: dict, size: int) -> list[dict[str, np.ndarray]]:
-    """`tokenize_sorted`'s arrays as padded numpy batches of `size` rows (as embed_tokens pads them)."""
-    from .tokens import padded_batch
-
-    tok = model.token_spec(side)[0]
-    n = len(tokens["lengths"])
-    offsets = np.concatenate([[0], np.cumsum(tokens["lengths"], dtype=np.int64)])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    left = getattr(tok, "padding_side", "right") == "left"
-    return [padded_batch(tokens, offsets, s, min(n, s + size), pad, left) for s in range(0, n, size)]
-
-
-PROBE_WORDS = (3, 9, 17, 30, 48, 70, 100, 140)  # the probe texts' lengths in words
-SHORT_PROBE_WORDS = (3, 9, 17, 30)  # a refreshed tower's check: the graph is the one already checked
-
-
-def _probe_batches(model, side: str, words: tuple[int, ...] = PROBE_WORDS) -> list[dict[str, np.ndarray]]:
-    """Token batches of several lengths (real words of the tokenizer's vocabulary, seeded)."""
-    from .tokens import tokenize_sorted
-
-    tok, prefix, max_len = model.token_spec(side)
-    rng = np.random.default_rng(0)
-    vocab = [w for w in sorted(tok.get_vocab()) if w.isalpha() and len(w) > 2][:5000] or ["probe"]
-    texts = [" ".join(rng.choice(vocab, size=n)) for n in words]
-    return _token_batches(model, side, tokenize_sorted(tok, texts, prefix, max_len), 4)
-
-
-# ---------------------------------------------------------------------------------------- the cache
-# An entry (an export folder, or an `int8-*` folder inside one) is complete when its marker file is
-# there and the files the marker lists have the digests it records. Whoever makes or repairs an entry
-# holds its lock (`.<entry>.lock` beside it, fcntl.flock: also across the nodes sharing a home folder
-# over NFS), so two encoders converting one model at once do the work once: the second waits, then
-# finds the entry complete. A complete entry is never removed or replaced; one whose files no longer
-# match their digests is set aside and made again, once, with a note naming it. What a killed converter
-# left (`.<entry>-tmp-*`) is removed by the next lock holder.
-
-
-def export_cache_dir(cache: str | Path | None = None) -> Path:
-    """The cache folder, checked: $PIPELINE_EXPORT_CACHE (or `cache`) naming a file is a ConfigError."""
-    folder = Path(cache) if cache is not None else export_cache()
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"PIPELINE_EXPORT_CACHE={folder}: not a folder (a file is there); point it at a folder "
-                          "for the converted models (or unset it: the default is ~/.cache/dense-retrieval-pipeline)")
-    return folder
-
-
-@contextlib.contextmanager
-def _entry_lock(entry: Path, wait: bool = True):
-    """Exclusive lock of one cache entry, held while it is made, checked or repaired. Yields False
-    (without the lock) when `wait` is off and another process holds it."""
-    import fcntl
-
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f".{entry.name}.lock", "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _file_digests(folder: Path, names) -> dict[str, str]:
-    from ..io_utils import sha256_file
-
-    return {n: sha256_file(folder / n) for n in names}
-
-
-def entry_problem(entry: Path, marker: str) -> str | None:
-    """None when `entry` is complete and whole; else why not ("missing" when there is no marker)."""
-    try:
-        record = json.loads((entry / marker).read_text())
-    except FileNotFoundError:
-        return "missing"
-    except (OSError, ValueError) as e:
-        return f"its {marker} is unreadable ({e})"
-    files = record.get("files") or {}
-    if not files:
-        return f"its {marker} lists no file digests (made by an older version)"
-    for name, want in files.items():
-        try:
-            got = _file_digests(entry, [name])[name]
-        except OSError:
-            return f"{name} is missing"
-        if got != want:
-            return f"{name} does not match its recorded digest (truncated or altered)"
-    return None
-
-
-def _set_aside(entry: Path) -> None:
-    """Move a broken entry out of the way (one rename), then delete it."""
-    aside = entry.with_name(f".{entry.name}-broken-{os.getpid()}-{os.urandom(4).hex()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.rename(entry, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _clean_temporaries(entry: Path) -> None:
-    """What a converter killed while making `entry` left beside it (only the lock holder calls this)."""
-    for tmp in entry.parent.glob(f".{entry.name}-tmp-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def cached_entry(entry: Path, marker: str, make, notes: list[str]) -> bool:
-    """Make sure `entry` holds a complete, whole export: `make(tmp)` writes one into a temporary folder
-    (its files; the marker with their digests is written here, last) when there is none, or when the one
-    there is broken (set aside first, with a note in `notes`). Returns True when this call made it."""
-    if entry_problem(entry, marker) is None:
-        if any(entry.parent.glob(f".{entry.name}-tmp-*")):  # a killed converter's leftovers, if nobody works now
-            with _entry_lock(entry, wait=False) as held:
-                if held:
-                    _clean_temporaries(entry)
-        return False
-    with _entry_lock(entry):
-        problem = entry_problem(entry, marker)
-        if problem is None:  # another process made it while this one waited
-            return False
-        _clean_temporaries(entry)
-        if problem != "missing" or entry.exists():
-            notes.append(f"the export cache entry {entry} was broken ({problem if problem != 'missing' else 'incomplete'}); "
-                         "set aside and made again")
-            _set_aside(entry)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-tmp-", dir=entry.parent))
-        try:
-            record = make(tmp) or {}
-            names = sorted(p.name for p in tmp.iterdir() if p.is_file())
-            record["files"] = _file_digests(tmp, names)
-            (tmp / marker).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-            os.rename(tmp, entry)  # the entry appears whole, marker included (nothing is there: checked above)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return True
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-
-
-def _cpu_key() -> str:
-    """The CPU a check ran on (model name and ISA flags): a check's result holds for that CPU only."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("flags")), "")
-    return hashlib.sha256(f"{model}|{flags}".encode()).hexdigest()[:16]
-
-
 class OpenVinoTower:
     """A tower compiled by OpenVINO for the CPU: numpy token batch in, float32 (B, D) vectors out.
     `precision` int8: the exported tower quantised by NNCF (post-training, transformer preset with
@@ -311,9 +112,10 @@ class OpenVinoTower:
                  refreshable: "RefreshableTower | None" = None):
         import openvino as ov
 
-        self.side, self.names = side, _input_names(model, side)
+        self.side, self.names = side, input_names(model, side)
         self.threads = max(1, int(threads))
         self.converted = self.quantized = self.refreshed = False
+        self.stale: str | None = None  # why this tower may no longer be used (RefreshableTower.refreshed)
         self.notes: list[str] = []
         self.keep, self._cache = keep, cache
         if keep:
@@ -346,15 +148,21 @@ class OpenVinoTower:
         self._compile(converted, xml, precision)
         self.check = self._check(model, calibration)
         if written and not refreshable.checked:  # its first check on the full probe texts
-            if self.check["passed"]:
+            # a graph is kept (and read back later for any precision) only once it passed the fp32 gate: a
+            # tower used in bf16 or fp16 is verified in fp32 first (the bf16 gate is bf16's rounding, not a graph's)
+            verified = self.check
+            if self.check["passed"] and self.precision != "fp32":
+                verified = probe_check(converted, model, side, PROBE_WORDS, self.threads)
+            if verified["passed"]:
                 refreshable.passed()
                 self.notes.extend(refreshable.notes)
             else:  # a constant computed from the weights holds what the random ones gave: converted as it is
-                refreshable.failed(f"with this model's weights written in, its graph gave a minimum cosine of "
-                                   f"{self.check['min_cosine']} with torch's vectors on {self.check['texts']} "
-                                   f"{self.check['on']} (a constant of the graph is computed from the weights)")
+                refreshable.failed(f"with this model's weights written in, its graph gave {describe_check(verified)} "
+                                   "(a constant of the graph is computed from the weights)")
                 self._compile(self._convert(model), xml, precision)
                 self.check = self._check(model, calibration)
+        if written and refreshable.reason is None:  # compiled from the refreshable graph: the next refresh ends it
+            refreshable.bind(self)
 
     def _compile(self, converted, xml: Path, precision: str) -> None:
         try:
@@ -366,7 +174,8 @@ class OpenVinoTower:
                 "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
         except RuntimeError as e:  # OpenVINO's C++ error: its first line, and the entry it read
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
-            raise PipelineError(f"OpenVINO could not load the converted model at {xml.parent} ({first[:300]})") from None
+            raise PipelineError(f"OpenVINO could not load the converted model at {xml.parent} "
+                                f"({first[:300]})") from None
         # what the plugin will really compute in (a bf16 hint on a CPU without bf16 runs f32)
         used = str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()  # e.g. <Type: 'bfloat16'>
         self.precision = "bf16" if "bfloat16" in used or "bf16" in used else (
@@ -401,12 +210,12 @@ class OpenVinoTower:
         graph = tower.refreshed(model)
         if graph is not None:
             words = SHORT_PROBE_WORDS if tower.checked else PROBE_WORDS
-            cosine = _probe_cosine(graph, model, self.side, words, self.threads)
-            if cosine >= COSINE_GATE:
+            check = probe_check(graph, model, self.side, words, self.threads)  # in fp32, whatever the export's use
+            if check["passed"]:
                 tower.passed()
                 self.notes.extend(tower.notes)
                 return graph, tower
-            tower.failed(f"with the weights written in, its graph gave a minimum cosine of {cosine:.6f}")
+            tower.failed(f"with the weights written in, its graph gave {describe_check(check)}")
         self.notes.extend(tower.notes)
         return self._convert(model), None
 
@@ -425,7 +234,7 @@ class OpenVinoTower:
 
         tok, prefix, max_len = model.token_spec(self.side)
         tokens = tokenize_sorted(tok, texts, prefix, max_len)
-        batches = _token_batches(model, self.side, tokens, 8)
+        batches = token_batches(model, self.side, tokens, 8)
         # MIXED: asymmetric activations (GELU's outputs are far from symmetric). Without VNNI the CPU
         # multiplies int8 through a 16-bit saturating instruction; NNCF's overflow fix (7-bit weights in
         # every layer) keeps it exact. FAQ, MiniLM, an AVX2 EPYC: test nDCG@10 0.8812 (fp32 0.8813);
@@ -455,7 +264,14 @@ class OpenVinoTower:
         self.quantized = cached_entry(entry, "quantized.json", make, self.notes)
         return entry / "tower.xml"
 
+    def end(self, reason: str) -> None:
+        """This tower may not be used any more (`reason` is the error a use raises); the compiled model and
+        its request are let go."""
+        self.stale, self.compiled, self.request = reason, None, None
+
     def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        if self.stale:
+            raise PipelineError(self.stale)
         out = self.request.infer([np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.names])
         return np.array(out[0], dtype=np.float32)
 
@@ -470,62 +286,29 @@ class OpenVinoTower:
         if on_texts:
             tok, prefix, max_len = model.token_spec(self.side)
             sample = list(texts[:CHECK_TEXTS])
-            batches = _token_batches(model, self.side, tokenize_sorted(tok, sample, prefix, max_len), 16)
+            batches = token_batches(model, self.side, tokenize_sorted(tok, sample, prefix, max_len), 16)
         else:  # a refreshed graph was checked whole when converted; wrong weights show on short texts too
             # (every layer acts on every token; an embedding table is written whole, the rows read vouch for it)
-            batches = _probe_batches(model, self.side, SHORT_PROBE_WORDS if self.refreshed else PROBE_WORDS)
-        key = hashlib.sha256(json.dumps([self.precision, _cpu_key(), sorted(sample) if on_texts else "probe",
+            batches = probe_batches(model, self.side, SHORT_PROBE_WORDS if self.refreshed else PROBE_WORDS)
+        key = hashlib.sha256(json.dumps([self.precision, cpu_key(), sorted(sample) if on_texts else "probe",
                                          self.digest, self.model_file.parent.name]).encode()).hexdigest()[:16]
         memo = self.folder / f"check-{key}.json" if self.keep else None
         try:
             figures = json.loads(memo.read_text()) if memo is not None else None
         except (OSError, ValueError):
             figures = None
-        if figures is None:
-            ours, ref_v = _against_torch(self, model, self.side, batches)
+        if not isinstance(figures, dict) or not {"min_cosine", "mean_cosine", "max_error", "texts"} <= set(figures):
+            ours, ref_v = against_torch(self, model, self.side, batches)
             model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
-            cosines = _cosines(ours, ref_v)
-            figures = {"min_cosine": round(float(cosines.min()), 6), "mean_cosine": round(float(cosines.mean()), 6),
-                       "texts": len(cosines), "on": "the corpus's first passages" if on_texts else "probe texts",
+            figures = {**check_figures(ours, ref_v), "on": "the corpus's first passages" if on_texts else "probe texts",
                        "precision": self.precision}
             if memo is not None:
                 with contextlib.suppress(OSError):  # a read-only cache: the check is simply made again next time
                     from ..io_utils import write_text_atomic
 
                     write_text_atomic(memo, json.dumps(figures, sort_keys=True) + "\n")
-        if self.precision == "int8":  # a quality cost by design (stated, measured by the bench): sanity floors
-            gates = {"min_gate": INT8_MIN_GATE, "mean_gate": INT8_MEAN_GATE}
-            passed = figures["min_cosine"] >= INT8_MIN_GATE and figures["mean_cosine"] >= INT8_MEAN_GATE
-        else:
-            gates = {"min_gate": BF16_MIN_GATE if self.precision == "bf16" else COSINE_GATE}
-            passed = figures["min_cosine"] >= gates["min_gate"]
-        return {**figures, **gates, "passed": bool(passed)}
-
-
-def _against_torch(run, model, side: str, batches) -> tuple[np.ndarray, np.ndarray]:
-    """(`run`'s vectors, torch's fp32 vectors) for the same token batches."""
-    names = _input_names(model, side)
-    encode = model.encode_queries if side == "query" else model.encode_docs
-    ours, ref = [], []
-    with torch.inference_mode():
-        for b in batches:
-            ref.append(encode({n: torch.from_numpy(b[n]) for n in names}).float().numpy())
-            ours.append(run(b))
-    return np.concatenate(ours), np.concatenate(ref)
-
-
-def _probe_cosine(graph, model, side: str, words: tuple[int, ...], threads: int) -> float:
-    """The least cosine between `graph`'s fp32 vectors and torch's on the probe texts of `words`."""
-    import openvino as ov
-
-    names = _input_names(model, side)
-    request = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                     "INFERENCE_NUM_THREADS": max(1, int(threads)),
-                                                     "ENABLE_CPU_PINNING": False}).create_infer_request()
-    ours, ref = _against_torch(
-        lambda b: np.array(request.infer([np.ascontiguousarray(b[n], dtype=np.int64) for n in names])[0],
-                           dtype=np.float32), model, side, _probe_batches(model, side, words))
-    return float(_cosines(ours, ref).min())
+        gates = gates_for(self.precision)
+        return {**figures, **gates, "passed": passes(figures, gates)}
 
 
 _CONVERTING = threading.Lock()
@@ -537,9 +320,9 @@ def convert_tower(model, side: str, share_weights: bool = True):
 
     import openvino as ov
 
-    names = _input_names(model, side)
+    names = input_names(model, side)
     tower = _Tower(model, side).eval()
-    example = tuple(torch.from_numpy(_probe_batches(model, side)[0][n]) for n in names)
+    example = tuple(torch.from_numpy(probe_batches(model, side)[0][n]) for n in names)
     # one conversion at a time in a process: warnings.catch_warnings is not thread-safe (the tracer's notes
     # would leak from a thread converting beside another), and tracing holds the GIL most of the time anyway
     with _CONVERTING, torch.no_grad(), warnings.catch_warnings():
@@ -570,18 +353,20 @@ class RefreshableTower:
     `reason` says why and the caller converts the model as it is at every use.
 
     The graph and which constant holds which parameter are kept in the export cache under a digest of
-    the architecture (`graph_key`: not the weights), once the graph has passed its check with real
-    weights: a later run of the same architecture (the next trial of a sweep, DAR after DPR) converts
+    the architecture (`graph_key`: not the weights), once the graph has passed the fp32 check with real
+    weights (a use in bf16 verifies it in fp32 first): a later run of the same architecture (the next trial of a sweep, DAR after DPR) converts
     nothing and writes its weights in at once. A graph used before (checked whole in this process, or
-    before it was cached) is checked on the short probe texts (a weight written wrong shows on any text)."""
+    before it was cached) is checked on the short probe texts (a weight written wrong shows on any text).
 
-    MARKER = "graph.json"
+    A compiled model may read its weights from the graph's memory, which each refresh rewrites: every tower
+    compiled from the graph (`bind`) is ended by the next refresh (`OpenVinoTower.end`), so using one raises
+    a PipelineError instead of computing with another step's weights."""
+
+    MARKER = GRAPH_MARKER
 
     def __init__(self, model, side: str = "doc", cache: str | Path | None = None):
-        import weakref
-
         self.side, self._model = side, weakref.ref(model)
-        self._shapes = _parameter_shapes(model)
+        self._shapes = parameter_shapes(model)
         self.reason: str | None = None
         self.buffers: list[tuple[np.ndarray, str, bool]] = []  # (constant's memory, parameter, transposed)
         self.names: list[str] = []  # the constants' friendly names, as `buffers`
@@ -592,6 +377,7 @@ class RefreshableTower:
         self.notes: list[str] = []
         self.entry: Path | None = None
         self._unreadable = False
+        self._users = weakref.WeakSet()  # the towers compiled from the graph as the last refresh left it
         if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
             self.reason = "its weights are not float32 on the CPU"
             return
@@ -617,7 +403,7 @@ class RefreshableTower:
 
     def is_of(self, model, side: str) -> bool:
         """Whether this conversion is of `model`'s `side` (refreshable or not)."""
-        return side == self.side and self._model() is model and _parameter_shapes(model) == self._shapes
+        return side == self.side and self._model() is model and parameter_shapes(model) == self._shapes
 
     def fits(self, model, side: str) -> bool:
         """Whether this conversion is of `model`'s `side` (the same module, the same parameters) and can
@@ -629,6 +415,14 @@ class RefreshableTower:
         refreshed (`reason`)."""
         if self.reason is not None:
             return None
+        # a compiled model may read its constants from the graph's memory, which is written below (an older
+        # compiled tower drifted 0.047 from its own weights): every tower compiled before is ended first, so
+        # using one raises instead of computing with another step's weights
+        for tower in list(self._users):
+            tower.end(f"this OpenVINO tower of the {self.side} side was compiled before the model's converted graph "
+                      f"was refreshed with newer weights (use {self.uses + 1}), so it would compute with them; "
+                      "compile a tower from the refreshed graph instead")
+        self._users = weakref.WeakSet()
         self.uses += 1
         params = dict(model.named_parameters())
         with torch.no_grad():
@@ -637,8 +431,12 @@ class RefreshableTower:
                 np.copyto(memory, (value.T if transposed else value).reshape(memory.shape))
         return self.graph
 
+    def bind(self, tower: "OpenVinoTower") -> None:
+        """`tower` was compiled from the graph as it is now: the next `refreshed` ends it (`OpenVinoTower.end`)."""
+        self._users.add(tower)
+
     def passed(self) -> None:
-        """The graph, with real weights written in, passed its check on the full probe texts: later uses
+        """The graph, with real weights written in, passed the fp32 check on the full probe texts: later uses
         are checked on the short ones, and a graph converted here is kept in the export cache."""
         first, self.checked = not self.checked, True
         if not first or self.source != "converted" or self.entry is None or len(set(self.names)) != len(self.names):
@@ -653,8 +451,8 @@ class RefreshableTower:
 
         try:
             if self._unreadable:  # an entry whose files match their digests, which OpenVINO could not read
-                with _entry_lock(self.entry):
-                    _set_aside(self.entry)
+                with entry_lock(self.entry):
+                    set_aside(self.entry)
             cached_entry(self.entry, self.MARKER, make, self.notes)
         except Exception as e:  # a read-only or full cache: the next run converts again
             self.notes.append(f"the converted graph could not be kept in the export cache "
@@ -732,52 +530,6 @@ class RefreshableTower:
         return True
 
 
-@functools.lru_cache(maxsize=1)
-def _model_code_digest() -> str:
-    """This package's model modules (encoder, heads, tokens: how a tower computes), read once a process."""
-    h = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(source.read_bytes())
-    return h.hexdigest()
-
-
-def graph_key(model, side: str) -> str:
-    """What a tower's converted graph depends on apart from the weights' values: the architecture (the
-    transformer's config, the parameters' names and shapes, the buffers' values), the tower's settings,
-    the code that computes it (this package's model modules) and the versions."""
-    import openvino
-    import transformers
-
-    encoder = model.query_encoder if side == "query" else model.doc_encoder
-    config = encoder.config.to_dict() if hasattr(encoder, "config") else {}
-    config = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("torch_dtype", "dtype",
-                                                                                       "transformers_version")}
-    h = hashlib.sha256()
-    for name, buffer in model.named_buffers():
-        h.update(name.encode() + buffer.detach().cpu().contiguous().numpy().tobytes())
-    h.update(_model_code_digest().encode())
-    settings = {"side": side, "config": config, "parameters": _parameter_shapes(model),
-                "pooling": model.cfg.pooling, "normalize": model.cfg.normalize,
-                "prompt_length": model._prompt_lengths[side], "inputs": _input_names(model, side),
-                "dim": model.dim, "export_version": EXPORT_VERSION, "torch": torch.__version__,
-                "transformers": transformers.__version__, "openvino": openvino.__version__}
-    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    return h.hexdigest()
-
-
-def graph_cached(model, side: str, cache: str | Path | None = None) -> bool:
-    """Whether the export cache holds a converted graph of this architecture (RefreshableTower)."""
-    try:
-        entry = export_cache_dir(cache) / "openvino-graphs" / graph_key(model, side)[:32]
-    except Exception:
-        return False
-    return (entry / RefreshableTower.MARKER).is_file()
-
-
-def _parameter_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-
-
 def _holds(constant: np.ndarray, parameter: np.ndarray, transposed: bool) -> bool:
     """Whether `constant` is `parameter`'s values (reshaped, or a matrix transposed)."""
     if transposed:
@@ -808,10 +560,7 @@ def tower_runner(model, side: str, backend: str, precision: str, threads: int,
         return "torch", None, precision, f"openvino could not convert this model ({type(e).__name__}), torch used"
     check = runner.check
     if not check["passed"]:
-        reason = (f"openvino's {check['precision']} vectors had a minimum cosine of {check['min_cosine']}"
-                  + (f" and a mean of {check['mean_cosine']}" if "mean_gate" in check else "")
-                  + f" with torch's fp32 ones on {check['texts']} {check['on']} (needed >= {check['min_gate']}"
-                  + (f" and a mean >= {check['mean_gate']}" if "mean_gate" in check else "") + ")")
+        reason = f"openvino's {check['precision']} vectors had {describe_check(check)}"
         if precision == "int8":
             raise PipelineError(f"encode.precision=int8: {reason}; the quantised model is too far from the model, "
                                 "use fp32 or bf16")

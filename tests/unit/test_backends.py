@@ -14,7 +14,7 @@ import torch
 from pipeline.config import ModelConfig
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.models import BiEncoder
-from pipeline.models import backends
+from pipeline.models import backends, export_cache, tower_check
 from pipeline.models.backends import OpenVinoTower, resolve_backend, tower_runner
 from pipeline.models.tokens import tokenize_sorted
 
@@ -85,7 +85,7 @@ def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path
 
 def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model_dir, tmp_path, monkeypatch):
     model = _model(tiny_model_dir)
-    monkeypatch.setattr(backends, "COSINE_GATE", 1.5)  # no tower can pass
+    monkeypatch.setattr(tower_check, "COSINE_GATE", 1.5)  # no tower can pass
     used, runner, precision, note = tower_runner(model, "doc", "auto", "fp32", 1, cache=tmp_path)
     assert (used, runner, precision) == ("torch", None, "fp32") and "minimum cosine" in note and "torch used" in note
     with pytest.raises(PipelineError, match="encode.backend=openvino: openvino's fp32 vectors had a minimum cosine"):
@@ -286,7 +286,7 @@ def test_a_converted_graph_is_kept_by_architecture_and_a_later_run_converts_noth
     (entry / "tower.xml").write_text("<net>not a graph</net>")
     record = json.loads((entry / "graph.json").read_text())
     record["files"]["tower.xml"] = hashlib.sha256((entry / "tower.xml").read_bytes()).hexdigest()
-    (entry / "graph.json").write_text(json.dumps(record))
+    (entry / "graph.json").write_text(json.dumps(export_cache.seal(record)))
     fourth = backends.RefreshableTower(later, "doc", cache=tmp_path)
     assert fourth.source == "converted" and fourth.reason is None and converted == [1, 1]
     used, runner, _, note = tower_runner(later, "doc", "openvino", "fp32", 1, keep=False, refreshable=fourth)
