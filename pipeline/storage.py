@@ -24,10 +24,18 @@ with the marker (or, for checkpoints, a state.json listing every file's size).
 
 `check_writable(location)` writes, reads back and deletes a probe object and raises a
 `ConfigError` naming the location and the reason (missing bucket, no credentials, access
-denied, read-only) — `check_writable_on_nodes` runs the same probe on every Ray node.
+denied, read-only, or a store that did not answer within $PIPELINE_STORAGE_TIMEOUT_S, 60 s:
+the probe runs in a thread, and a line says what is waited on after 5 s) — `check_writable_on_nodes`
+runs the same probe on every Ray node.
 
-Size: ~510 lines on purpose: `RemotePath` (the Path subset), the complete-or-absent writes,
-the upload/download helpers and the write checks are one concern, the one place URIs are handled.
+Credentials are refused in every spelling (`redact`, `_split_uri`): query options split on `&`
+and `;`, a `#fragment` read as options, names and values percent-decoded until they stop changing
+(an encoded `%26secret_key%3D` inside another option's value is one), and a `user:password@`
+whose password holds `/`.
+
+Size: ~700 lines on purpose: `RemotePath` (the Path subset), the credential rules, the
+complete-or-absent writes, the upload/download helpers and the write checks are one concern, the
+one place URIs are handled.
 """
 
 from __future__ import annotations
@@ -59,53 +67,135 @@ def is_uri(location) -> bool:
 
 # query options that carry a credential: any whose name (percent-decoded) contains one of these words
 # (secret_key, access_key, x-amz-security-token, X-Amz-Signature, X-Amz-Credential, sas_token, password,
-# api_key, ...) or is one of the short spellings; never kept in a URI, masked in every message
+# api_key, ...) or is one of the short spellings; never kept in a URI, masked in every message.
+# Options are split on `&` and `;` (both are separators to some parsers), a `#fragment` is read as
+# options too, and values are percent-decoded until they stop changing (double encoding), so an
+# encoded separator (%26, %3B, %23, %2526) hides nothing: an option whose decoded text holds a
+# credential-like `name=` or a `user:password@` is a credential as a whole.
 _SECRET_WORDS = ("token", "secret", "key", "signature", "credential", "password", "passwd")
 _SECRET_NAMES = ("pwd", "sig", "sas", "auth")
-_USERINFO_RE = re.compile(r"(^|//)[^/@?&=\s]+:[^/@?&\s]*@")
+_OPTION_SEP = re.compile(r"[&;]")
+_DECODED_SEP = re.compile(r"[&;#?]")
+# `user:password@` inside a (decoded) option value; the password may hold `/` (unencoded AWS keys)
+_USERINFO_RE = re.compile(r"(?:^|[/&;#?=])[^/@?&;#=\s:]+:[^@?&;#\s]*@")
 _URI_RE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"]*)")
+
+
+def _decoded(text: str, plus: bool = False) -> str:
+    """`text` percent-decoded until it stops changing (a double-encoded `%2526` is `&`; each round
+    that changes it makes it shorter, so this ends)."""
+    from urllib.parse import unquote, unquote_plus
+
+    while True:
+        nxt = unquote_plus(text) if plus else unquote(text)
+        if nxt == text:
+            return text
+        text = nxt
 
 
 def _is_secret_name(name: str) -> bool:
     """A query option's name that names a credential, however it is spelled (percent-encoded too)."""
-    from urllib.parse import unquote_plus
-
-    key = unquote_plus(name).strip().lower()
+    key = _decoded(name, plus=True).strip().lower()
     return any(w in key for w in _SECRET_WORDS) or key in _SECRET_NAMES
 
 
 def _has_userinfo(value: str) -> bool:
     """A `user:password@host` inside an option's (percent-decoded) value, e.g. endpoint_override."""
-    from urllib.parse import unquote_plus
+    return bool(_USERINFO_RE.search(_decoded(value)))
 
-    return bool(_USERINFO_RE.search(unquote_plus(value)))
+
+def _secret_option(item: str) -> bool:
+    """One `name=value` option (as split on & and ;) that carries a credential: by its name, or by a
+    credential-like `name=` or a `user:password@` anywhere in its decoded text."""
+    key = item.partition("=")[0]
+    if _is_secret_name(key):
+        return True
+    text = _decoded(item)
+    inner = _DECODED_SEP.split(text)
+    return any(eq and _is_secret_name(name) for name, eq, _ in (p.partition("=") for p in inner)) \
+        or _has_userinfo(text)
+
+
+def _masked_option(item: str) -> str:
+    """`name=***`, or `***` alone where the name itself would show what it hides (an encoded
+    separator or `=` inside it)."""
+    key, eq, _ = item.partition("=")
+    clean = eq and not re.search(r"[=&;#?@:]", _decoded(key, plus=True))
+    return f"{key}=***" if clean else "***"
+
+
+def _options(text: str) -> list[str]:
+    return _OPTION_SEP.split(text) if text else []
+
+
+def _mask_options(text: str) -> str:
+    """A query or fragment with every credential option masked, separators kept as they were."""
+    out, pos = [], 0
+    for m in list(_OPTION_SEP.finditer(text)) + [None]:
+        end = m.start() if m else len(text)
+        item = text[pos:end]
+        out.append(_masked_option(item) if item and _secret_option(item) else item)
+        if m:
+            out.append(m.group(0))
+            pos = m.end()
+    return "".join(out)
+
+
+def _secret_segment(segment: str) -> bool:
+    """A path segment that carries an option after a separator, raw or encoded (`runs;secret_key=…`,
+    `runs%3Bsecret_key%3D…`): what follows the segment's first `;`, `&`, `?` or `#` (decoded) is read as
+    options. The segment's own start is a name (`partition_key=3` is a folder)."""
+    return any("=" in p and _secret_option(p) for p in _DECODED_SEP.split(_decoded(segment))[1:])
+
+
+def _mask_path(path: str) -> str:
+    """`path` cut at the first segment that carries a credential option, which is masked (its options
+    after a raw `;` one by one, else whole): the value may run on across `/`, so nothing after it shows."""
+    segs = path.split("/")
+    for i, seg in enumerate(segs):
+        if _secret_segment(seg):
+            head, semi, tail = seg.partition(";")
+            seg = head + semi + _mask_options(tail) if semi and not _secret_segment(head) else "***"
+            return "/".join(segs[:i] + [seg])
+    return path
+
+
+def _split_authority(path: str) -> tuple[str, str]:
+    """(userinfo, the rest) of a URI's part before `?`/`#`. A `user:password@` counts even when the
+    password holds `/` (unencoded AWS secret keys do): the userinfo then runs to the last `@` when the
+    text before it holds a `:`; otherwise only an `@` in the host part (before the first `/`) is one,
+    so `s3://bucket/model@v2` is a path."""
+    at = path.rfind("@")
+    if at >= 0 and ":" in path[:at]:
+        return path[:at], path[at + 1:]
+    head = path.partition("/")[0]
+    if "@" in head:
+        user = head.rsplit("@", 1)[0]
+        return user, path[len(user) + 1:]
+    return "", path
+
+
+def _split_rest(rest: str) -> tuple[str, str, str, str, str]:
+    """(path, '?' or '', query, '#' or '', fragment) of what follows a URI's `scheme://`."""
+    path, hash_, fragment = rest.partition("#")
+    path, q, query = path.partition("?")
+    return path, q, query, hash_, fragment
 
 
 def redact(text: str) -> str:
     """`text` with every credential inside a URI replaced by ***: a user:password@ part (only
-    `anonymous@` is kept) and the value of any credential-like query option (secret_key=…)."""
+    `anonymous@` is kept) and every credential-like query or fragment option (secret_key=…,
+    spelled with `&` or `;`, percent-encoded once or twice, hidden in another option's value)."""
     def one(m: re.Match) -> str:
         scheme, rest = m.group(1), m.group(2)
         trail = rest[len(rest.rstrip(":;,.)")):]  # the sentence's punctuation after the URI stays
         rest = rest[:len(rest) - len(trail)]
-        path, q, query = rest.partition("?")
-        head, sep, tail = path.partition("/")
-        if "@" in head:
-            user, host = head.rsplit("@", 1)
-            head = f"{user}@{host}" if user == "anonymous" else f"***@{host}"
-        if q:
-            parts = []
-            for item in query.split("&"):
-                key, eq, value = item.partition("=")
-                if eq and _is_secret_name(key):
-                    item = f"{key}=***"
-                elif eq and _has_userinfo(value):
-                    from urllib.parse import unquote_plus
-
-                    item = f"{key}=" + _USERINFO_RE.sub(lambda m: m.group(1) + "***@", unquote_plus(value))
-                parts.append(item)
-            query = "&".join(parts)
-        return scheme + head + sep + tail + q + query + trail
+        path, q, query, hash_, fragment = _split_rest(rest)
+        user, path = _split_authority(path)
+        path = _mask_path(path)
+        if user:
+            path = f"{'anonymous' if user == 'anonymous' else '***'}@{path}"
+        return scheme + path + q + _mask_options(query) + hash_ + _mask_options(fragment) + trail
     return _URI_RE.sub(one, text)
 
 
@@ -114,22 +204,24 @@ def _split_uri(uri: str) -> tuple[str, str, str, str]:
     (pyarrow's unauthenticated access, e.g. a public bucket or a local emulator): a URI is written
     into manifests, run records and logs, so credentials in it are refused."""
     scheme, rest = uri.split("://", 1)
-    path, _, query = rest.partition("?")
-    head, sep, tail = path.partition("/")
-    user = ""
-    if "@" in head:
-        user, head = head.rsplit("@", 1)
-        if user != "anonymous":
-            raise ConfigError(f"{scheme}://…@{head}: credentials in a storage URI would be written into manifests "
-                              "and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
-                              "CREDENTIALS environment variables, ~/.aws, an instance role), or use anonymous@")
-    secret = [item.partition("=")[0] for item in query.split("&")
-              if item and (_is_secret_name(item.partition("=")[0]) or _has_userinfo(item.partition("=")[2]))]
+    path, _, query, hash_, fragment = _split_rest(rest)
+    user, path = _split_authority(path)
+    head = path.partition("/")[0]
+    if user and user != "anonymous":
+        raise ConfigError(f"{scheme}://***@{head}: credentials in a storage URI would be written into manifests "
+                          "and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
+                          "CREDENTIALS environment variables, ~/.aws, an instance role), or use anonymous@")
+    secret = [_masked_option(item).partition("=")[0] for item in _options(query) + _options(fragment)
+              if item and _secret_option(item)]
+    secret += ["***" for seg in path.split("/") if _secret_segment(seg)]
     if secret:
         raise ConfigError(f"{redact(uri)}: credentials in a storage URI ({', '.join(secret)}) would be written into "
                           "manifests and logs; give them the usual way for the store (AWS_* / GOOGLE_APPLICATION_"
                           "CREDENTIALS environment variables, ~/.aws, an instance role)")
-    return scheme, user, (head + sep + tail).strip("/"), query
+    if hash_:
+        raise ConfigError(f"{redact(uri)}: a storage URI takes its options in the query (?key=value), not in a "
+                          "#fragment; a '#' in an object name would be read as one")
+    return scheme, user, path.strip("/"), query
 
 
 class RemotePath:
@@ -466,30 +558,105 @@ def _reason(e: BaseException) -> str:
     return msg[:300] or type(e).__name__
 
 
-def check_writable(location: str | Location, who: str | None = None) -> None:
-    """Write, read back and delete a probe under `location`; ConfigError naming the reason if any step fails."""
-    loc = resolve(location)
+CHECK_TIMEOUT_S = 60.0  # how long the write check waits for a store ($PIPELINE_STORAGE_TIMEOUT_S)
+CHECK_NOTICE_S = 5.0  # after this long, one line says what is being waited on
+
+
+def _check_timeout() -> float:
+    raw = os.environ.get("PIPELINE_STORAGE_TIMEOUT_S")
+    if not raw:
+        return CHECK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"PIPELINE_STORAGE_TIMEOUT_S={raw!r}: must be a positive number of seconds")
+    return value
+
+
+def _bounded(loc: Location, timeout_s: float) -> Location:
+    """`loc` on a filesystem whose own retries end near `timeout_s`: pyarrow's GCS client retries a store
+    that does not answer for 15 minutes by default, and a probe left running after the check gave up
+    would go on that long (S3's client gives up by itself). The URI and its messages are unchanged."""
+    if not isinstance(loc, RemotePath) or loc.scheme not in ("gs", "gcs") or "retry_limit_seconds" in loc.query:
+        return loc
+    import pyarrow.fs as pafs
+
+    query = "&".join(q for q in (loc.query, f"retry_limit_seconds={max(1, int(timeout_s))}") if q)
+    base = f"{loc.scheme}://{loc._user_at}{loc.path.split('/', 1)[0]}?{query}"
+    try:
+        fs, _ = pafs.FileSystem.from_uri(base)
+    except Exception:  # the option refused by this pyarrow: the check's own timeout still bounds the wait
+        return loc
+    out = loc._with(loc.path)
+    out._fs = fs
+    return out
+
+
+def _probe(location, who: str | None, step: list[str], timeout_s: float) -> None:
+    """Write, read back and delete a probe under `location` (`step[0]` says which step is under way)."""
+    loc = _bounded(resolve(location), timeout_s)
     who = who or f"{socket.gethostname()} (pid {os.getpid()})"
     probe_name = f".write-probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     payload = uuid.uuid4().hex.encode()
-    step = "create the folder"
+    step[0] = "create the folder"
     try:
         loc.mkdir(parents=True, exist_ok=True)
         probe = loc / probe_name
-        step = "write a probe object"
+        step[0] = "write a probe object"
         probe.write_bytes(payload)
-        step = "read the probe back"
+        step[0] = "read the probe back"
         if probe.read_bytes() != payload:
             raise OSError("the probe read back differs from what was written")
-        step = "delete the probe"
+        step[0] = "delete the probe"
         probe.unlink()
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"storage {location}: cannot {step} from {who}: {_reason(e)}. Every node that trains "
+        raise ConfigError(f"storage {location}: cannot {step[0]} from {who}: {_reason(e)}. Every node that trains "
                           "or encodes must be able to write there (check the bucket, the credentials of that "
                           "node, e.g. AWS_* / GOOGLE_APPLICATION_CREDENTIALS or an instance role, and mounts)"
                           ) from None
+
+
+def check_writable(location: str | Location, who: str | None = None, *, timeout_s: float | None = None,
+                   notice_s: float = CHECK_NOTICE_S) -> None:
+    """Write, read back and delete a probe under `location`; ConfigError naming the reason if any step fails.
+
+    The probe runs in a thread and is waited on for `timeout_s` (default $PIPELINE_STORAGE_TIMEOUT_S, else
+    60 s): a store that does not answer (no network, a wrong endpoint) is one ConfigError naming the location,
+    never a silent wait. After `notice_s` one line on stderr says what is being waited on."""
+    import sys
+    import threading
+
+    timeout_s = _check_timeout() if timeout_s is None else float(timeout_s)
+    where = redact(str(location))
+    step = ["reach the store"]
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            _probe(location, who, step, timeout_s)
+            outcome.append(None)
+        except BaseException as e:  # handed to the caller's thread
+            outcome.append(e)
+
+    # a daemon thread: a store that never answers cannot keep the process from exiting after the error
+    worker = threading.Thread(target=run, name="storage-write-check", daemon=True)
+    worker.start()
+    worker.join(max(0.0, min(notice_s, timeout_s)))
+    what = "the store" if is_uri(location) else "the filesystem"
+    if worker.is_alive() and notice_s < timeout_s:
+        print(f"[storage] checking that {where} is writable (waiting for {what}; up to {timeout_s:g} s) ...",
+              file=sys.stderr, flush=True)
+        worker.join(timeout_s - notice_s)
+    if worker.is_alive() or not outcome:
+        raise ConfigError(f"storage {where}: {what} did not answer within {timeout_s:g} s (while trying to "
+                          f"{step[0]} from {who or socket.gethostname()}); check the network, the endpoint and "
+                          "the bucket (PIPELINE_STORAGE_TIMEOUT_S sets how long this check waits)")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _probe_task(location: str, shared: str) -> str | None:
@@ -525,7 +692,13 @@ def check_writable_on_nodes(location: str | Location) -> int:
         task = ray.remote(num_cpus=0, max_retries=0)(_probe_task)
         refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             str(location), shared) for n in nodes]
-        errors = [(n, e) for n, e in zip(nodes, ray.get(refs, timeout=120)) if e]
+        try:
+            answers = ray.get(refs, timeout=_check_timeout() * 2)
+        except ray.exceptions.GetTimeoutError:
+            raise ConfigError(f"storage {redact(str(location))}: the write check on the Ray nodes did not finish "
+                              f"within {_check_timeout() * 2:g} s (a node that cannot reach the store, or no "
+                              "free worker on it)") from None
+        errors = [(n, e) for n, e in zip(nodes, answers) if e]
     finally:
         with contextlib.suppress(Exception):
             (loc / shared).unlink()

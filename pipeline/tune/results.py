@@ -472,11 +472,13 @@ def best_group_yaml(cfg, group: ConfigGroup, metric: str, mode: str) -> str:
     return head + dump_job(job)
 
 
-def write_results(cfg, events_path: Path, metric: str, mode: str) -> dict:
-    """All outputs of the sweep folder from its event log; returns a short summary."""
+def write_results(cfg, events_path: Path, metric: str, mode: str, out: Path | None = None) -> dict:
+    """All outputs of the sweep folder from its event log; returns a short summary. `out` is the
+    local folder they are written in: the output itself, or the staging folder of an output on a
+    URI (tune/output.py uploads it); default `cfg.output`."""
     from ..io_utils import write_json_atomic, write_text_atomic
 
-    out = Path(cfg.output)
+    out = Path(cfg.output) if out is None else out
     recs = trial_records(read_events(events_path), metric)
     keys = [p.key for p in cfg.space]
     rkey = getattr(cfg.search, "replicate_key", None)

@@ -10,6 +10,11 @@ trainer's own `step` (restored trials restart Tune's `training_iteration`, and A
 not saved by `Tuner.restore`). The dashboard runs (bound to 127.0.0.1): without it, Train runs of
 stopped trials never release their CPUs.
 
+`output` goes through the storage layer (tune/output.py): a local path, `file://`, or an
+object-store URI (credentials in it refused before anything runs). On a URI, Tune's state and the
+trials' runs are written there directly, and the files below that are not Tune's or a trial's are
+written in a local staging folder and uploaded.
+
     <output>/sweep.json      the sweep as resolved (a resume must match it)
     <output>/tune/           Tune's experiment state (Tuner.restore)
     <output>/trials/<id>/    each trial's Train run: checkpoints, model, summary.json
@@ -28,9 +33,9 @@ from pathlib import Path
 
 from ..config import to_dict
 from ..errors import PipelineError
+from .output import EXPERIMENT, SweepOutput
 from .space import (SweepConfig, check_inputs, grid_space, load_job, metric_mode, set_key, to_tune, validate_sweep)
 
-EXPERIMENT = "tune"
 # Tune's own bookkeeping in every result (the trainer's metrics are everything else)
 TUNE_KEYS = {"timestamp", "training_iteration", "time_this_iter_s", "time_total_s", "time_since_restore",
              "iterations_since_restore", "pid", "date", "hostname", "node_ip", "done", "trial_id",
@@ -117,9 +122,11 @@ def run_trial(config: dict, ctx: dict) -> None:
 class Progress(_tune.Callback):
     """Tune callback: one readable line per trial event, and the event log the results come from."""
 
-    def __init__(self, events: Path, metric: str, keys: list[str], n_trials: int | None, print_fn=print):
+    def __init__(self, events: Path, metric: str, keys: list[str], n_trials: int | None, print_fn=print,
+                 sync=None):
         self.events, self.metric, self.keys, self.n_trials = events, metric, keys, n_trials
         self.print = print_fn
+        self.sync = sync  # called after each trial's start and end (an output on a URI uploads the log)
         self.last: dict[str, dict] = {}
         self.numbers: dict[str, int] = {}
         for ev in _read(events):  # a resumed sweep keeps its trial numbers
@@ -131,6 +138,8 @@ class Progress(_tune.Callback):
         with open(self.events, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
             f.flush()
+        if self.sync is not None and rec["event"] != "result":
+            self.sync()
 
     def _name(self, trial) -> str:
         n = self.numbers.setdefault(trial.trial_id, len(self.numbers) + 1)
@@ -299,28 +308,6 @@ def sweep_identity(cfg: SweepConfig) -> dict:
             "search": search}
 
 
-def _check_output(out: Path, resume: bool, cfg: SweepConfig) -> None:
-    from ray import tune
-
-    exp = out / EXPERIMENT
-    saved = out / "sweep.json"
-    if resume:
-        if not (saved.exists() and tune.Tuner.can_restore(str(exp))):
-            raise PipelineError(f"--resume: {out} holds no sweep to resume (no sweep.json and Tune state); "
-                                "start it without --resume")
-        then = json.loads(saved.read_text())["identity"]
-        now = json.loads(json.dumps(sweep_identity(cfg), default=str))
-        diff = [k for k in ("base", "space", "search") if then.get(k) != now.get(k)]
-        if diff:
-            raise PipelineError(f"--resume: the sweep in {out} was started with another "
-                                f"{' and '.join(diff)}; resume it with the same config, or use another output")
-        return
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a sweep" if saved.exists() else "files that are not a sweep's"
-        raise PipelineError(f"output {out} already holds {what}; resume it with --resume, or choose another "
-                            "output (output=...)")
-
-
 def build_search(cfg: SweepConfig, metric: str, mode: str, max_t: int):
     """(Tune param_space, searcher or None for Tune's grid/random generator, scheduler)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -371,13 +358,14 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     from ..ray_runtime import init_ray
     from .results import write_results
 
+    # first of all: a credential in a URI is refused before Ray starts or anything is written
+    out = SweepOutput.resolve(cfg.output)
     base = validate_sweep(cfg)
     metric, mode = metric_mode(cfg, base)
-    out = Path(cfg.output).expanduser().resolve()
     cfg = replace(cfg, output=str(out))
     import ray
 
-    _check_output(out, resume, cfg)
+    out.check(resume, sweep_identity(cfg), base)
     check_inputs(cfg)
     if not ray.is_initialized():
         init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (docs/RAY.md §4)
@@ -385,18 +373,20 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     conc = plan_concurrency(cfg, base, n_trials)
     s = cfg.search
     max_t = s.max_t or base.train.max_steps
-    out.mkdir(parents=True, exist_ok=True)
+    local = out.prepare(resume)  # the output itself, or the local staging folder of a URI's
     if not resume:
-        write_json_atomic(out / "sweep.json", {"identity": sweep_identity(cfg), "metric": metric, "mode": mode,
-                                               "config": cfg.config_path, "base_source": cfg.base_source})
+        write_json_atomic(local / "sweep.json", {"identity": sweep_identity(cfg), "metric": metric, "mode": mode,
+                                                 "config": cfg.config_path, "base_source": cfg.base_source})
+        out.upload("sweep.json")  # a URI holds the sweep before its first trial
     param_space, search_alg, scheduler = build_search(cfg, metric, mode, max_t)
     keep_credentials_out_of_runtime_envs()
-    ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": str(out / "trials")}
+    ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": out.trials}
     from .drivers import placement
 
     trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), placement(trial_demand(cfg, base)))
-    events = out / "events.jsonl"
-    progress = Progress(events, metric, [p.key for p in cfg.space], n_trials, print_fn)
+    events = local / "events.jsonl"
+    progress = Progress(events, metric, [p.key for p in cfg.space], n_trials, print_fn,
+                        sync=(lambda: out.sync_events(print_fn)) if out.remote else None)
     print_fn(f"[tune] {'resuming ' if resume else ''}{n_trials} trial(s) of {base.loss.name} "
              f"({s.searcher}{', ASHA grace ' + str(s.grace_period) + ' steps, x' + f'{s.reduction_factor:g}' + ', max_t ' + str(max_t) if s.scheduler == 'asha' else ''}), "
              f"{conc} at a time, ranked by {metric} ({mode}) -> {out}", flush=True)
@@ -413,10 +403,13 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     # Tuner.restore(...)"; "Failed to fetch metrics" of trials that never started)
     logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    run_config = tune.RunConfig(name=EXPERIMENT, storage_path=str(out), callbacks=[progress], verbose=0)
+    storage_path, storage_fs = out.tune_storage()  # a URI: Tune writes its state there through pyarrow
+    run_config = tune.RunConfig(name=EXPERIMENT, storage_path=storage_path, storage_filesystem=storage_fs,
+                                callbacks=[progress], verbose=0)
     if resume:
-        tuner = tune.Tuner.restore(str(out / EXPERIMENT), trainable=trainable, resume_errored=True,
-                                   param_space=param_space)
+        exp_path, exp_fs = out.experiment()
+        tuner = tune.Tuner.restore(exp_path, trainable=trainable, resume_errored=True, param_space=param_space,
+                                   storage_filesystem=exp_fs)
         # the restored Tuner keeps the saved RunConfig; our progress callback is per process
         tuner._local_tuner._run_config.callbacks = [progress]
         tuner._local_tuner._run_config.verbose = 0
@@ -437,18 +430,21 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     except TuneError as e:  # Tune's controller itself failed (a trial's own error is a status, below)
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
         raise PipelineError(f"Ray Tune stopped: {lines[-1] if lines else e}; the sweep's state is in "
-                            f"{out / EXPERIMENT} (pipeline tune ... --resume)") from None
-    summary = write_results(cfg, events, metric, mode)
+                            f"{out.location / EXPERIMENT} (pipeline tune ... --resume)") from None
+    finally:
+        out.sync_events(print_fn)  # however it ended, a URI has the event log --resume reads
+    summary = write_results(cfg, events, metric, mode, out=local)
     summary["wall_seconds"] = round(time.time() - t0, 1)
     summary["concurrent_trials"] = conc
-    saved = json.loads((out / "summary.json").read_text())
-    write_json_atomic(out / "summary.json", {**saved, "wall_seconds": summary["wall_seconds"],
-                                             "concurrent_trials": conc})
+    saved = json.loads((local / "summary.json").read_text())
+    write_json_atomic(local / "summary.json", {**saved, "wall_seconds": summary["wall_seconds"],
+                                               "concurrent_trials": conc})
+    out.publish()  # a URI: the results uploaded, summary.json last
     st = summary["statuses"]
     print_fn(f"[tune] {summary['trials']} trial(s): " + ", ".join(f"{n} {k}" for k, n in st.items() if n)
-             + f" in {summary['wall_seconds']:.0f}s; table {out / 'results.md'}"
-             + (f"; best {summary['best']['trial']} {metric} {summary['best']['metric']:.4f} -> {out / 'best.yaml'}"
-                if summary["best"] else ""), flush=True)
+             + f" in {summary['wall_seconds']:.0f}s; table {out.location / 'results.md'}"
+             + (f"; best {summary['best']['trial']} {metric} {summary['best']['metric']:.4f} -> "
+                f"{out.location / 'best.yaml'}" if summary["best"] else ""), flush=True)
     ended = st["terminated"] + st["early-stopped"] + st["error"]
     if ended < n_trials:
         print_fn(f"[tune] interrupted (state saved): {n_trials - ended} of {n_trials} trial(s) not finished; continue with "
@@ -457,7 +453,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     if st["error"]:
         first = next((r.error for r in grid if r.error), None)
         if st["error"] == n_trials:
-            raise PipelineError(f"every trial failed; the first: {first}; see {out / EXPERIMENT}/*/error.txt")
+            raise PipelineError(f"every trial failed; the first: {first}; see {out.location / EXPERIMENT}/*/error.txt")
         print_fn(f"[tune] WARNING: {st['error']} trial(s) failed (see results.md); pipeline tune --resume "
                  "runs them again", file=sys.stderr, flush=True)
     return summary

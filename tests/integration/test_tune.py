@@ -41,10 +41,10 @@ def _events(out: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
 
 
-def _cli(sweep: Path, *extra: str) -> subprocess.Popen:
+def _cli(sweep: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     # credentials planted in the sweep's environment: no file the sweep or Ray leaves may hold them
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-           "PYTHONUNBUFFERED": "1", **PLANTED}
+           "PYTHONUNBUFFERED": "1", **PLANTED, **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "tune", "--config", str(sweep), *extra],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -176,3 +176,62 @@ def test_more_concurrent_trials_than_the_cluster_holds_is_refused_before_any_tri
     assert "error: tune: 3 concurrent trial(s) x (0.1 CPU trial driver + 1 worker(s) x 0.6 CPU)" in log
     assert "2.1 CPUs asked, the cluster has 2" in log and "Traceback" not in log
     assert not (out / "events.jsonl").exists() and not (out / "tune").exists()
+
+
+def test_a_sweep_whose_output_is_an_object_store_uri(tiny_model_dir, faq, tmp_path):
+    """output=s3://… (moto's S3 server on 127.0.0.1, reached with the credentials planted in the
+    sweep's environment): 2 trials of 2 steps. Tune's state and the trials' runs are on the URI, the
+    sweep's own files are written in the staging folder and uploaded (summary.json with them), nothing
+    lands under the working directory; a second start is refused (the URI holds a sweep), `--resume`
+    of the ended sweep runs no trial again; no file left anywhere holds a planted credential."""
+    import s3_emulator
+
+    from pipeline import storage
+
+    output = s3_emulator.uri(s3_emulator.make_bucket(), "sweeps/dar")
+    doc = _sweep(tiny_model_dir, faq, tmp_path / "unused")
+    doc["base"]["train"].update(max_steps=2, eval_every=2, checkpoint_every=2)
+    doc.update(output=output, space={"loss.temperature": {"grid": [1.0, 0.9]}},
+               search={"searcher": "grid", "metric": "loss", "scheduler": "none", "max_concurrent_trials": 2})
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(doc))
+    staging = tmp_path / "staging"
+    env = {"PIPELINE_STAGING_DIR": str(staging)}
+
+    proc = _cli(sweep, env=env)
+    log, _ = proc.communicate(timeout=480)
+    assert proc.returncode == 0, log
+    assert f"-> {output}" in log and "Traceback" not in log
+    root = storage.resolve(output)
+    files = root.file_sizes()
+    for name in ("sweep.json", "events.jsonl", "results.csv", "results.md", "best.yaml", "summary.json",
+                 "plots/learning_curves.png", "plots/metric_vs_loss.temperature.png"):
+        assert files.get(name), (name, sorted(files))
+    assert any(f.startswith("tune/") and "experiment_state" in f for f in files), sorted(files)
+    summary = storage.read_json(root / "summary.json")
+    assert summary["statuses"]["terminated"] == 2 and summary["trials"] == 2
+    trials = [t["trial"] for t in summary["trials_detail"]]
+    for t in trials:  # each trial's Train run: on the URI, complete (its summary vouches for its model)
+        assert storage.read_json(root / "trials" / t / "summary.json")["steps"] == 2
+        assert (root / "trials" / t / "model" / "modules.json").is_file()
+    events = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines() if x.strip()]
+    assert sorted(e["trial"] for e in events if e["event"] == "complete") == sorted(trials)
+    best = load_train_config(storage.download_dir(root, tmp_path / "copy") / "best.yaml")
+    assert best.loss.name == "dar" and best.train.name == "tiny-best" and best.loss.temperature in (1.0, 0.9)
+    assert not (REPO / "s3:").exists()  # not ./s3:/bucket/… under the working directory
+
+    again = _cli(sweep, env=env)
+    log2, _ = again.communicate(timeout=120)
+    assert again.returncode == 2 and f"error: output {output} already holds a sweep" in log2, log2
+
+    resumed = _cli(sweep, "--resume", env=env)
+    log3, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, log3
+    later = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines() if x.strip()]
+    assert later[:len(events)] == events and not [e for e in later[len(events):] if e["event"] == "start"]
+    assert storage.read_json(root / "summary.json")["statuses"]["terminated"] == 2
+
+    from fixtures import files_holding
+
+    ray_dir = Path(doc["base"]["ray"]["temp_dir"])
+    assert files_holding([staging, ray_dir, storage.download_dir(root, tmp_path / "copy2")], PLANTED.values()) == []

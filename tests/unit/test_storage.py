@@ -204,3 +204,59 @@ def test_every_spelling_of_a_credential_is_refused_and_never_printed(uri, tmp_pa
         assert main(argv) == 2
         out = capsys.readouterr()
         assert "hunter2" not in out.err + out.out and out.err.startswith("error: "), out.err
+
+
+SECRET = "se/cr3t+V4lue"  # a `/` and a `+`, as in unencoded AWS secret keys
+
+
+@pytest.mark.parametrize("uri", [
+    f"s3://bkt/runs?secret_key={SECRET}",
+    f"s3://bkt/runs?region=us-east-1;secret_key={SECRET}",                      # `;` separates options too
+    f"s3://bkt/runs?region=us-east-1&x=1;secret_key={SECRET}",
+    f"s3://bkt/runs?region=us-east-1&prefix=a%26secret_key%3D{SECRET}",         # hidden in another option's value
+    f"s3://bkt/runs?prefix=a%3Bsecret_key%3D{SECRET}",
+    f"s3://bkt/runs?prefix=a%2526secret_key%253D{SECRET}",                      # double encoded
+    f"s3://bkt/runs?%73ecret_key%3D{SECRET}",                                   # the `=` encoded: no name at all
+    f"s3://bkt/runs?region=us-east-1#secret_key={SECRET}",                      # a fragment
+    f"s3://bkt/runs?region=us-east-1%23secret_key%3D{SECRET}",
+    f"s3://bkt/model/v1#access_key={SECRET}",                                   # a fragment after a path, no `?`
+    f"s3://user:{SECRET}@bucket/path",                                          # user:se/cret@ (a `/` in it)
+    f"s3://AKIAXXXX:abc/def+{SECRET}@bucket/path?region=us-east-1",
+    f"s3://bkt/runs?endpoint_override=u:{SECRET}@127.0.0.1:9000",               # user:pass/word@ inside a value
+    f"s3://bkt/runs;secret_key={SECRET}",                                       # `;` options in the path
+    f"s3://bkt/runs%3Bsecret_key%3D{SECRET}/x",
+    f"s3://bkt/runs?SECRET_KEY={SECRET}",
+    f"s3://bkt/runs?X-Amz-Signature={SECRET}&X-Amz-Date=20250101T000000Z",
+])
+def test_no_spelling_of_a_credential_passes_or_shows(uri):
+    """Options split on `&` and `;`, a `#fragment` read as options, names and values percent-decoded
+    until they stop changing: an encoded separator or a `/` in a password hides nothing."""
+    with pytest.raises(ConfigError, match="credentials in a storage URI") as info:
+        storage.resolve(uri)
+    assert SECRET not in str(info.value) and "V4lue" not in str(info.value)
+    shown = storage.redact(f"done: {uri} -> 3 files.")
+    assert SECRET not in shown and "V4lue" not in shown and "cr3t" not in shown, shown
+    assert shown.startswith("done: s3://") and shown.endswith(" -> 3 files.")
+
+
+def test_redact_keeps_what_is_no_credential():
+    r = storage.redact
+    for text in ("s3://bkt/model@v2 written", "s3://bkt/x?region=us-east-1;scheme=http, done",
+                 "s3://bkt/table/partition_key=3/a;b/part-0.parquet",
+                 "gs://anonymous@bkt/a?scheme=http&endpoint_override=127.0.0.1:9023.",
+                 "s3://bkt/x?prefix=a%26b%3Dc"):
+        assert r(text) == text
+    assert r(f"s3://bkt/x?region=r;secret_key={SECRET}#frag") == "s3://bkt/x?region=r;secret_key=***#frag"
+    assert r(f"s3://AKIA:{SECRET}@b/p") == "s3://***@b/p"
+    assert r(f"s3://b/runs;region=r;secret_key={SECRET}/x") == "s3://b/runs;region=r;secret_key=***"
+    assert r(f"s3://b/runs%3Bsecret_key%3D{SECRET}/x?region=r") == "s3://b/***?region=r"
+    assert r("s3://bkt/x?a=1%26token%3DT&region=r") == "s3://bkt/x?a=***&region=r"  # masked whole
+
+
+def test_a_path_with_an_at_sign_is_a_path_and_a_plain_fragment_is_refused():
+    r = storage.resolve(uri("bkt", "model@v2"))  # no `:` before the `@`: not a user
+    assert r.path == "bkt/model@v2" and r.user == "" and r.name == "model@v2"
+    assert storage.resolve("gs://anonymous@bkt/a@b?scheme=http&endpoint_override=127.0.0.1:1").path == "bkt/a@b"
+    assert storage.resolve(uri("bkt", "t/partition_key=3/a;b")).path == "bkt/t/partition_key=3/a;b"
+    with pytest.raises(ConfigError, match="not in a #fragment"):
+        storage.resolve("s3://bkt/x#part")
