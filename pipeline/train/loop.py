@@ -29,6 +29,7 @@ from ..errors import NonFiniteError, PipelineError
 from ..models import BiEncoder
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
+from .identity import describe_diff, identity_diff, stored_identity
 from .methods import StepContext, check_frozen, get_method
 from .optim import build_optimizer, warmup_linear, warmup_steps
 
@@ -231,7 +232,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     torch.manual_seed(tc.seed + rank)
     spe, total = loop_cfg["steps_per_epoch"], loop_cfg["total_steps"]
     device = session.device
-    identity = loop_cfg["identity"]  # what a checkpoint must match to be resumed (see trainer.run_identity)
+    autocast, scaler, amp_used = _amp(job, device)
+    # what a checkpoint must match to be resumed (train/identity.py), with the precision trained in here
+    identity = {**loop_cfg["identity"], "amp": amp_used}
 
     # ---- model, optimizer, schedule; restored from a checkpoint when resuming
     run_loc = st.resolve(loop_cfg["run_dir"]) if st.is_uri(loop_cfg["run_dir"]) else Path(loop_cfg["run_dir"])
@@ -257,11 +260,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
         train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
         history = json.loads((d / "history.json").read_text())
-        mismatch = {k: (resume_state.get("identity", {}).get(k), v) for k, v in identity.items()
-                    if resume_state.get("identity", {}).get(k) != v}
-        if mismatch:
-            raise RuntimeError(f"cannot resume from {d.name}: it was made with a different "
-                               + "; ".join(f"{k} ({a!r} then, {b!r} now)" for k, (a, b) in sorted(mismatch.items())))
+        mismatch = identity_diff(stored_identity(d, resume_state) or {}, identity)
+        if mismatch:  # the run's verdict (a retry changes nothing): one error line, no retry
+            raise PipelineError(f"cannot resume from {d.name}: it was made with a different " + describe_diff(mismatch))
     else:
         model = BiEncoder.load(job.model)
     if staged is not None:
@@ -278,7 +279,6 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     ddp = session.prepare(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)
     scheduler = warmup_linear(optimizer, warmup_steps(job.optim, total), total)
-    autocast, scaler, amp_used = _amp(job, device)
     step = 0
     if train_state is not None:
         optimizer.load_state_dict(train_state["optimizer"])

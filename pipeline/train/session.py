@@ -79,16 +79,22 @@ class RaySession:
 
 
 class LocalSession:
-    """The loop in the command's own process: rank 0 of 1, checkpoints written in place."""
+    """The loop in the command's own process: rank 0 of 1, checkpoints written in place. `last_written` is
+    the newest checkpoint this session wrote (None before the first): a retry resumes from it."""
 
     local = True
 
     def __init__(self, run_dir: Path, keep: int, use_gpu: bool = False):
         import torch
 
+        from ..errors import PipelineError
+
+        if use_gpu and not torch.cuda.is_available():  # refused up front (runner_choice.check_device), never a CPU run
+            raise PipelineError("train.use_gpu=true: no CUDA GPU is visible on this machine")
         self.rank, self.world = 0, 1
-        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
+        self.device = torch.device("cuda" if use_gpu else "cpu")
         self.run_dir, self.keep = Path(run_dir), keep
+        self.last_written: Path | None = None
         self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def restored_checkpoint(self, run_loc):
@@ -128,6 +134,7 @@ class LocalSession:
             os.replace(final, aside)
             shutil.rmtree(aside, ignore_errors=True)
         os.replace(folder, final)
+        self.last_written = final
         folder.mkdir()  # (the context manager removes it)
         done = list_checkpoints(self.run_dir)
         for _, old in done[:-self.keep] if self.keep > 0 else []:

@@ -16,7 +16,6 @@ anything runs, the driver and every Ray node write, read back and delete a probe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,8 +32,10 @@ from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath, is_uri
 from .config import TrainJobConfig, dump_job, job_to_dict
+from .identity import check_identity, run_identity
 from .loop import train_loop_per_worker
 from .methods import get_method
+from .runner_choice import check_device, resolve_runner
 
 DATA_TASK_CPUS = 0.1
 
@@ -204,29 +205,6 @@ def examples_digest(examples_dir: Path, meta: dict) -> str:
     return sha256_files(sorted(examples_dir.glob("part-*.parquet")) + sorted(examples_dir.glob(PASSAGES_FILE)))
 
 
-def run_identity(job: TrainJobConfig, meta: dict, digest: str, world: int, spe: int) -> dict:
-    """What a checkpoint must share with this run to be resumed at its exact data position."""
-    loss = json.dumps({"loss": to_dict(job.loss), **{k: to_dict(v) for k, v in job.sections.items()}},
-                      sort_keys=True)
-    return {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
-            "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
-            "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed}
-
-
-def _check_identity(resume, identity: dict) -> None:
-    then = (read_state(resume) or {}).get("identity")
-    if then is None:
-        raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
-                            "start a new run (another train.name) or train.resume=never")
-    diff = {k: (then.get(k), v) for k, v in identity.items() if then.get(k) != v}
-    if diff:
-        raise PipelineError(
-            f"cannot resume from {resume}: this run differs in "
-            + "; ".join(f"{k} ({a!r} in the checkpoint, {b!r} now)" for k, (a, b) in sorted(diff.items()))
-            + ". Resuming needs the same method, loss settings, examples, workers and batch size; "
-              "use another train.name for a new run")
-
-
 def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True,
           negatives_provider=None, callbacks: list | None = None) -> dict:
     """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json.
@@ -240,32 +218,32 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     from .. import storage as st
 
     t_entry = time.time()  # the wall-time split (start-up, training, validation, checkpoints, export) starts here
+    # first: a refused runner or device leaves the storage path untouched (nothing written, uploaded or
+    # asked of the network); `amp` is what the workers will train in where this machine decides it
+    runner = resolve_runner(job)
+    amp = check_device(job, runner)
     method = get_method(job.loss.name)
     storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
     remote = isinstance(run_dir, RemotePath)
     job = resolve_job(job, progress)  # a model that cannot load is refused before any folder is made
-    if not tc.use_gpu and not (job.ray.address or os.environ.get("RAY_ADDRESS")):
-        from .loop import resolve_amp
-
-        resolve_amp(tc.amp, "cpu")  # this machine's workers: refused here (bf16 without native bf16), as they would
     if remote:
         st.check_writable(run_dir, who="the driver")
         work = st.staging_dir(run_dir)  # local: examples built here, the model exported here, then uploaded
         return _train(job, method, storage, run_dir, work, remote, validate_fn, progress, negatives_provider,
-                      callbacks, t_entry)
+                      callbacks, t_entry, runner, amp)
     created = missing_dirs(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         return _train(job, method, storage, run_dir, run_dir, remote, validate_fn, progress, negatives_provider,
-                      callbacks, t_entry)
+                      callbacks, t_entry, runner, amp)
     except BaseException:
         remove_empty_dirs(created)  # a run that failed before writing anything leaves no empty folder behind
         raise
 
 
 def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, validate_fn, progress: bool,
-           negatives_provider, callbacks, t_entry: float) -> dict:
+           negatives_provider, callbacks, t_entry: float, runner: str, amp: str | None) -> dict:
     from .. import storage as st
 
     tc = job.train
@@ -280,7 +258,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     if method.builds_apart and _build_apart(job.data):
         # Ray starts while the child builds (~5 s of start-up off a long build)
         meta = _build_examples_in_child(job, work / "examples", progress,
-                                        meanwhile=None if resolve_runner(job) == "local" else lambda: _start_ray(job))
+                                        meanwhile=None if runner == "local" else lambda: _start_ray(job))
     else:
         with prog.sink(sink if progress else None):
             meta = method.build_examples(job, work / "examples", progress=progress)
@@ -292,10 +270,10 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     if spe == 0:
         raise ConfigError(f"{meta['examples']} examples are too few for {world} worker(s) x batch {B}")
     total = tc.max_steps or tc.epochs * spe
-    identity = run_identity(job, meta, digest, world, spe)
+    identity = run_identity(job, meta, digest, world, spe, amp)
     resume = resolve_resume(job, run_dir)
     if resume is not None:
-        _check_identity(resume, identity)
+        check_identity(resume, identity)
     resume_state = read_state(resume) if resume is not None else None
     # a run the validation hook stopped early is complete too (`{"stop": True}`, see loop.py)
     complete = resume_state is not None and (resume_state["step"] >= total or bool(resume_state.get("stopped_early")))
@@ -307,7 +285,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                   + "; nothing to train", flush=True)
     else:
         _fit(job, method, validate_fn, negatives_provider, run_dir, storage, meta, spe, total, identity, resume,
-             progress, callbacks, work=work)
+             progress, callbacks, work=work, runner=runner)
     t_fit_end = time.time()
     final = latest_checkpoint(run_dir)
     if final is None:
@@ -424,30 +402,6 @@ def _publish_examples(local_dir: Path, remote_dir: RemotePath, meta: dict) -> No
     st.upload_dir(local_dir, remote_dir, marker=EXAMPLES_META)
 
 
-def resolve_runner(job: TrainJobConfig) -> str:
-    """`train.runner`: `ray` or `local` (auto: local for one worker when nothing asks for Ray)."""
-    import sys
-
-    tc = job.train
-    if tc.runner == "ray":
-        return "ray"
-    needs_ray = [why for why, bad in (
-        (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
-        ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
-        ("data.streaming=ray-data", job.data.streaming == "ray-data"),
-        ("ray.address / RAY_ADDRESS (a cluster)", bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
-        if bad]
-    if tc.runner == "local":
-        if needs_ray:
-            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(needs_ray)} "
-                              "needs train.runner=ray")
-        return "local"
-    ray_mod = sys.modules.get("ray")
-    if needs_ray or (ray_mod is not None and ray_mod.is_initialized()):
-        return "ray"  # several workers, a cluster, a Tune trial or a recipe that runs Ray (ANCE's refresher)
-    return "local"
-
-
 def _start_ray(job: TrainJobConfig) -> None:
     """Train V2's controller queries actor state through the dashboard's API: a local Ray for
     training starts it (bound to 127.0.0.1 like everything else). A no-op once Ray runs."""
@@ -458,8 +412,9 @@ def _start_ray(job: TrainJobConfig) -> None:
 
 def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, storage, meta: dict,
          spe: int, total: int, identity: dict, resume, progress: bool,
-         callbacks: list | None = None, work: Path | None = None) -> None:
-    """Build the TorchTrainer (resources checked first) and run it to `total` steps."""
+         callbacks: list | None = None, work: Path | None = None, *, runner: str) -> None:
+    """Build the TorchTrainer (resources checked first) and run it to `total` steps (`runner` local: the
+    loop in this process instead)."""
     import ray
     from ray.data import ExecutionOptions
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -474,7 +429,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     work = work or run_dir
     world, B = tc.num_workers, tc.batch_size
     n_examples = meta["examples"]
-    if resolve_runner(job) == "local":
+    if runner == "local":
         return _fit_local(job, method, validate_fn, negatives_provider, run_dir, meta, spe, total, identity, resume,
                           progress, work)
     _start_ray(job)
@@ -570,8 +525,9 @@ class _Printer:
 def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, meta: dict, spe: int,
                total: int, identity: dict, resume, progress: bool, work: Path) -> None:
     """train.runner=local: the loop in this process (train/session.LocalSession): no Ray, checkpoints written
-    in place. A failure is retried from the newest checkpoint up to train.max_failures times, as Ray's would."""
-    from ..models.checkpoint import latest_checkpoint
+    in place. A failure is retried up to train.max_failures times, as Ray's would, from the newest checkpoint
+    the failed attempts wrote, else from the one the first attempt started from (`resume`, which may be a
+    train.resume path outside the run): never from the base model when the run did not start there."""
     from .session import LocalSession, clean_stale
 
     tc = job.train
@@ -584,10 +540,11 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
               f"1 worker in this process (train.runner=local, no Ray) x batch {tc.batch_size}, {spe} steps/epoch, "
               f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    session = LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n,
                 "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None,
-                "session": LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu),
+                "session": session,
                 "progress_queue": _Printer(tc.name, ("nll",) + tuple(t for t in method.terms if t != "nll"))
                 if progress else None}
     if materialize:
@@ -605,9 +562,10 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
         except Exception:
             if attempt == tc.max_failures:
                 raise
-            newest = latest_checkpoint(run_dir)
+            written = session.last_written
+            newest = written if written is not None and read_state(written) is not None else resume
             loop_cfg["resume_from"] = str(newest) if newest is not None else None
             if progress:
                 print(f"[train] {tc.name}: the loop failed (attempt {attempt + 1} of {tc.max_failures + 1}); "
-                      f"resuming from {newest.name if newest else 'the start'}", flush=True)
+                      f"resuming from {newest if newest else 'the start'}", flush=True)
 

@@ -310,6 +310,29 @@ def test_the_local_runner_resumes_exactly_and_equals_ray_trains_batches(ray_sess
         torch.testing.assert_close(a[k], c[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_local_retry_resumes_from_the_checkpoint_the_run_started_from(tiny_model_dir, faq, tmp_path, capsys):
+    """train.resume=<a checkpoint outside the run> and a failure before the run's first checkpoint: the
+    local runner's retry (train.max_failures) started again from the base model at step 0; it resumes
+    from the same checkpoint the first attempt started from, at its step and with its weights."""
+    common = ("train.max_steps=6", "train.torch_threads=1", "train.log_batches=true")
+    train(_local_job(tiny_model_dir, faq, tmp_path, "ref", *common, "train.checkpoint_every=2",
+                     "train.keep_checkpoints=3"), progress=False)
+    start = tmp_path / "ref" / "step-00000002"
+    capsys.readouterr()
+    out = train(_local_job(tiny_model_dir, faq, tmp_path / "elsewhere", "cont", *common, f"train.resume={start}",
+                           "train.fail_at_step=4", "train.max_failures=1"), progress=True)
+    printed = capsys.readouterr().out
+    assert f"the loop failed (attempt 1 of 2); resuming from {start}" in printed
+    assert out["resumed_from"] == str(start) and out["steps"] == 6
+    assert out["final_metrics"]["train_steps_run"] == 4  # the retry started at step 2, not 0
+    ref_steps, cont_steps = _steps(tmp_path / "ref"), _steps(tmp_path / "elsewhere" / "cont")
+    assert sorted(cont_steps) == [3, 4, 5, 6]  # step 3 by both attempts, no step of the base model's start
+    assert all(b == ref_steps[s][0] for s, batches in cont_steps.items() for b in batches)
+    a, c = _weights(tmp_path / "ref"), _weights(tmp_path / "elsewhere" / "cont")
+    for k in a:  # from step 2's weights: the uninterrupted run's
+        torch.testing.assert_close(a[k], c[k], rtol=1e-5, atol=1e-6)
+
+
 def test_the_runner_auto_rule_and_refusals(tiny_model_dir, faq, tmp_path, monkeypatch):
     import sys
 

@@ -1,0 +1,105 @@
+"""A run's identity: what a checkpoint must share with a run to be resumed at its exact data position
+and go on computing what the run computed.
+
+Every checkpoint records it (`state.json`: `identity`). The driver compares it before anything is
+written (`check_identity`), the loop again on the checkpoint it loads (`identity_diff`), where the
+precision the workers train in is known for certain. Keys that joined the identity after checkpoints
+were written without them are filled from what such a checkpoint did record (`stored_identity`), so
+an older run still resumes when it trained as this one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..config import to_dict
+from ..errors import PipelineError
+from ..models.checkpoint import read_state
+
+# keys that may be unknown on one side (a checkpoint that did not record them, or a driver whose workers
+# run elsewhere): compared only when both sides know them
+MAY_BE_UNKNOWN = ("amp",)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def run_identity(job, meta: dict, digest: str, world: int, spe: int, amp: str | None = None) -> dict:
+    """What a checkpoint must share with this run to be resumed. `amp` is the precision the run trains in
+    (`train.amp` resolved on the workers' device: loop.resolve_amp), None where the driver cannot know it.
+    `length_group_rows` changes what a step computes in training (dropout draws its masks per group)."""
+    loss = json.dumps({"loss": to_dict(job.loss), **{k: to_dict(v) for k, v in job.sections.items()}},
+                      sort_keys=True)
+    out = {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
+           "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
+           "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed,
+           "length_group_rows": job.train.length_group_rows}
+    if amp is not None:
+        out["amp"] = amp
+    return out
+
+
+def stored_identity(ckpt, state: dict) -> dict | None:
+    """The identity a checkpoint records (None: it records none), with the keys that joined later filled
+    from what it did record:
+      length_group_rows  the value in its config.yaml; a config.yaml without the key predates
+                         train.length_group_rows, when each tower's batch was one padded batch (= 0);
+                         an unreadable config.yaml leaves it unknown (absent), which a diff refuses
+      amp                its state.json's `precision` (what the loop trained in); a checkpoint without
+                         that records no precision, so the precision it trained in is unknown and
+                         any train.amp is accepted (MAY_BE_UNKNOWN)
+    """
+    then = state.get("identity")
+    if then is None:
+        return None
+    then = dict(then)
+    if "length_group_rows" not in then:
+        rows = _recorded_length_group_rows(ckpt)
+        if rows is not None:
+            then["length_group_rows"] = rows
+    if "amp" not in then and state.get("precision") in PRECISIONS:
+        then["amp"] = state["precision"]
+    return then
+
+
+def _recorded_length_group_rows(ckpt) -> int | None:
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((ckpt / "config.yaml").read_text())
+        return int((cfg.get("train") or {}).get("length_group_rows", 0))
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def identity_diff(then: dict, now: dict) -> dict:
+    """{key: (in the checkpoint, now)} for every key that differs; a MAY_BE_UNKNOWN key missing on either
+    side is not compared."""
+    return {k: (then.get(k), v) for k, v in now.items()
+            if then.get(k) != v and not (k in MAY_BE_UNKNOWN and k not in then)}
+
+
+def describe_diff(diff: dict) -> str:
+    """The differences as one clause, with the setting that resumes for the ones a user sets."""
+    parts = []
+    for k, (a, b) in sorted(diff.items()):
+        text = f"{k} ({a!r} in the checkpoint, {b!r} now)"
+        if k == "amp" and a in PRECISIONS:
+            text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
+        elif k == "length_group_rows" and a is not None:
+            text += f"; train.length_group_rows={a} computes as the checkpoint did"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def check_identity(resume, identity: dict) -> None:
+    """Refuse to resume from a checkpoint of another run (PipelineError naming every difference)."""
+    then = stored_identity(resume, read_state(resume) or {})
+    if then is None:
+        raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
+                            "start a new run (another train.name) or train.resume=never")
+    diff = identity_diff(then, identity)
+    if diff:
+        raise PipelineError(
+            f"cannot resume from {resume}: this run differs in " + describe_diff(diff)
+            + ". Resuming needs the same method, loss settings, examples, workers, batch size, precision "
+              "(train.amp as resolved) and train.length_group_rows; use another train.name for a new run")

@@ -1,0 +1,156 @@
+"""What a training run refuses before it writes anything (the runner, the device), and the run's identity:
+the precision it trains in and `train.length_group_rows` are part of it, and checkpoints written before
+they were still resume when they trained as the run would."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures import dpr_job
+
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.models.checkpoint import finalize_checkpoint
+from pipeline.train import runner_choice
+from pipeline.train.config import dump_job, load_train_config
+from pipeline.train.identity import check_identity, run_identity
+from pipeline.train.trainer import train
+
+
+def _job(tiny_model_dir, faq, storage, *extra):
+    return dpr_job(tiny_model_dir, faq, storage, "run", "train.num_workers=1", "train.max_steps=2", *extra)
+
+
+def _untouched(storage) -> None:
+    """Nothing of the run: no run folder, so no config.yaml and no examples/."""
+    assert not (storage / "run").exists() and not list(storage.rglob("config.yaml")) \
+        and not list(storage.rglob("examples")), sorted(storage.rglob("*"))
+
+
+@pytest.mark.parametrize("extra, env, named", [
+    (("ray.address=127.0.0.1:6379",), None, r"ray.address / RAY_ADDRESS"),
+    ((), "127.0.0.1:6379", r"ray.address / RAY_ADDRESS"),
+    (("train.num_workers=2",), None, r"train.num_workers=2 \(local runs one worker\)"),
+    (("data.streaming=ray-data",), None, r"data.streaming=ray-data"),
+])
+def test_every_local_runner_refusal_leaves_the_storage_path_untouched(tiny_model_dir, faq, tmp_path, monkeypatch,
+                                                                      extra, env, named):
+    """The refusals of train.runner=local came after the examples were built (config.yaml and examples/
+    left behind); now they come first."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if env:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    with pytest.raises(ConfigError, match=rf"train.runner=local .*{named}.* needs train.runner=ray"):
+        train(_job(tiny_model_dir, faq, storage, "train.runner=local", *extra), progress=False)
+    _untouched(storage)
+
+
+def test_a_local_runner_on_object_storage_is_refused_before_the_network(tiny_model_dir, faq, tmp_path, monkeypatch):
+    """An S3 storage path with the local runner: refused by name, not by an unreachable bucket (nothing is
+    uploaded: the endpoint below listens nowhere, so any request would fail on the network instead)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    uri = "s3://no-such-bucket/runs?endpoint_override=http://127.0.0.1:9&access_key=a&secret_key=b"
+    with pytest.raises(ConfigError, match="train.runner=local .*a storage URI as train.storage_path"):
+        train(_job(tiny_model_dir, faq, uri, "train.runner=local"), progress=False)
+    assert not list(tmp_path.iterdir())  # no local staging copy either
+
+
+@pytest.mark.parametrize("runner", ["local", "auto", "ray"])
+def test_use_gpu_without_a_gpu_is_refused_under_every_runner(tiny_model_dir, faq, tmp_path, monkeypatch, runner):
+    """train.use_gpu=true on a machine without a GPU trained on the CPU (exit 0) under the local and auto
+    runners; now every runner refuses it with one line, before anything is written. With train.amp=fp16 the
+    line says that there is no GPU here (it said fp16 "needs GPU workers (train.use_gpu=true)")."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("pipeline.device.gpu_here", lambda: False)
+    monkeypatch.setattr(runner_choice, "_ray_running", lambda: False)  # this machine's workers, not a Ray's
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    for amp in ("auto", "fp16"):
+        with pytest.raises(PipelineError, match="train.use_gpu=true: no CUDA GPU is visible on this machine") as e:
+            train(_job(tiny_model_dir, faq, storage, f"train.runner={runner}", "train.use_gpu=true",
+                       f"train.amp={amp}"), progress=False)
+        assert "needs GPU workers" not in str(e.value) and "\n" not in str(e.value)
+        assert ("train.amp=fp16 needs one too" in str(e.value)) == (amp == "fp16")
+        _untouched(storage)
+
+
+def test_fp16_validation_on_cpu_workers_is_refused_as_fp16_training_is(tiny_model_dir, faq, tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    with pytest.raises(PipelineError, match=r"validation.precision=fp16 needs GPU workers \(train.use_gpu=true\)"):
+        train(_job(tiny_model_dir, faq, storage, "validation.precision=fp16"), progress=False)
+    _untouched(storage)
+    # CPU workers on a cluster are CPUs too: refused without asking the cluster
+    cluster = load_train_config(None, ["ray.address=10.0.0.1:6379", "validation.precision=fp16"])
+    with pytest.raises(PipelineError, match="validation.precision=fp16 needs GPU workers"):
+        runner_choice.check_device(cluster, "ray")
+    with pytest.raises(PipelineError, match="train.amp=fp16 needs GPU workers"):
+        runner_choice.check_device(load_train_config(None, ["ray.address=10.0.0.1:6379", "train.amp=fp16"]), "ray")
+    # bf16 and auto on a cluster's CPUs: the workers' CPU decides (the driver does not know the precision)
+    assert runner_choice.check_device(load_train_config(None, ["ray.address=10.0.0.1:6379", "train.amp=bf16"]),
+                                      "ray") is None
+    # on this machine the driver knows what the run trains in (the identity records it)
+    assert runner_choice.check_device(load_train_config(None, ["train.amp=no"]), "local") == "fp32"
+
+
+# --------------------------------------------------------------------------- the run's identity
+
+META, DIGEST = {"examples": 100}, "ab" * 32
+
+
+def _checkpoint(tmp_path, name: str, job, identity: dict, precision: str | None = None, drop_key: bool = False):
+    """A complete checkpoint folder recording `identity` (and `precision`), with the job's config.yaml
+    (without train.length_group_rows when `drop_key`, as written before the key existed)."""
+    d = tmp_path / name
+    d.mkdir()
+    text = dump_job(job)
+    if drop_key:
+        text = "\n".join(line for line in text.splitlines() if "length_group_rows" not in line) + "\n"
+    (d / "config.yaml").write_text(text)
+    finalize_checkpoint(d, {"step": 2, "identity": identity,
+                            **({"precision": precision} if precision is not None else {})})
+    return d
+
+
+def test_the_identity_holds_the_precision_and_length_group_rows_and_a_resume_with_another_is_refused(tmp_path):
+    """Resuming with another train.amp was accepted silently (the summary said bf16 for a run half in fp32),
+    and train.length_group_rows (it changes the dropout masks of a step) was not compared."""
+    job = load_train_config(None, [])
+    ident = run_identity(job, META, DIGEST, 1, 10, "bf16")
+    assert ident["amp"] == "bf16" and ident["length_group_rows"] == 16
+    assert "amp" not in run_identity(job, META, DIGEST, 1, 10, None)  # a cluster's workers decide
+    ckpt = _checkpoint(tmp_path, "step-00000002", job, ident, "bf16")
+    check_identity(ckpt, ident)  # the same run resumes
+    with pytest.raises(PipelineError, match=r"differs in amp \('bf16' in the checkpoint, 'fp32' now\); "
+                                            r"train.amp=bf16 trains as the checkpoint did"):
+        check_identity(ckpt, run_identity(job, META, DIGEST, 1, 10, "fp32"))
+    other = load_train_config(None, ["train.length_group_rows=0"])
+    with pytest.raises(PipelineError, match=r"differs in length_group_rows \(16 in the checkpoint, 0 now\); "
+                                            r"train.length_group_rows=16 computes as the checkpoint did"):
+        check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"))
+
+
+def test_checkpoints_written_before_the_keys_joined_the_identity_still_resume(tmp_path):
+    job = load_train_config(None, [])
+    now = run_identity(job, META, DIGEST, 1, 10, "bf16")
+    old = {k: v for k, v in now.items() if k not in ("amp", "length_group_rows")}
+    # no precision recorded: what it trained in is unknown, so any train.amp is accepted; its config.yaml
+    # says length_group_rows 16 (the default since the key exists)
+    unknown = _checkpoint(tmp_path, "a", job, old)
+    check_identity(unknown, now)
+    check_identity(unknown, run_identity(job, META, DIGEST, 1, 10, "fp32"))
+    with pytest.raises(PipelineError, match=r"length_group_rows \(16 in the checkpoint, 0 now\)"):
+        check_identity(unknown, run_identity(load_train_config(None, ["train.length_group_rows=0"]),
+                                             META, DIGEST, 1, 10, "bf16"))
+    # its state.json says what it trained in: that is compared
+    recorded = _checkpoint(tmp_path, "b", job, old, precision="fp32")
+    check_identity(recorded, run_identity(job, META, DIGEST, 1, 10, "fp32"))
+    with pytest.raises(PipelineError, match=r"amp \('fp32' in the checkpoint, 'bf16' now\); train.amp=no"):
+        check_identity(recorded, now)
+    # a config.yaml without the key predates train.length_group_rows: one padded batch per tower (0)
+    before = _checkpoint(tmp_path, "c", job, old, drop_key=True)
+    check_identity(before, run_identity(load_train_config(None, ["train.length_group_rows=0"]),
+                                        META, DIGEST, 1, 10, "bf16"))
+    with pytest.raises(PipelineError, match=r"length_group_rows \(0 in the checkpoint, 16 now\)"):
+        check_identity(before, now)
