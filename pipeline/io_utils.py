@@ -386,19 +386,51 @@ def sha256_files(paths) -> str:
     return h.hexdigest()
 
 
+def tree_files(folder: str | Path) -> list[tuple[str, Path]]:
+    """(path inside `folder`, path) of every file under `folder`. Symlinked files and folders are followed (a
+    model folder of links to a cache is the files it links to), each folder once along a path: a link that
+    leads back to a folder it is inside (a symlink loop, which `os.walk(followlinks=True)` walks ~40 levels
+    deep, reading every file each time) is an InputError naming it, before any file is read. A link to
+    nothing is skipped; two links to one folder elsewhere list its files under both names."""
+    from .errors import InputError
+
+    folder = Path(folder)
+    out: list[tuple[str, Path]] = []
+
+    def walk(path: Path, rel: str, above: tuple[str, ...]) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:  # an unreadable folder holds nothing we can read (as os.walk skipped it)
+            return
+        for entry in entries:
+            child, name = Path(entry.path), f"{rel}{entry.name}"
+            try:
+                os.stat(child)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise InputError(child, None, "a symlink loop (a link that leads back to itself); remove it "
+                                                  "or point it at a real file or folder") from None
+                continue  # a link to nothing
+            if entry.is_dir():
+                real = os.path.realpath(child)
+                if real in above:
+                    raise InputError(child, None, f"a symlink loop: it leads back to {real}, a folder it is "
+                                                  "inside; remove the link or point it at a real folder")
+                walk(child, f"{name}/", (*above, real))
+            elif entry.is_file():
+                out.append((name, child))
+
+    walk(folder, "", (os.path.realpath(folder),))
+    return out
+
+
 def sha256_tree(folder: str | Path) -> str:
     """One digest over every file under `folder`: each file's path inside the folder and its content.
     Symlinked files and folders are followed (a model folder of links to a cache is the files it links
-    to), and a file moved to another subfolder changes the digest."""
-    folder = Path(folder)
-    entries = []
-    for root, _, files in os.walk(folder, followlinks=True):
-        for name in files:
-            path = Path(root) / name
-            if path.is_file():
-                entries.append((path.relative_to(folder).as_posix(), path))
+    to), a symlink loop is refused (`tree_files`), and a file moved to another subfolder changes the digest."""
     h = hashlib.sha256()
-    for rel, path in sorted(entries):
+    for rel, path in sorted(tree_files(folder)):
         h.update(rel.encode() + b"\0" + sha256_file(path).encode() + b"\n")
     return h.hexdigest()
 

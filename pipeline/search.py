@@ -27,7 +27,7 @@ import numpy as np
 from .config import IndexConfig, ModelConfig
 from .errors import ConfigError, InputError, PipelineError
 from .index.faiss_index import INDEX_FILE, META_FILE, PIDS_FILE, LoadedIndex
-from .index.retrieve import query_model_config
+from .index.retrieve import check_query_vectors, query_model_config
 from .models.precision import query_precision
 from .io_utils import OutputKind, atomic_path, check_output, register_output_kind
 
@@ -177,6 +177,7 @@ class Searcher:
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != self.index.index.d:
             raise ConfigError(f"query vectors must be (N, {self.index.index.d}), got {vectors.shape}")
+        check_query_vectors(vectors, [f"vector {i}" for i in range(len(vectors))])  # NaN, inf or overflowing
         scores, rows = self.index.search(vectors, k)
         pids = self.index.pids
         return [[(pids[r], float(s)) for s, r in zip(srow, rrow) if r >= 0] for srow, rrow in zip(scores, rows)]
@@ -202,7 +203,11 @@ class Searcher:
         hits: list[list[Hit]] = []
         step = max(1, self.encoder.batch_size)
         for s in range(0, len(texts), step):
-            hits += self.search_vectors(self.encode(texts[s:s + step]), k)
+            vectors = self.encode(texts[s:s + step])
+            # named by qid (else by position in `texts`) before search_vectors, which knows only the batch
+            check_query_vectors(vectors, qids[s:s + step] if qids is not None
+                                else [f"#{i}" for i in range(s, s + len(vectors))])
+            hits += self.search_vectors(vectors, k)
         return dict(zip(qids, hits)) if qids is not None else hits
 
 

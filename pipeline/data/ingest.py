@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import os
 import re
@@ -250,6 +251,8 @@ def ingest(
     else:
         inputs = [Path(p) for p in inputs]
     if fmt == "beir":
+        if len(inputs) == 1 and not inputs[0].exists() and _link_problem(inputs[0]):
+            raise _not_there(inputs[0])  # a symlink loop, or a link to nothing
         if len(inputs) != 1 or not inputs[0].is_dir():
             raise PipelineError("format 'beir' takes one BEIR folder (with corpus.jsonl, queries.jsonl, qrels/)")
         folder = inputs[0]
@@ -425,6 +428,24 @@ def _irds_hint(p) -> str:
             if irds.is_identifier(str(p)) else "")
 
 
+def _link_problem(p: Path) -> str | None:
+    """Why the input `p`, which does not exist as a file or folder, is still there as a name: a symlink
+    loop (the path, or a folder on it) or a link to nothing; None when nothing is there."""
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return ("a symlink loop (a link that leads back to itself, directly or through other links); point "
+                    "the option at a real file or folder")
+        if os.path.islink(p):
+            return f"a symlink to {os.readlink(p)}, which does not exist"
+    return None
+
+
+def _not_there(p: Path, what: str = "file not found") -> InputError:
+    return InputError(p, None, _link_problem(p) or what)
+
+
 def _file_key(p: Path):
     try:
         st = p.stat()
@@ -437,7 +458,7 @@ def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
     seen: dict = {}
     for p in inputs if fmt != "irds" else []:
         if not p.exists():
-            raise InputError(p, None, "file not found" + _irds_hint(p))
+            raise _not_there(p, "file not found" + _irds_hint(p))
         if p.is_dir() and fmt != "hf":
             raise InputError(p, None, f"is a folder; --format {fmt} reads a file")
         key = _file_key(p)
@@ -455,7 +476,7 @@ def _check_inputs(inputs: list[Path], fmt: str, queries, qrels: dict) -> None:
             continue
         p = Path(p)
         if not p.exists():
-            raise InputError(p, None, "file not found")
+            raise _not_there(p)
         if p.is_dir():
             raise InputError(p, None, "is a folder; expected a file")
         if _file_key(p) in seen:

@@ -3,8 +3,9 @@
 The driver plans the shards: consecutive slices of `encode.shard_rows` rows of
 each corpus part, each named by its part and first row and tied to the part
 layout (part file, its row count, the row range, the sha256 of the slice's pids).
-Shards already on disk with the same layout are reused; any other shard file is
-removed. The remaining slices become a Ray Data dataset of small work items
+Shards already on disk with the same layout are reused, once their files are checked
+(ids, size, and every vector finite and within bounds: a shard damaged since is named
+and encoded again); any other shard file is removed. The remaining slices become a Ray Data dataset of small work items
 (`from_items`, one block each), mapped by a pool of `ShardEncoder` actors: each
 actor reads its slice from the Parquet part (only the row groups it needs, through
 `pyarrow.fs`), tokenises it once, encodes it in length-sorted batches with the
@@ -25,8 +26,10 @@ The work items need no read task, so actors may take every CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import time
 import warnings
@@ -40,8 +43,8 @@ from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
 from ..io_utils import missing_dirs, remove_empty_dirs
 from ..storage import RemotePath
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
-from .shards import (META_NAME, completed_shards, layout_matches, location, plan_part, remove_shard,
-                     shard_problem, stray_files, verify_shards, write_json)
+from .shards import (META_NAME, completed_shards, first_bad_row, layout_matches, location, plan_part,
+                     remove_shard, shard_problem, stray_files, vectors_problem, verify_shards, write_json)
 
 def model_identity(model_cfg: ModelConfig) -> dict:
     """What makes two embedding sets comparable, and finds the model again on another machine: its
@@ -176,6 +179,13 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
 
         check_writable(out_dir, who="the driver")
     check_embeddings_output(out_dir)  # a folder holding anything but embeddings is refused before any work
+    created = missing_dirs(out_dir) if isinstance(out_dir, Path) else []
+    with output_lock(out_dir, created):  # one encode at a time into a local folder
+        return _encode_locked(corpus_dir, out_dir, cfg, t_entry, created)
+
+
+def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: float, created: list[Path]) -> dict:
+    """`encode_corpus` once the output is checked and locked (`created`: the folders this run made)."""
     enc: EncodeConfig = cfg.encode
     manifest = load_manifest(corpus_dir)
     model_cfg, dim, tokenize_spec, probe = _resolved_model_cfg(cfg.model, manifest["title_join"])
@@ -209,8 +219,10 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     # reuse shards of exactly this layout; every other shard file is removed below
     done = completed_shards(out_dir) if out_dir.is_dir() else {}
     reused = {s["name"] for s in specs if s["name"] in done and layout_matches(done[s["name"]], s)}
-    for spec in specs:  # a marked shard whose files were damaged since (a truncated .npy) is encoded again
-        problem = shard_problem(out_dir, spec) if spec["name"] in reused else None
+    for spec in specs:  # a marked shard whose files were damaged since (a truncated .npy, a NaN or an inf
+        # or a huge value written into its vectors) is encoded again, never counted as complete
+        problem = ((shard_problem(out_dir, spec) or vectors_problem(out_dir, spec["name"]))
+                   if spec["name"] in reused else None)
         if problem:
             reused.discard(spec["name"])
             print(f"[encode] {problem}: encoding this shard again", flush=True)
@@ -226,9 +238,8 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     # the corpus's first passages, the same for every encoder and a resumed run: int8 is calibrated on
     # them, and bf16 / int8 towers are checked on them (models/backends.py)
     calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
-    if todo:  # a model whose vectors are NaN/inf is refused before anything is written
-        probe.check_finite(probe.embed(calibration[:8], "doc"), "doc")
-    created = missing_dirs(out_dir) if isinstance(out_dir, Path) else []
+    if todo:  # a model whose vectors are NaN/inf (or overflow float32's scores) is refused before anything is written
+        _check_model_vectors(probe, probe.embed(calibration[:8], "doc"))
     try:
         if todo and runner == "local":
             shape = local_shape(enc)
@@ -306,6 +317,76 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
           f"encode.backend={enc.backend}) -> {out_dir}"
           + "".join(f"\n[encode] note: {n}" for n in notes), flush=True)
     return summary
+
+
+LOCK_NAME = ".encode.lock"
+
+
+@contextlib.contextmanager
+def output_lock(out_dir, created: list[Path]):
+    """An exclusive lock (fcntl.flock on `<out>/.encode.lock`) held while one encode writes a local folder
+    (a path or a file:// shared filesystem); a second encode into it is refused with one line, having
+    written nothing. Object-store outputs take no lock (nothing to flock there). The lock file goes when the
+    run ends, and a failed run that made the folder leaves no empty folder behind (`created`)."""
+    if not isinstance(out_dir, Path):
+        yield
+        return
+    fd = _take_lock(out_dir, created)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(out_dir / LOCK_NAME)  # while held: a run that opened this file sees it is gone and retries
+        os.close(fd)
+        if failed:
+            remove_empty_dirs(created)
+
+
+def _take_lock(out_dir: Path, created: list[Path]) -> int:
+    import fcntl
+
+    path = out_dir / LOCK_NAME
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            remove_empty_dirs(created)
+            raise PipelineError(f"{out_dir}: cannot write the output folder ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise PipelineError(f"{out_dir}: another pipeline encode is writing into this folder (it holds "
+                                f"{LOCK_NAME}); wait for it to finish, or give another --out. Nothing was "
+                                "written.") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the run that held it finished and removed the file in between: take the new one
+
+
+def _check_model_vectors(model, vectors) -> None:
+    """The model's vectors of the corpus's first passages: finite (BiEncoder.check_finite) and every
+    component within ±MAX_COMPONENT (shards.py says why), else NonFiniteError naming the model."""
+    from ..errors import NonFiniteError
+
+    model.check_finite(vectors, "doc")
+    bad = first_bad_row(vectors)
+    if bad is not None:
+        raise NonFiniteError(f"the model {model.cfg.name_or_path} gives vectors no index can score: the vector "
+                             f"of the corpus's passage {bad[0] + 1} (of its first {len(vectors)}) holds {bad[1]}; "
+                             "nothing was written")
 
 
 def resolve_runner(enc: EncodeConfig, ray_cfg) -> str:
@@ -461,8 +542,8 @@ def _no_restarts() -> dict:
     return {"max_restarts": 0}
 
 
-_OWN_NAME = re.compile(r"^(embeddings\.json|shard-[\w-]+\.(npy|pids\.txt|done)|\.tmp-.*|\.write-probe-.*|"
-                       r"\.shared-probe-.*)$")
+_OWN_NAME = re.compile(r"^(embeddings\.json|shard-[\w-]+\.(npy|pids\.txt|done)|\.encode\.lock|\.tmp-.*|"
+                       r"\.write-probe-.*|\.shared-probe-.*)$")
 _OTHER_OUTPUTS = {"manifest.json": "an ingested corpus (pipeline ingest)", "index.json": "a FAISS index (pipeline index)",
                   "summary.json": "a training run (pipeline train)"}
 
@@ -492,9 +573,9 @@ _first_shard: dict = {}  # when the run's first shard began encoding (set by _co
 
 
 def _progress_bar(todo_rows: int, show: bool):
-    from tqdm import tqdm
+    from ..progress import bar  # tqdm, its last line printed once (progress.bar)
 
-    return tqdm(total=todo_rows, unit="psg", desc="encode", disable=not show, smoothing=0.1, mininterval=2.0)
+    return bar(todo_rows, "encode", unit="psg", show=show, smoothing=0.1, mininterval=2.0)
 
 
 def _report_shard(name: str, rows: int) -> None:

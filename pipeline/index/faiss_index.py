@@ -1,6 +1,7 @@
 """FAISS indexes built from embedding shards: exact inner product by default, any factory string.
 
-The build streams shard by shard (memory-mapped), trains IVF/PQ on a sample,
+The build streams shard by shard (memory-mapped; a vector with a NaN, an inf or a component
+beyond ±MAX_COMPONENT is refused naming its file, row and passage), trains IVF/PQ on a sample,
 estimates the final size from a probe and checks it against available RAM
 before adding anything, uses GPU FAISS when present, and saves atomically:
 
@@ -24,7 +25,7 @@ from ..io_utils import OutputError, atomic_path, check_output, recover_stale
 from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
-from .shards import META_NAME, iter_shards, load_meta, location, shard_shapes
+from .shards import META_NAME, first_bad_row, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
 
@@ -63,7 +64,7 @@ def _sample(emb_dir, n_total: int, k: int, seed: int = 0) -> np.ndarray:
             out.append(np.asarray(vecs[chosen[lo:hi] - offset], dtype=np.float32))
         offset += len(vecs)
     sample = np.concatenate(out)
-    if not np.isfinite(sample).all():
+    if first_bad_row(sample) is not None:  # a NaN, an inf or a component beyond ±MAX_COMPONENT
         for _ in iter_shards(emb_dir):  # raises, naming the shard, the row and the passage
             pass
     return sample

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
-from ..errors import ConfigError, InputError, PipelineError
+from ..errors import ConfigError, InputError, NonFiniteError, PipelineError
 from ..eval.runs import RunWriter
 from ..io_utils import check_output, write_json_atomic
 from ..models.precision import query_precision
 from .faiss_index import LoadedIndex
+from .shards import first_bad_row
 
 
 def query_model_config(index_meta: dict, override: ModelConfig | None, where: str = "the index") -> ModelConfig:
@@ -36,6 +37,18 @@ def _check_query_dim(dim: int | None, index: LoadedIndex, index_dir, model) -> N
     raise PipelineError(f"the query model ({name}) gives {dim}-dimensional vectors but the index at {index_dir} "
                         f"holds {index.index.d}-dimensional ones; query with the model that encoded the corpus "
                         f"({corpus_model})")
+
+
+def check_query_vectors(vectors, names) -> None:
+    """Refuse a query vector holding a NaN, an inf or a component beyond ±MAX_COMPONENT (shards.py says
+    why), naming its query (`names[i]` names row i): FAISS would score it NaN or inf and the query's
+    results would be dropped or ranked by garbage, without a word."""
+    import numpy as np
+
+    bad = first_bad_row(np.asarray(vectors))
+    if bad is not None:
+        raise NonFiniteError(f"query {names[bad[0]]}: its vector holds {bad[1]}; no search can rank by it "
+                             "(the query model is broken?); nothing was written")
 
 
 def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
@@ -69,6 +82,7 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
         for s in range(0, len(qids), bs):
             vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
             _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
+            check_query_vectors(vecs, qids[s:s + bs])  # raised inside the writer: nothing is left at run_path
             scores, ids = index.search(vecs, k)
             run.write(qids[s:s + bs], index.pids, scores, ids)
         if run.lines == 0:  # raised inside the writer: nothing is left at run_path

@@ -9,7 +9,9 @@ A shard is rows [start, end) of one corpus part (`encode.shard_rows` rows, the l
 slice of a part shorter). Its `.done` marker records the part's file name and row
 count, the row range and the sha256 of its pids, so a shard made from another part
 layout (a re-ingest with different `--part-rows`) is never taken for this one. A
-shard without its `.done` marker is ignored (and rewritten on resume). Files are
+shard without its `.done` marker is ignored (and rewritten on resume). Every vector
+is usable (`first_bad_row`): none is written, indexed or reused holding a NaN, an inf
+or a component beyond ±MAX_COMPONENT. Files are
 written under unique temporary names and renamed into place, so two writers of
 the same shard (a retried task) can never leave a mixture.
 
@@ -39,6 +41,17 @@ from ..storage import Location, RemotePath, resolve
 from ..storage import write_json_atomic as _write_json_remote
 
 META_NAME = "embeddings.json"
+# The largest magnitude a vector component may have, wherever vectors are written (encode), read for
+# indexing (index, `pipeline info`, a re-run of encode reusing a shard) or searched with (retrieve,
+# Searcher). FAISS scores in float32 (largest 3.4e38): an inner product, a squared norm or a squared L2
+# distance of D-dimensional vectors whose components are at most B in magnitude is at most 4·D·B², finite
+# for B = 1e15 up to D = 8.5e7. A finite but huge component (3e38) would make every score with its vector
+# inf or NaN, and FAISS drops such a passage from every result list without a word. The pipeline's
+# models give normalised vectors (every |x_i| <= 1) or unnormalised ones (BERT CLS, mean pooling: norms
+# in the tens), so a component beyond 1e15 is damage (a shard written over, a broken model), never an
+# embedding; float16 storage (largest 65504) is always within it.
+MAX_COMPONENT = 1e15
+NON_FINITE = "a non-finite value (NaN or inf)"  # what `first_bad_row` says of a NaN or inf
 SHARD_RE = re.compile(r"^shard-(\d+)(?:-(\d+))?\.done$")
 # the layout fields a `.done` marker must agree on with the plan for the shard to be reused
 LAYOUT_KEYS = ("part", "part_rows", "start", "end", "pids_sha256")
@@ -112,11 +125,15 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
     if pids_digest(pids) != spec["pids_sha256"]:
         raise ValueError(f"{name}: the pids read from {spec['part']} rows {spec['start']}-{spec['end']} are not "
                          "the ones planned (the corpus changed during the run?)")
-    row = first_non_finite(vectors)  # float16 storage can overflow what float32 held
-    if row is not None:
+    bad = first_bad_row(vectors)  # float16 storage can overflow what float32 held
+    if bad is not None and bad[1] == NON_FINITE:
+        row = bad[0]
         raise NonFiniteError(f"{name}: the vector of passage {pids[row]} (row {row}) is not finite (NaN or inf"
                              + (", beyond float16's range: encode.fp16=false keeps float32" if vectors.dtype == np.float16
                                 else "") + "); the shard is not written")
+    if bad is not None:
+        raise NonFiniteError(f"{name}: the vector of passage {pids[bad[0]]} (row {bad[0]}) holds {bad[1]}; "
+                             "the shard is not written")
     _write_file(emb_dir / f"{name}.npy", lambda f: save_npy(f, vectors))
     _write_file(emb_dir / f"{name}.pids.txt", lambda f: f.write("".join(f"{p}\n" for p in pids).encode("utf-8")))
     marker = {**{k: spec[k] for k in LAYOUT_KEYS}, "rows": len(pids), "dim": int(vectors.shape[1]),
@@ -125,13 +142,27 @@ def write_shard(emb_dir: str | Path, spec: dict, pids: list[str], vectors: np.nd
     return marker
 
 
-def first_non_finite(vectors: np.ndarray, block: int = 65_536) -> int | None:
-    """The first row holding a NaN or inf (None when every value is finite); a block at a time, so a
-    memory-mapped shard is scanned without a second copy of it in memory."""
-    for s in range(0, len(vectors), block):
-        bad = ~np.isfinite(np.asarray(vectors[s:s + block])).all(axis=1)
-        if bad.any():
-            return s + int(np.flatnonzero(bad)[0])
+def first_bad_row(vectors: np.ndarray, block_bytes: int = 64 * 2**20) -> tuple[int, str] | None:
+    """(row, what it holds) of the first vector with a NaN, an inf or a component beyond
+    ±MAX_COMPONENT; None when every vector is usable. A block at a time, and per block only its rows'
+    largest and smallest values are made, so a memory-mapped shard is scanned without a copy of it."""
+    if vectors.ndim == 0 or not vectors.size:
+        return None
+    vectors = vectors.reshape(len(vectors), -1)  # (rows, dim); a view, also of a memory map
+    rows = max(1, block_bytes // (vectors.shape[1] * vectors.dtype.itemsize))
+    for s in range(0, len(vectors), rows):
+        block = np.asarray(vectors[s:s + rows])
+        # NaN fails both comparisons (max and min propagate it); compared in float64, where the bound
+        # itself is exact (in float16 it would round to inf and let an inf through)
+        ok = (block.max(axis=1).astype(np.float64) <= MAX_COMPONENT) & \
+             (block.min(axis=1).astype(np.float64) >= -MAX_COMPONENT)
+        if not ok.all():
+            row = s + int(np.flatnonzero(~ok)[0])
+            values = np.asarray(vectors[row], dtype=np.float64)
+            if not np.isfinite(values).all():
+                return row, NON_FINITE
+            return row, (f"a component of magnitude {np.abs(values).max():.3g}, beyond ±{MAX_COMPONENT:.0e} "
+                         "(its scores would overflow float32)")
     return None
 
 
@@ -213,6 +244,22 @@ def shard_problem(emb_dir: Location, spec: dict) -> str | None:
     return None
 
 
+def vectors_problem(emb_dir: Location, name: str) -> str | None:
+    """Why a marked shard's vectors cannot be reused (a NaN, an inf or a component beyond
+    ±MAX_COMPONENT written into it after it was made), else None: `shard_problem` reads no vector,
+    this reads each one once (memory-mapped, a block at a time; an object store's shard is one read)."""
+    path = emb_dir / f"{name}.npy"
+    try:
+        bad = first_bad_row(load_vectors(path))
+    except InputError as e:
+        return f"{name} is truncated or corrupt ({e.reason})"
+    if bad is None:
+        return None
+    pids = (emb_dir / f"{name}.pids.txt").read_text(encoding="utf-8").splitlines()
+    pid = pids[bad[0]] if bad[0] < len(pids) else "?"
+    return f"{path.name} row {bad[0]} (passage {pid}) holds {bad[1]}"
+
+
 def npy_shape(path: Location, whole: bool = False) -> tuple[int, ...]:
     """The array shape from a `.npy` header (reads a few hundred bytes, on either kind of location).
     With `whole`, a file shorter or longer than its header promises is a ValueError (truncated)."""
@@ -281,8 +328,9 @@ def shard_shapes(emb_dir: str | Path) -> Iterator[tuple[str, int, tuple[int, ...
 
 def iter_shards(emb_dir: str | Path, require_complete: bool = True,
                 check_finite: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
-    """Yield (pids, memory-mapped vectors) shard by shard, in corpus order; a shard holding a NaN or
-    inf is an InputError naming its file, row and passage (`check_finite`).
+    """Yield (pids, memory-mapped vectors) shard by shard, in corpus order; a shard holding a NaN, an
+    inf or a component beyond ±MAX_COMPONENT is an InputError naming its file, row and passage
+    (`check_finite`).
 
     Only the shards the encoding listed in its metadata are read, so files of
     another layout or of a killed writer are never mixed in.
@@ -304,10 +352,10 @@ def iter_shards(emb_dir: str | Path, require_complete: bool = True,
         if len(pids) != len(vectors):
             raise InputError(emb_dir / f"{name}.pids.txt", None, f"{len(pids)} ids for {len(vectors)} vectors")
         if check_finite:
-            row = first_non_finite(vectors)
-            if row is not None:
+            bad = first_bad_row(vectors)
+            if bad is not None:
                 raise InputError(emb_dir / f"{name}.npy", None,
-                                 f"row {row} (passage {pids[row]}) holds a non-finite value (NaN or inf): a vector "
-                                 "that no search can rank; the embedding set is damaged: encode the corpus again "
-                                 "(a new --out folder)")
+                                 f"row {bad[0]} (passage {pids[bad[0]]}) holds {bad[1]}: a vector that no search "
+                                 "can rank; the embedding set is damaged: run `pipeline encode` again into this "
+                                 "folder (it re-encodes this shard)")
         yield pids, vectors

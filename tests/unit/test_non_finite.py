@@ -4,6 +4,7 @@ a score, a loss), with one line naming where, and nothing built on it is written
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,170 @@ def test_check_finite_loss_names_the_step_and_the_term():
     with pytest.raises(NonFiniteError, match=r"step 2: the loss went non-finite in loss \(inf\) \(nll 1.2\)"):
         check_finite_loss(torch.tensor(float("inf")), {"nll": torch.tensor(1.2)}, 2, lambda: "kept")
     assert issubclass(NonFiniteError, PipelineError)
+
+
+# ----------------------------------------------------------------- overflowing vectors, damaged reuse
+
+def test_first_bad_row_finds_nan_inf_and_components_beyond_the_bound():
+    from pipeline.index.shards import MAX_COMPONENT, NON_FINITE, first_bad_row
+
+    ok = np.ones((10, 4), np.float32)
+    ok[3, 1], ok[4, 2] = MAX_COMPONENT, -MAX_COMPONENT  # the bound itself is a usable value
+    assert first_bad_row(ok) is None and first_bad_row(ok, block_bytes=16) is None
+    for value, what in ((np.nan, NON_FINITE), (-np.inf, NON_FINITE), (3e38, "magnitude 3e+38"),
+                        (-2e15, "magnitude 2e+15")):
+        v = ok.copy()
+        v[7, 3] = value
+        for block in (16, 64 * 2**20):  # the bad row alone in its block, or among others
+            row, said = first_bad_row(v, block_bytes=block)
+            assert row == 7 and what in said, (value, said)
+    with np.errstate(over="ignore"):
+        half = np.full((3, 2), 7e4, np.float32).astype(np.float16)  # beyond float16: inf, not let through
+    assert first_bad_row(half) == (0, NON_FINITE)
+
+
+def test_write_shard_refuses_an_overflowing_vector(tmp_path):
+    pids = [f"p{i}" for i in range(4)]
+    spec = plan_part(0, "part-00000.parquet", pids, 4)[0]
+    vecs = np.ones((4, 3), np.float32)
+    vecs[1, 2] = 3e38  # finite, but its squared norm (and most inner products) overflow float32
+    with pytest.raises(NonFiniteError, match=r"passage p1 \(row 1\) holds a component of magnitude 3e\+38, "
+                                             r"beyond ±1e\+15 .*the shard is not written"):
+        write_shard(tmp_path, spec, pids, vecs)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat"])
+def test_index_refuses_a_shard_with_an_overflowing_vector(faq, tmp_path, factory):
+    from pipeline.index.faiss_index import build_index
+    from pipeline.info import info
+
+    emb = random_embeddings(faq, tmp_path / "emb", shard_rows=32, dim=8)
+    pid = _plant(emb, "shard-00000-000000064", 9, 3e38)
+    cfg = load_config(None, [f"index.factory={factory}", "index.train_sample=176"]).index
+    with pytest.raises(InputError) as e:
+        build_index(emb, tmp_path / "idx", cfg, progress=False)
+    msg = str(e.value)
+    assert msg.startswith(f"{emb / 'shard-00000-000000064.npy'}: row 9 (passage {pid}) holds a component of "
+                          "magnitude 3e+38"), msg
+    assert "run `pipeline encode` again into this folder" in msg and "\n" not in msg
+    assert not (tmp_path / "idx").exists()
+    assert "DAMAGED" in info(emb) and f"passage {pid}" in info(emb)
+
+
+def _encode_cli(model_dir, corpus, out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out", str(out),
+                           "--model", str(model_dir), "encode.runner=local", "encode.backend=torch",
+                           "encode.precision=fp32", "encode.shard_rows=48"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, faq, tmp_path):
+    """A complete set whose shards were damaged since (a NaN, a finite 3e38) is not "already
+    complete": a re-run names each damaged shard in one line, encodes those again (the vectors the
+    first run wrote) and reuses the others untouched; the set then indexes."""
+    from pipeline.index.faiss_index import build_index
+
+    out = tmp_path / "emb"
+    r = _encode_cli(tiny_model_dir, faq, out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = json.loads((out / "embeddings.json").read_text())["shard_names"]
+    assert len(names) >= 3
+    first = {n: np.load(out / f"{n}.npy") for n in names}
+    nan_pid = _plant(out, names[0], 3, np.nan)
+    big_pid = _plant(out, names[2], 7, 3e38)
+    kept = {n: (out / f"{n}.npy").stat().st_mtime_ns for n in names if n not in (names[0], names[2])}
+    r = _encode_cli(tiny_model_dir, faq, out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    again = [ln for ln in r.stdout.splitlines() if "encoding this shard again" in ln]
+    assert again == [f"[encode] {names[0]}.npy row 3 (passage {nan_pid}) holds a non-finite value (NaN or inf): "
+                     "encoding this shard again",
+                     f"[encode] {names[2]}.npy row 7 (passage {big_pid}) holds a component of magnitude 3e+38, "
+                     "beyond ±1e+15 (its scores would overflow float32): encoding this shard again"], r.stdout
+    assert f"{len(names) - 2} shards already complete" in r.stdout, r.stdout
+    for n in names:
+        np.testing.assert_allclose(np.load(out / f"{n}.npy"), first[n], rtol=0, atol=1e-5)
+    assert {n: (out / f"{n}.npy").stat().st_mtime_ns for n in kept} == kept  # the sound shards: reused as they are
+    assert json.loads((out / "embeddings.json").read_text())["complete"] is True
+    build_index(out, tmp_path / "idx", load_config(None, []).index, progress=False)
+    r = _encode_cli(tiny_model_dir, faq, out)  # now sound: nothing to do
+    assert r.returncode == 0 and f"{len(names)} shards already complete" in r.stdout, r.stdout + r.stderr
+
+
+class _HugeQueryModel:
+    """A query tower whose vector for query number `bad` holds `value` (what a broken export could give)."""
+
+    dim = 8
+
+    def __init__(self, bad: int, value: float):
+        self.bad, self.value = bad, value
+
+    def embed(self, texts, side, **_):
+        v = np.full((len(texts), self.dim), 0.1, np.float32)
+        if self.bad < len(texts):
+            v[self.bad, 0] = self.value
+        return v
+
+    def to(self, *_):
+        return self
+
+    def eval(self):
+        return self
+
+
+@pytest.mark.parametrize("value", [3e38, np.nan])
+def test_retrieve_and_searcher_refuse_an_overflowing_or_nan_query_vector(faq, tmp_path, value):
+    from pipeline.data.readers import load_queries
+    from pipeline.index.faiss_index import build_index
+    from pipeline.index.retrieve import retrieve
+    from pipeline.search import Searcher
+
+    emb = random_embeddings(faq, tmp_path / "emb", shard_rows=32, dim=8)
+    cfg = load_config(None, [])
+    build_index(emb, tmp_path / "idx", cfg.index, progress=False)
+    qid = list(load_queries(faq / "queries.tsv", "auto"))[2]
+    what = re.escape("a component of magnitude 3e+38" if value == 3e38 else "a non-finite value (NaN or inf)")
+    with pytest.raises(NonFiniteError, match=rf"^query {qid}: its vector holds {what}"):
+        retrieve(tmp_path / "idx", faq / "queries.tsv", tmp_path / "run.trec", cfg, model=_HugeQueryModel(2, value),
+                 progress=False)
+    assert not (tmp_path / "run.trec").exists()
+    searcher = Searcher(tmp_path / "idx", model=_HugeQueryModel(1, value), device="cpu")
+    with pytest.raises(NonFiniteError, match=rf"^query #1: its vector holds {what}"):
+        searcher.batch_search(["a", "b", "c"], k=5)
+    with pytest.raises(NonFiniteError, match=rf"^query qb: its vector holds {what}"):
+        searcher.batch_search(["a", "b"], k=5, qids=["qa", "qb"])
+    vectors = np.full((3, 8), 0.1, np.float32)
+    vectors[2, 5] = value
+    with pytest.raises(NonFiniteError, match=rf"^query vector 2: its vector holds {what}"):
+        searcher.search_vectors(vectors, k=5)
+    assert len(searcher.search_vectors(vectors[:2], k=5)[1]) == 5
+
+
+def test_a_model_with_overflowing_vectors_is_refused_by_encode_and_retrieve(tiny_model_dir, faq, tmp_path):
+    """Finite vectors beyond ±1e15 (an unnormalised model whose last LayerNorm was scaled by 1e30):
+    encode writes nothing, retrieve names the query and writes no run."""
+    from pipeline.index.encode import encode_corpus
+    from pipeline.index.faiss_index import build_index
+    from pipeline.index.retrieve import retrieve
+
+    model = BiEncoder.load(ModelConfig(name_or_path=str(tiny_model_dir), pooling="mean", normalize=False))
+    with torch.no_grad():
+        model.doc_encoder.encoder.layer[-1].output.LayerNorm.weight.mul_(1e30)
+    huge_dir = tmp_path / "huge"
+    model.save(huge_dir)
+    huge = BiEncoder.load(ModelConfig(name_or_path=str(huge_dir)))
+    v = huge.embed(["a", "b c"], "doc")
+    assert np.isfinite(v).all() and np.abs(v).max() > 1e15  # what check_finite alone lets through
+    cfg = load_config(None, [f"model.name_or_path={huge_dir}", "encode.runner=local", "encode.backend=torch",
+                             "encode.precision=fp32"])
+    with pytest.raises(NonFiniteError, match=rf"the model {re.escape(str(huge_dir))} gives vectors no index can "
+                                             r"score: the vector of the corpus's passage 1 \(of its first 8\) holds "
+                                             r"a component of magnitude"):
+        encode_corpus(faq, tmp_path / "emb-huge", cfg)
+    assert not (tmp_path / "emb-huge").exists()
+    emb = random_embeddings(faq, tmp_path / "emb", shard_rows=32, dim=huge.dim)
+    build_index(emb, tmp_path / "idx", cfg.index, progress=False)
+    with pytest.raises(NonFiniteError, match=r"^query \S+: its vector holds a component of magnitude"):
+        retrieve(tmp_path / "idx", faq / "queries.tsv", tmp_path / "run.trec", cfg,
+                 model_cfg=ModelConfig(name_or_path=str(huge_dir)), progress=False)
+    assert not (tmp_path / "run.trec").exists()
