@@ -13,6 +13,10 @@
   CLI). A SIGKILLed driver runs no code, and Ray's agents (DashboardAgent,
   RuntimeEnvAgent) outlive it: a small watchdog process records the driver's process tree
   and ends it when the driver is gone.
+* **Local unless told, a cluster bounded.** With no `ray.address` / RAY_ADDRESS a new local Ray starts
+  (`address="local"`), never the cluster a `ray start` recorded in /tmp/ray/ray_current_cluster (Ray's
+  default, which retried a dead one for ~14 minutes); a cluster address must accept a connection within
+  15 s and Ray's own GCS attempts are cut to 2 (`connect_ray`): a failure is one ConfigError naming it.
 * **Resources.** Ray 2.60 hangs quietly when tasks ask for more CPUs/GPUs than a node
   has, and Ray Data deadlocks unless one whole CPU stays free for its read tasks
   (docs/RAY.md §5, §8). `check_resources` refuses such shapes before anything starts.
@@ -27,7 +31,7 @@ import subprocess
 import sys
 
 from .config import RayConfig
-from .errors import ResourceError
+from .errors import ConfigError, ResourceError
 
 LOOPBACK = "127.0.0.1"
 _started_local = False
@@ -60,7 +64,8 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     cfg = cfg or RayConfig()
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":  # "local" = start one here, as with no address
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        key = "ray.address" if cfg.address else "RAY_ADDRESS"
+        connect_ray(address, key, runtime_env)
         _quiet_raylet_notices()
         return
     force_loopback()
@@ -72,6 +77,10 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     if cfg.temp_dir:
         kwargs["_temp_dir"] = os.path.abspath(cfg.temp_dir)
     ray.init(
+        # "local": a new Ray here, never the cluster a `ray start` on this machine recorded in
+        # /tmp/ray/ray_current_cluster (Ray's choice for no address), which may be another user's, or dead
+        # (then Ray retried "Failed to connect to GCS" for ~14 minutes)
+        address="local",
         num_cpus=cfg.num_cpus,
         num_gpus=cfg.num_gpus,
         include_dashboard=cfg.dashboard,
@@ -86,6 +95,77 @@ def init_ray(cfg: RayConfig | None = None, runtime_env: dict | None = None) -> N
     _quiet_ray_data()
     _quiet_raylet_notices()
     start_watchdog()
+
+
+CONNECT_TIMEOUT_S = 15.0  # how long a cluster's address may take to accept a connection
+CONNECT_ATTEMPTS = 2  # Ray's own attempts (~40 s each) at a GCS that accepts but does not answer
+
+
+def gcs_host_port(address: str, temp_dir: str | None = None) -> tuple[str, int] | None:
+    """(host, port) the driver connects to for `address` (host:port, ray://host:port, or "auto": the
+    cluster a `ray start` on this machine recorded); None for a form Ray resolves itself."""
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            address = canonicalize_bootstrap_address("auto", temp_dir)
+        except ConnectionError as e:
+            raise ConfigError(f"ray.address=auto: {e}") from None
+        if address is None:
+            return None
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme != "ray":
+        return None
+    host, colon, port = (rest if sep else address).rstrip("/").rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, key: str = "ray.address", timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A ConfigError naming `address` unless something accepts a connection there within `timeout_s`."""
+    import socket
+
+    target = gcs_host_port(address)
+    if target is None:
+        return
+    host, port = target
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return
+    except ConnectionRefusedError:
+        why = "nothing listens there (connection refused)"
+    except socket.gaierror as e:
+        why = f"the host is unknown ({e.strerror or e})"
+    except (socket.timeout, TimeoutError):
+        why = f"no answer within {timeout_s:g} s"
+    except OSError as e:
+        why = e.strerror or str(e)
+    raise ConfigError(f"{key}={address}: no Ray cluster answers at {host}:{port}: {why}. Start the cluster "
+                      "(ray start --head), fix the address, or leave ray.address and RAY_ADDRESS unset to start a "
+                      "local Ray")
+
+
+def connect_ray(address: str, key: str = "ray.address", runtime_env: dict | None = None,
+                timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """ray.init(address=...) bounded: the address must accept a connection within `timeout_s`, and Ray's
+    own attempts at its GCS are CONNECT_ATTEMPTS (not its default 20 of ~35 s each, which printed "Failed to
+    connect to GCS" for ~12 minutes); a failure is one ConfigError naming the address."""
+    import ray
+
+    check_reachable(address, key, timeout_s)
+    previous = os.environ.get("RAY_gcs_server_port_wait_time_s")
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(CONNECT_ATTEMPTS))  # read as Ray connects
+    try:
+        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+    except ConnectionError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ConfigError(f"{key}={address}: cannot connect to a Ray cluster there ({first[:300]}); check that "
+                          "its head runs the same Ray version and is reachable from here, or leave ray.address "
+                          "and RAY_ADDRESS unset to start a local Ray") from None
+    finally:
+        if previous is None:
+            os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
 
 
 def _quiet_ray_data() -> None:

@@ -10,10 +10,15 @@
       evaluated through the same spine on the test
       split
     4 one comparison table                              report.md, training_curves.png, results.json
+                                                        (--no-train: report-zero-shot.md, results-zero-shot.json;
+                                                        a full run's report is never replaced by a zero-shot one)
 
 Config keys: the pipeline config (`model.*`, `encode.*`, `index.*`, `retrieve.*`, `eval.*`,
-`ray.*`) given to `pipeline demo`; the training steps read jobs/configs/dpr.yaml and dar.yaml.
-Steps whose output is complete are reused (pass --fresh to recompute).
+`ray.*`) given to `pipeline demo`; the training steps read jobs/configs/dpr.yaml and dar.yaml with the
+demo's own run folders (`train.storage_path=<out>/train`, `train.name=dpr|dar`), so a user's `pipeline train
+--config jobs/configs/dpr.yaml` (runs/train/dpr) and the demo never share a run.
+Steps whose output is complete are reused (pass --fresh to recompute; with --no-train, --fresh recomputes
+the zero-shot steps and leaves a full run's training and report in place).
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ def _train(method: str, corpus: Path, out: Path) -> dict:
     if not cfg_path.exists():
         raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
     # the curves validate on a seeded 10 % of the training queries held out (validation.dev_split),
-    # never on the test split the table reports
+    # never on the test split the table reports; the runs are the demo's own (<out>/train/<method>),
+    # whatever run folder the shipped config names for a user's runs
     job = apply_dev_split(load_train_config(cfg_path, [
-        f"data.corpus={corpus}", f"train.storage_path={out / 'train'}", "validation.corpus=null",
-        "validation.qrels=null", "validation.dev_split=0.1", "train.eval_every=6", "train.report_every=6"]))
+        f"data.corpus={corpus}", f"train.storage_path={out / 'train'}", f"train.name={method}",
+        "validation.corpus=null", "validation.qrels=null", "validation.dev_split=0.1", "train.eval_every=6",
+        "train.report_every=6"]))
     return train(job, validate_fn=validator_for_job(job))
 
 
@@ -133,7 +140,14 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
     if train:  # one local Ray for every step; Ray Train needs its dashboard (bound to 127.0.0.1)
         init_ray(replace(cfg.ray, dashboard=True))
     if fresh and out.exists():
-        shutil.rmtree(out)
+        if train:
+            shutil.rmtree(out)
+        else:  # a zero-shot run recomputes its own steps; a full run's training and report stay
+            for p in (out / "corpus", out / "zero_shot", *report_files(out, train)):
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     data = python_faq_dir()
     corpus = out / "corpus"
@@ -171,9 +185,21 @@ def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = 
         _plot({m.upper(): s["history"] for m, s in summaries.items()}, out / "training_curves.png", "RR@10")
         md += ["![training NLL and validation curves](training_curves.png)", ""]
     md += ["Zero-shot on all queries:", "", format_table({"MiniLM zero-shot (all)": zs["all"]["metrics"]}, markdown=True), ""]
-    write_text_atomic(out / "report.md", "\n".join(md))
-    write_json_atomic(out / "results.json", {"results": results, "comparison": cmp, "training": {
+    report, record = report_files(out, train)
+    write_text_atomic(report, "\n".join(md))
+    write_json_atomic(record, {"results": results, "comparison": cmp, "training": {
         m: {k: v for k, v in s.items() if k != "history"} for m, s in summaries.items()}})
     print(f"\nHeld-out test split ({n_test} queries):\n" + table + "\n")
-    print(f"[demo] done in {time.time() - t0:.0f}s; report: {out / 'report.md'}", flush=True)
+    kept = "" if train or not (out / "report.md").exists() else \
+        f" (the full demo's {out / 'report.md'} is kept; this zero-shot run writes its own report)"
+    print(f"[demo] done in {time.time() - t0:.0f}s; report: {report}{kept}", flush=True)
     return results
+
+
+def report_files(out: Path, train: bool) -> tuple[Path, Path]:
+    """(report, results JSON) of a run: the full demo's `report.md` and `results.json` (beside its
+    training_curves.png), a `--no-train` run's own `report-zero-shot.md` and `results-zero-shot.json`, so
+    a zero-shot run never replaces the report of a full one."""
+    if train:
+        return out / "report.md", out / "results.json"
+    return out / "report-zero-shot.md", out / "results-zero-shot.json"
