@@ -8,7 +8,9 @@ tells a pipeline config from a training job config, for `pipeline config show`.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import inspect
 import re
 import textwrap
@@ -31,12 +33,43 @@ VERB_SECTIONS: dict[str, tuple[str, ...]] = {
 _FIELD = re.compile(r"^\s+([A-Za-z_]\w*)\s*:\s*[^=#]+?(?:=\s*(.*?))?\s*(?:#\s*(.*))?$")
 
 
+@functools.lru_cache(maxsize=None)
+def _class_spans(filename: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """A source file's lines and {class qualname: (first line, last line)}, decorators included (as
+    inspect.getsource gives them), parsed once per file: inspect parses the whole file again for every
+    class, which made `--help` pay for ~60 parses."""
+    with open(filename, encoding="utf-8") as f:
+        source = f.read()
+    spans: dict[str, tuple[int, int]] = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                spans[prefix + child.name] = (first, child.end_lineno or child.lineno)
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, f"{prefix}{child.name}.<locals>.")
+
+    visit(ast.parse(source), "")
+    return source.splitlines(), spans
+
+
+def _class_lines(cls) -> list[str]:
+    try:
+        lines, spans = _class_spans(inspect.getsourcefile(cls))
+        first, last = spans[cls.__qualname__]
+        return lines[first - 1:last]
+    except (OSError, TypeError, KeyError, SyntaxError):
+        return inspect.getsource(cls).splitlines()
+
+
 def field_comments(cls) -> dict[str, str]:
     """{field: comment} from the class source: the comment on the field's line, else the
     comment lines just above it (joined)."""
     out: dict[str, str] = {}
     try:
-        lines = inspect.getsource(cls).splitlines()
+        lines = _class_lines(cls)
     except (OSError, TypeError):
         return out
     above: list[str] = []
@@ -129,15 +162,16 @@ def _train_sections():
 
 
 def _method_lines() -> list[str]:
-    """Each registered method's own loss keys (beyond the common ones) and extra sections."""
-    from .losses.base import LossConfig
-    from .train.methods import get_method, method_names
+    """Each registered method's own loss keys (beyond the common ones) and extra sections (from
+    train/methods/configs.py: no torch is imported to print them)."""
+    from .losses.configs import LossConfig
+    from .train.methods.registry import config_method_names, method_config
 
     base = {f.name for f in dataclasses.fields(LossConfig)}
     lines = ["", "method-specific keys (loss.name=<method>; each method's loss block refuses the others' keys):"]
     sections: dict = {}
-    for name in method_names():
-        m = get_method(name)
+    for name in config_method_names():
+        m = method_config(name)
         own = [ln for ln in section_lines("loss", m.config_cls, skip=base)]
         lines.append(f" loss.name={name}" + ("" if own else " (no keys beyond the common ones)"))
         lines += ["  " + ln for ln in own]
@@ -201,9 +235,9 @@ def config_kind(data: dict) -> str:
     known = set(_pipeline_sections())
     extra = [k for k in data if k not in known]
     if extra:
-        from .train.methods import get_method, method_names
+        from .train.methods.configs import METHOD_CONFIGS
 
-        method_secs = {s for n in method_names() for s in (getattr(get_method(n), "sections", None) or {})}
+        method_secs = {s for m in METHOD_CONFIGS.values() for s in m.sections}
         if all(k in method_secs for k in extra):
             return "train"
     return "pipeline"

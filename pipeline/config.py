@@ -163,12 +163,14 @@ class EncodeConfig(Section):
     # Rows per batch; on a CPU a batch also stops at 4,096 padded tokens, 2,048 on one thread
     # (models/tokens.cpu_batch_tokens: 1.2-1.3x on the FAQ's passages, bench/batching.py); GPUs batch by rows only.
     batch_size: PosInt = 64
-    # Matmul precision (autocast); vectors are stored float32 (or float16 with `fp16`).
+    # Compute precision (the matmuls, autocast; the --fp16 flag sets fp16); vectors are stored float32 (or
+    # float16 with `fp16`, the storage precision).
     # auto = bf16 on CPUs with AMX/AVX512-BF16 and on GPUs with bf16, else fp32. int8 (opt-in, CPU,
     # OpenVINO + NNCF): the tower quantised once, calibrated on the corpus's first passages; it costs
     # quality (FAQ nDCG@10 and cosines in docs/spine.md), never chosen by auto.
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
-    # Store vectors as float16 (half the disk and index-build RAM).
+    # Storage precision: write the vectors as float16 (half the disk and index-build RAM); not the compute
+    # precision (that is `precision`, and the --fp16 flag).
     fp16: bool = False
     # torch intra-op threads per actor; 0 = the actor's CPUs, rounded (at least 1).
     torch_threads: NonNegInt = 0

@@ -5,11 +5,14 @@ seconds, plus the first and the last update.
 The training loop installs a sink around validation (rank 0) that forwards each update to the
 driver, which prints `[train] <run> step 28 validation: encoding 2,048/5,183 passages, 18/s, ETA 2:54`;
 with no sink installed, updates cost a time.time() call and go nowhere.
+
+`bar(total, desc, unit)` is the driver's tqdm bar (pipeline encode's), ending on one final line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from typing import Callable
@@ -75,3 +78,40 @@ def line(rec: dict) -> str:
         eta = int(rec["eta_s"])
         text += f", ETA {eta // 60}:{eta % 60:02d}"
     return text
+
+
+def bar(total: int, desc: str, unit: str = "it", show: bool = True, mininterval: float = 2.0,
+        smoothing: float = 0.1, file=None):
+    """A tqdm bar whose final state is printed once. tqdm's `close()` prints the final state again
+    even when the last update has just printed it; on a terminal the two overwrite each other, but
+    anywhere else (a log, a pipe, Ray's driver log) every refresh is a line of its own and the last
+    line came out twice. Here `close()` only ends that line when the last update printed it (and
+    prints it, with the overall rate, as tqdm does, when it did not); on a terminal nothing changes."""
+    return _bar_class()(total=total, desc=desc, unit=unit, disable=not show, mininterval=mininterval,
+                        smoothing=smoothing, file=file)
+
+
+@functools.lru_cache(maxsize=None)
+def _bar_class():
+    from tqdm import tqdm
+
+    class OnceBar(tqdm):
+        _closing = False
+
+        def close(self):
+            self._closing = True
+            super().close()
+
+        def display(self, msg=None, pos=None):
+            if self._closing and msg is None and self.n == self.last_print_n and not _is_tty(self.fp):
+                return True  # the last update printed this state already: close() only ends its line
+            return super().display(msg, pos)
+
+    return OnceBar
+
+
+def _is_tty(fp) -> bool:
+    try:
+        return bool(fp.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -2,8 +2,10 @@
 compare, sts, authorship, train, refresh, tune, demo, reproduce, config show, info). `pipeline <verb> --help`
 lists the config keys the verb reads (pipeline/confdoc.py).
 
-Every verb takes `--config FILE` and trailing `section.key=value` overrides,
-e.g. `pipeline encode --corpus runs/c --out runs/e encode.num_actors=2 encode.cpus_per_actor=0.5`.
+Every verb that reads config keys takes `--config FILE` and trailing `section.key=value` overrides (anywhere
+after the verb), e.g. `pipeline encode --corpus runs/c --out runs/e encode.num_actors=2 encode.cpus_per_actor=0.5`;
+ingest, subset, bm25, info, authorship evaluate|table and reproduce read no config section. `--help`,
+`--version` and a config error import neither torch, transformers nor Ray (tests/unit/test_cli_light_imports.py).
 
 The CLI is the roof: it parses arguments and calls the library; nothing in `pipeline/` imports it.
 One module per group of verbs:
@@ -24,6 +26,7 @@ import sys
 
 from ..errors import PipelineError
 from . import corpus, evaluation, reproduce, spine, tools, training
+from .common import VerbParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline", description="Dense retrieval on Ray: ingest, encode, index, "
                                                                    "retrieve, evaluate, train, tune.")
     parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=VerbParser)
     for group in (corpus, spine, evaluation, training, reproduce, tools):
         group.add_parsers(sub)
     return parser
@@ -45,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        _attach_config_help(parser)  # generated from the config dataclasses, only when help is asked for
+        verb = next((a for a in argv if not a.startswith("-")), None)
+        if verb is not None:  # generated from the config dataclasses, only for the verb whose help is asked for
+            _attach_config_help(parser, verb)
     args = parser.parse_args(argv)
     args.parser = parser  # `pipeline reproduce check` parses the cells' commands with it
     from ..ray_runtime import shutdown_local_ray
@@ -102,19 +107,22 @@ def symlink_loop(e: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def _attach_config_help(parser: argparse.ArgumentParser) -> None:
-    """Each verb's --help ends with the config keys it reads and their defaults (pipeline/confdoc.py)."""
+def _attach_config_help(parser: argparse.ArgumentParser, verb: str | None = None) -> None:
+    """The verb's --help ends with the config keys it reads and their defaults (pipeline/confdoc.py);
+    `verb` None: every verb's (`pipeline --help` itself lists none)."""
     from ..confdoc import example_override, verb_epilog
 
     for action in parser._subparsers._group_actions if parser._subparsers else []:
-        for verb, sub in getattr(action, "choices", {}).items():
-            text = verb_epilog(verb)
+        for name, sub in getattr(action, "choices", {}).items():
+            if verb is not None and name != verb:
+                continue
+            text = verb_epilog(name)
             if text:
                 sub.epilog = text
                 sub.formatter_class = argparse.RawDescriptionHelpFormatter
             for a in sub._actions:  # the override example names one of this verb's own keys
-                if a.dest == "overrides" and example_override(verb):
-                    a.help = f"config overrides, e.g. {example_override(verb)} (keys below)"
+                if a.dest == "overrides" and not a.option_strings and example_override(name):
+                    a.help = f"config overrides, e.g. {example_override(name)} (keys below)"
 
 
 def _exit_on_hangup() -> None:

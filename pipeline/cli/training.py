@@ -8,10 +8,7 @@ from ..errors import PipelineError
 from .common import add_common_flags, add_config_args, batch_override, device_flag, fp16_refused, load_cfg
 
 def cmd_train(args) -> None:
-    from ..index.validate import make_validator
-    from ..train.config import load_train_config
-    from ..train.dev_split import apply_dev_split
-    from ..train.trainer import train
+    from ..train.config import load_train_config  # torch-free: a config error is reported before torch loads
 
     extra = batch_override(args, "train.batch_size")
     device = device_flag(args, "training", cluster_ok=True)
@@ -23,9 +20,16 @@ def cmd_train(args) -> None:
             raise fp16_refused("training", "--device cuda or train.use_gpu=true trains on GPUs; on CPU, train.amp=auto "
                                "trains in bf16 where the CPU has it natively")
         job = load_train_config(args.config, extra + ["train.amp=fp16"] + list(args.overrides))
+    from ..index.validate import make_validator
+    from ..train.dev_split import apply_dev_split
+    from ..train.trainer import train
+
     if job.loss.name != "rcl":  # RCL splits its own dev share (rcl.dev_split)
         from ..models import BiEncoder
+        from ..train.runner_choice import check_device, resolve_runner
 
+        # the runner and device refusals first (train() makes them again): a refused run writes no split/
+        check_device(job, resolve_runner(job))
         BiEncoder.load(job.model)  # a model that cannot load is refused before the split is written
         if job.loss.name in ("ance", "ance_dar"):
             from ..recipes.ance import check_ance_inputs
@@ -46,34 +50,39 @@ def cmd_train(args) -> None:
 
 
 def cmd_refresh(args) -> None:
-    from ..recipes.ance import refresh_command
     from ..train.config import load_train_config
 
     job = load_train_config(args.config, list(args.overrides))
+    from ..recipes.ance import refresh_command  # after the config: a config error never loads Ray or torch
+
     refresh_command(args.run_dir, job, once=args.once, idle_exit_s=args.idle_exit)
 
 
 def cmd_tune(args) -> None:
-    from ..tune.runner import run_sweep
     from ..tune.space import load_sweep_config
 
     if not args.config:
         raise PipelineError("tune needs --config SWEEP.yaml (see jobs/configs/tune_dar.yaml)")
-    run_sweep(load_sweep_config(args.config, list(args.overrides)), resume=args.resume)
+    sweep = load_sweep_config(args.config, list(args.overrides))
+    from ..tune.runner import run_sweep  # after the sweep file is checked: it imports Ray
+
+    run_sweep(sweep, resume=args.resume)
 
 
 def cmd_demo(args) -> None:
-    from ..recipes.demo import run_demo
+    cfg = load_cfg(args)
+    from ..recipes.demo import run_demo  # after the config: a config error never loads torch
 
-    run_demo(Path(args.out), load_cfg(args), fresh=args.fresh, train=not args.no_train)
+    run_demo(Path(args.out), cfg, fresh=args.fresh, train=not args.no_train)
 
 
 def add_parsers(sub) -> None:
     """The train, refresh, tune, demo verbs."""
     p = sub.add_parser("train", help="train with Ray Train: any registered method (loss.name: dpr, dar, ance, ance_dar, ...)")
     add_common_flags(p, batch="examples per worker per step (= train.batch_size)",
-                     fp16="fp16 mixed precision with a gradient scaler (= train.amp=fp16); needs GPU workers, "
-                          "refused on CPU (bf16 is train.amp=bf16)",
+                     fp16="compute precision: fp16 mixed precision with a gradient scaler (= train.amp=fp16); "
+                          "needs GPU workers, refused on CPU (bf16 is train.amp=bf16). Not storage: weights, "
+                          "checkpoints and the saved model stay float32",
                      device="train on CPUs or GPUs (= train.use_gpu)")
     add_config_args(p)
     p.set_defaults(func=cmd_train)

@@ -13,14 +13,31 @@ The trainer calls every loss in its batch-dict form, `fn(batch, cfg, training, g
 
 from __future__ import annotations
 
-from .base import LossConfig, resolve_similarity, scores  # noqa: F401
-from .dar import DARConfig, dar_batch_loss, dar_loss  # noqa: F401
-from .dpr import dpr_batch_loss, dpr_loss  # noqa: F401
+# Names are imported when first used (PEP 562), so `pipeline.losses.configs` (the config blocks) loads
+# without torch: a config is checked and `pipeline train --help` printed without importing it.
 
-LOSSES = {"dpr": dpr_loss, "dar": dar_loss}
+
+def __getattr__(name: str):
+    if name in ("LossConfig", "DARConfig", "resolve_similarity"):
+        from . import configs as module
+    elif name == "scores":
+        from . import base as module
+    elif name in ("dar_batch_loss", "dar_loss"):
+        from . import dar as module
+    elif name in ("dpr_batch_loss", "dpr_loss"):
+        from . import dpr as module
+    elif name == "LOSSES":
+        from .dar import dar_loss
+        from .dpr import dpr_loss
+
+        return {"dpr": dpr_loss, "dar": dar_loss}
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(module, name)
 
 
 def get_loss(name: str):
-    if name not in LOSSES:
-        raise KeyError(f"unknown loss {name!r}; registered: {', '.join(sorted(LOSSES))}")
-    return LOSSES[name]
+    losses = __getattr__("LOSSES")
+    if name not in losses:
+        raise KeyError(f"unknown loss {name!r}; registered: {', '.join(sorted(losses))}")
+    return losses[name]

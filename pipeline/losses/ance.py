@@ -15,26 +15,13 @@ Shapes: q (B, D); docs (G + G*h, D); pos_idx (B,).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from .base import LossConfig, scores
-from .dar import DARConfig, dar_loss
+from .base import scores
+from .configs import ANCEConfig, ANCEDARConfig  # noqa: F401  (the `loss:` blocks, torch-free in losses/configs.py)
+from .dar import dar_loss
 from .dpr import nll_from_scores
-
-
-@dataclass(frozen=True)
-class ANCEConfig(LossConfig):
-    name: str = "ance"
-    in_batch_negatives: bool = False
-
-
-@dataclass(frozen=True)
-class ANCEDARConfig(DARConfig):
-    name: str = "ance_dar"
-    in_batch_negatives: bool = False
 
 
 def own_columns(pos_idx: torch.Tensor, n_pos: int, h: int) -> torch.Tensor:

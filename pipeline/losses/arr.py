@@ -40,67 +40,11 @@ Either way the saved model retrieves with its mean-pooled vector (the head is no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
-from ..config import PosFloat
-from .base import LossConfig
-
-MLL_HEADS = ("released", "pooled")
-SCALINGS = ("normalized", "released_code")
-
-
-@dataclass(frozen=True)
-class SupConConfig(LossConfig):
-    """`arr_cl`: supervised contrastive loss, positives = the other texts of the same author."""
-
-    name: str = "arr_cl"
-    similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: PosFloat | None = 0.07
-
-
-@dataclass(frozen=True)
-class MLLConfig(LossConfig):
-    """`arr_mll`: cross-entropy of an author classifier.
-
-    `mll_head: released` (default): the released baseline's head on the first token's hidden
-    state, logits used as they are (no temperature: `temperature` is not read).
-    `mll_head: pooled`: logits = classifier(vector) / temperature (the vector is the model's
-    output, L2-normalised when the model normalises, so a temperature makes the softmax sharp
-    enough to learn)."""
-
-    name: str = "arr_mll"
-    similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: PosFloat | None = 0.05       # mll_head: pooled only
-    mll_head: Literal["released", "pooled"] = "released"
-
-    def validate(self) -> None:
-        super().validate()
-        from ..errors import ConfigError
-
-        if self.mll_head not in MLL_HEADS:
-            raise ConfigError(f"loss.mll_head must be one of {', '.join(MLL_HEADS)}, got {self.mll_head!r}")
-
-
-@dataclass(frozen=True)
-class ARRConfig(LossConfig):
-    """`arr`: distillation from the frozen base model G, topic-regularised by TF-IDF (H)."""
-
-    name: str = "arr"
-    similarity: Literal["auto", "dot", "cos"] = "cos"
-    temperature: PosFloat | None = 0.05       # τ of eq. 1 for G and F
-    bias_temperature: PosFloat | None = None  # τ of eq. 1 for H (default: temperature)
-    scaling: Literal["normalized", "released_code"] = "normalized"
-
-    def validate(self) -> None:
-        super().validate()
-        from ..errors import ConfigError
-
-        if self.scaling not in SCALINGS:
-            raise ConfigError(f"loss.scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
+# the `loss:` blocks, torch-free in losses/configs.py
+from .configs import MLL_HEADS, SCALINGS, ARRConfig, MLLConfig, SupConConfig  # noqa: F401
 
 
 def _self_mask(n: int, N: int, offset: int, device) -> torch.Tensor:

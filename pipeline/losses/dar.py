@@ -57,29 +57,12 @@ Shapes: q (B, D); docs (N, D) = [G global positives | hard negatives]; pos_idx (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
-from ..config import Fraction, NonNegInt, OpenFraction, PosFloat
-from .base import LossConfig, scores
+from .base import scores
+from .configs import DARConfig  # noqa: F401  (the `loss:` block, torch-free in losses/configs.py)
 from .dpr import nll_from_scores
-
-
-@dataclass(frozen=True)
-class DARConfig(LossConfig):
-    """The `loss:` block of DAR (defaults = docs/METHODS.md §2)."""
-
-    name: str = "dar"
-    n_perturb: NonNegInt = 7
-    dropout_p: OpenFraction = 0.1
-    mix_weight: Fraction = 0.1
-    mix_scale: PosFloat = 10.0
-    mix_detach_negatives: bool = False
-    mix_grouping: Literal["drop_positive", "shift"] = "drop_positive"
-    mix_hard_negatives: bool = True
 
 
 def mix_columns(pos_idx: torch.Tensor, n_pos: int, n_cols: int, cfg: DARConfig) -> torch.Tensor:

@@ -21,31 +21,11 @@ Shapes (the trainer's batch dict, see train/methods/rcl.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
-from ..config import NonNegFloat, Real
 from .base import LossConfig, scores
-
-
-@dataclass(frozen=True)
-class RCLConfig(LossConfig):
-    """`loss:` block of `loss.name: rcl` (each field a reconstruction switch, docs/METHODS.md §3)."""
-
-    name: str = "rcl"
-    entropy_lambda: Real = 0.0          # eq. 2: λ of an entropy model (0 = plain eq. 1)
-    regulator_weight: NonNegFloat = 1.0        # eq. 3: w
-    regulator_reduce: Literal["sum", "mean"] = "sum"  # eq. 3: Σ_k (paper) or mean over the 2K terms
-
-    def validate(self) -> None:
-        from ..errors import ConfigError
-
-        super().validate()
-        if self.regulator_reduce not in ("sum", "mean"):
-            raise ConfigError(f"loss.regulator_reduce must be sum or mean, got {self.regulator_reduce!r}")
+from .configs import RCLConfig  # noqa: F401  (the `loss:` block, torch-free in losses/configs.py)
 
 
 def contrastive_loss(q: torch.Tensor, docs: torch.Tensor, pos_idx: torch.Tensor, cfg: LossConfig) -> torch.Tensor:

@@ -4,8 +4,10 @@ A folder transformers cannot load is one ConfigError naming the folder and the p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -41,19 +43,19 @@ _DIGESTS: dict[tuple, str] = {}
 
 
 def model_digest(path: str | Path) -> str:
-    """sha256 over every file of a model folder, by its path inside the folder (symlinks followed;
-    io_utils.sha256_tree); cached in this process while no file's size or mtime changes."""
-    from ..io_utils import sha256_tree
+    """sha256 over every file of a model folder, by its path inside the folder (symlinks followed, a
+    symlink loop refused with one error naming it: io_utils.tree_files, sha256_tree); cached in this
+    process while no file's size or mtime changes."""
+    from ..io_utils import sha256_tree, tree_files
 
     path = Path(path).resolve()
     stamp = []
-    for root, _, files in os.walk(path, followlinks=True):
-        for name in files:
-            try:
-                st = os.stat(os.path.join(root, name))
-            except OSError:
-                continue
-            stamp.append((os.path.join(root, name), st.st_size, st.st_mtime_ns))
+    for rel, file in tree_files(path):
+        try:
+            st = os.stat(file)
+        except OSError:
+            continue
+        stamp.append((rel, st.st_size, st.st_mtime_ns))
     key = (str(path), tuple(sorted(stamp)))
     if key not in _DIGESTS:
         _DIGESTS[key] = sha256_tree(path)
@@ -132,24 +134,56 @@ def _lowercase(tokenizer) -> None:
         backend.normalizer = Sequence([Lowercase()] + ([norm] if norm is not None else []))
 
 
+_quiet = {"lock": threading.Lock(), "depth": 0, "saved": None}
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' progress bars ("Loading weights") and its warnings silenced inside the block, and
+    put back as they were after it: a caller of the Python API (Searcher, BiEncoder.load) sees none,
+    whether or not it set up the CLI's quiet environment (runtime_env.setup_offline_env). Nested or
+    concurrent blocks restore once, when the last one ends."""
+    from transformers.utils import logging as hf_logging
+
+    with _quiet["lock"]:
+        if _quiet["depth"] == 0:
+            _quiet["saved"] = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
+            if _quiet["saved"][0]:
+                hf_logging.disable_progress_bar()
+            if _quiet["saved"][1] < hf_logging.ERROR:
+                hf_logging.set_verbosity_error()
+        _quiet["depth"] += 1
+    try:
+        yield
+    finally:
+        with _quiet["lock"]:
+            _quiet["depth"] -= 1
+            if _quiet["depth"] == 0:
+                bars, level = _quiet["saved"]
+                if bars:
+                    hf_logging.enable_progress_bar()
+                hf_logging.set_verbosity(level)
+
+
 def _load_tower(path: Path):
     """(model, tokenizer) of one transformers folder. A folder transformers cannot load (a bad
     config.json, no weights, a truncated weights file, a broken tokenizer) is one ConfigError
     naming the folder and what is wrong, whatever transformers or safetensors raised."""
     from transformers import AutoModel, AutoTokenizer
 
-    try:
-        model = AutoModel.from_pretrained(str(path), local_files_only=True)
-    except MemoryError:
-        raise
-    except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
-        raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except MemoryError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
+    with quiet_transformers():
+        try:
+            model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        except MemoryError:
+            raise
+        except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
+            raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
     return model, tokenizer
 
 

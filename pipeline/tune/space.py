@@ -164,8 +164,9 @@ def parse_space(space: Any) -> tuple[Param, ...]:
 
 
 def _split_cli(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """CLI overrides: `search.*`, `space.*`, `output=`, `base=` change the sweep file,
-    anything else (`train.max_steps=20`) is a training override applied to the base."""
+    """CLI overrides: `search.*`, `space.*` (`space.loss.n_perturb={grid: [3, 5]}`: a dotted training key),
+    `output=`, `base=` change the sweep file, anything else (`train.max_steps=20`) is a training override
+    applied to the base."""
     sweep, training = [], []
     for ov in overrides:
         head = ov.split("=", 1)[0].split(".", 1)[0].strip()
@@ -173,11 +174,34 @@ def _split_cli(overrides: list[str]) -> tuple[list[str], list[str]]:
     return sweep, training
 
 
+def _override_space(raw: dict, overrides: list[str]) -> dict:
+    """`space.<training key>=<domain>` from the command line: the space's keys are dotted training keys
+    (`loss.n_perturb`), so the override sets that key of `space` (added, or replacing the file's), instead
+    of nesting sections as other overrides do. `space.loss.n_perturb={grid: [3, 5]}`."""
+    from ..config import parse_override
+
+    raw = dict(raw)
+    for ov in overrides:
+        path, value = parse_override(ov)
+        if len(path) < 2:
+            raise ConfigError(f"override {ov!r}: expected space.<training key>=<domain>, e.g. "
+                              "space.loss.n_perturb='{grid: [3, 5]}'")
+        space = raw.get("space")
+        if space is None:
+            space = {}
+        if not isinstance(space, dict):
+            raise ConfigError(f"override {ov!r}: the sweep file's space is not a mapping")
+        raw["space"] = {**space, ".".join(path[1:]): value}
+    return raw
+
+
 def load_sweep_config(path: str | Path | None, overrides: list[str] | None = None) -> SweepConfig:
     """The sweep file + CLI overrides -> a SweepConfig (keys and values of the space checked
     against the training config, metric and searcher checked)."""
     sweep_ov, train_ov = _split_cli(list(overrides or []))
-    raw = merge_overrides(read_yaml(path), sweep_ov)
+    space_ov = [ov for ov in sweep_ov if ov.split("=", 1)[0].strip().startswith("space.")]
+    raw = merge_overrides(read_yaml(path), [ov for ov in sweep_ov if ov not in space_ov])
+    raw = _override_space(raw, space_ov)
     unknown = set(raw) - {"base", "overrides", "space", "search", "output"}
     if unknown:
         raise ConfigError(f"unknown sweep key(s): {', '.join(sorted(map(str, unknown)))}; "

@@ -74,3 +74,58 @@ def test_config_show_detects_a_training_job(capsys, tmp_path):
     expected = job_to_dict(load_train_config(str(cfg), ["optim.lr=1e-4"]))
     assert shown == expected and shown["loss"]["n_perturb"] == 3 and shown["loss"]["mix_weight"] == 0.1
     assert shown["optim"]["lr"] == 1e-4 and shown["train"]["epochs"] == 2
+
+
+def _verbs_and_config():
+    """{verb (with its action): whether it takes --config}, from the real parser."""
+    from pipeline.cli import build_parser
+
+    out = {}
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(getattr(action, "choices", None), dict):
+                for name, sub in action.choices.items():
+                    if any(isinstance(getattr(a, "choices", None), dict) for a in sub._actions):
+                        walk(sub, prefix + name + " ")
+                    else:
+                        out[prefix + name] = any("--config" in a.option_strings for a in sub._actions)
+
+    walk(build_parser(), "")
+    return out
+
+
+def _listed(text: str) -> set[str]:
+    """`encode`, `authorship evaluate|table` -> {"encode", "authorship evaluate", "authorship table"}."""
+    import re
+
+    out = set()
+    for item in re.findall(r"`([^`]+)`", text):
+        head, _, tail = item.rpartition(" ")
+        out |= {f"{head} {t}".strip() for t in tail.split("|")}
+    return out
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/spine.md"])
+def test_the_manual_says_exactly_which_verbs_take_config(page):
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8").split())
+    takes = re.search(r"read config keys \(([^)]*)\) take `--config[^`]*`(.*?)read no config section", text)
+    assert takes, page
+    verbs = _verbs_and_config()
+    with_config = {v for v, has in verbs.items() if has}
+    without = {v for v, has in verbs.items() if not has}
+    assert _listed(takes.group(1)) == with_config
+    named = {w for w in _listed(takes.group(2)) if not any(c in w for c in "-=.")}  # the verbs, not the flags
+    flags_only = {v for v in verbs if any(v == w or v.startswith(w + " ") for w in named)}
+    assert flags_only == without
+
+
+def test_help_names_compute_and_storage_precision(capsys):
+    enc = " ".join(_help(capsys, "encode").split())
+    assert "--fp16 compute precision" in enc and "storage precision is encode.fp16=true" in enc
+    assert "encode.fp16 = false Storage precision" in enc
+    tr = " ".join(_help(capsys, "train").split())
+    assert "--fp16 compute precision" in tr and "checkpoints and the saved model stay float32" in tr

@@ -9,28 +9,16 @@ once, so the gathered layout stays the same across workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ...config import PosInt
-from ...data.negatives import RefresherConfig
 from ...data.training import build_examples
 from ...losses.ance import ANCEConfig, ANCEDARConfig, ance_batch_loss, ance_dar_batch_loss
 from ..batching import pick_negatives
 from .registry import register
 from .base import StepContext
+from .configs import ANCESettings  # noqa: F401  (the `ance:` section, torch-free in configs.py)
 from .pairs import PairMethod
-
-
-@dataclass(frozen=True)
-class ANCESettings(RefresherConfig):
-    """The `ance:` section: the refresher's settings plus how the trainer uses its versions."""
-
-    # checkpoints (and so refreshes) every this many steps; sets train.checkpoint_every when that is 0
-    refresh_every: PosInt = 100
-    # run the refresher beside training (pipeline train); false = versions come from elsewhere
-    # (`pipeline refresh` as a separate job) and the trainer only polls `versions_dir`
-    start_refresher: bool = True
 
 
 class _ANCEBase(PairMethod):

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
 
 import torch
-from annotated_types import Ge
 
-from ...config import Section
 from ...errors import ConfigError
 from ...losses.arr import (ARRConfig, MLLConfig, SupConConfig, arr_batch_loss, mll_batch_loss,
                            supcon_batch_loss)
@@ -37,27 +34,9 @@ from ...losses.dist import gather_with_grad
 from ..batching import epoch_rng, m_per_class_batches
 from .registry import register
 from .base import Method, StepContext, freeze
+from .configs import AuthorshipSettings  # the `authorship:` section, torch-free in configs.py
 
 EXAMPLES_META = "examples.json"
-
-
-@dataclass(frozen=True)
-class AuthorshipSettings(Section):
-    """`authorship:` section of the ARR methods. Paths are made absolute where the config is
-    first read (the driver), so workers in another directory find the same files."""
-
-    split: str | None = None        # folder written by `pipeline authorship split`
-    m: Annotated[int, Ge(2)] = 2    # texts per author in a batch (a text needs a same-author partner)
-    teacher: str | None = None      # arr: the base model G (a model folder, e.g. <arr_cl run>/model)
-
-    SECTION = "authorship"
-
-    def __post_init__(self):
-        super().__post_init__()
-        for key in ("split", "teacher"):
-            v = getattr(self, key)
-            if v and v != "minilm" and not Path(v).is_absolute():
-                object.__setattr__(self, key, str(Path(v).expanduser().resolve()))
 
 
 class ReleasedMLLHead(torch.nn.Linear):
@@ -246,7 +225,9 @@ class ARRContrastive(AuthorshipMethod):
     description = "ARR step A, CL: supervised contrastive loss over authors (docs/METHODS.md §4)"
     config_cls = SupConConfig
     loss_fn = staticmethod(supcon_batch_loss)
-    terms = ("supcon", "anchors")
+    # the loss term only: `anchors` (texts with a same-author partner, a count) is still reported, but is no
+    # loss term and is not shown as one on the progress lines (nor offered as a sweep metric)
+    terms = ("supcon",)
 
     def assemble(self, out: dict, ctx: StepContext) -> dict:
         z = _fp32(out["z"])

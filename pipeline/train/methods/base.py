@@ -17,8 +17,9 @@ ARR and ANCE:
     forward         tokenise + run the towers for one batch of rows (inside autocast)
     assemble        cross-worker gathering and layout: model outputs -> the loss's batch dict
 
-A new method is one subclass in `train/methods/`, one loss file in `losses/`, one
-registry line (`@register`), one config file in `jobs/configs/`, and its tests.
+A new method is one subclass in `train/methods/`, one loss file in `losses/` (its `loss:` block in
+losses/configs.py), one registry line (`@register`), its line in `methods/configs.py` (what it reads
+from a config, without torch; `register` checks it), one config file in `jobs/configs/`, and its tests.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from ...losses.base import LossConfig
+from ...losses.configs import LossConfig
 from ..batching import buffer_shuffle, epoch_rng, fixed_batches
+
+if TYPE_CHECKING:  # torch is imported where a step runs: the interface loads without it (config checks, --help)
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -61,6 +65,8 @@ def freeze(module: nn.Module) -> nn.Module:
 
 def check_frozen(side: dict) -> None:
     """The loop's guard: every module among the side inputs is in eval mode without gradients."""
+    from torch import nn
+
     for name, obj in side.items():
         if isinstance(obj, nn.Module):
             if obj.training or any(p.requires_grad for p in obj.parameters()):

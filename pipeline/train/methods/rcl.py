@@ -17,75 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 
-from ...config import EncodeConfig, NonNegFloat, NonNegInt, OpenFraction, PosInt, Real, Section
-from ...errors import ConfigError, PipelineError
+from ...errors import PipelineError
 from ...losses.dist import gather_with_grad
 from ...losses.rcl import RCLConfig, rcl_batch_loss
 from .registry import register
 from .base import StepContext
+from .configs import RCLSettings  # the `rcl:` section, torch-free in configs.py
 from .pairs import PairMethod, _fp32
-
-
-@dataclass(frozen=True)
-class RCLSettings(Section):
-    """The `rcl:` section: the stages of `pipeline train` with `loss.name: rcl` (pipeline/rcl.py)."""
-
-    # stage 1: one entropy model per λ (paper: 0.01..0.04; 4 models = 8 regulators was best)
-    entropy_lambdas: tuple[Real, ...] = (0.01, 0.02, 0.03, 0.04)
-    # STS setting: entropy models start from the base; FAQ setting: from the initial model
-    # (stage 0: the base fine-tuned with eq. 1, selected on dev MAP)
-    entropy_init: Literal["base", "initial"] = "base"
-    patience: PosInt = 3                     # early stop: evaluations without a lower dev loss
-    eval_every: NonNegInt = 0                # steps between early-stop / selection evaluations (0 = train.eval_every)
-    entropy_max_steps: NonNegInt = 0         # budget of one entropy model (0 = train.max_steps / epochs)
-    initial_max_steps: NonNegInt = 0         # budget of the initial model (0 = train.max_steps / epochs)
-    initial_metric: str = "AP@100"           # stage 0 selection measure on the validation split (MAP)
-    concurrent: bool = True                  # stage 1 runs as concurrent Ray Train runs
-    max_concurrent: NonNegInt = 0            # 0 = as many as the cluster's CPUs allow
-    entropy_cpus_per_worker: NonNegFloat = 0.0  # 0 = train.cpus_per_worker / number of concurrent runs
-    regulators: bool = True                  # False: stage 3 is plain eq. 1 (the ablation)
-    dev_batches: PosInt = 4                  # dev batches of train.batch_size for the early-stop loss
-    # > 0: hold this fraction of the training queries (or of `rcl.pairs`) out as the dev split
-    # (seeded by validation.dev_seed, as validation.dev_split: every replicate over train.seed sees the same
-    # dev queries) for early stopping and selection, in place of the `validation:` split
-    dev_split: OpenFraction = 0.0
-    # STS setting: a sentence-pairs file (anchor, positive[, hard negative]: JSONL, CSV with a
-    # header such as SimCSE's nli_for_simcse.csv, or TSV; data/sentence_pairs.py) as the training
-    # data of every stage, in place of `data:` (the paper trains its STS models on NLI pairs)
-    pairs: str | None = None
-    # an STS dev file (STS-benchmark CSV/TSV, SICK, s1<TAB>s2<TAB>score; eval/sts.py): the final
-    # (and initial) model's validation hook reports its Spearman as `val_metric`
-    sts_dev: str | None = None
-    # the final model: `last` checkpoint, or `best` validation metric (dev Spearman / dev MAP)
-    final_select: Literal["last", "best"] = "last"
-    # anisotropy (mean pairwise cosine) of base, entropy and final models on this many random
-    # training sentences, in rcl.json (0 = skip)
-    anisotropy_sentences: NonNegInt = 200
-    # stage 2: the spine's Ray Data encoding of the training sentences by each frozen entropy
-    # model (`encode:` keys: actors, CPUs, batch size, precision, shard_rows; auto = the cluster)
-    encode: EncodeConfig = field(default_factory=EncodeConfig)
-    # set by the orchestrator for the final model: stage 2 regulator tables (folders)
-    regulator_tables: tuple[str, ...] = field(default_factory=tuple)
-
-    SECTION = "rcl"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.entropy_lambdas and self.regulators:
-            raise ConfigError("rcl.entropy_lambdas is empty: give at least one λ, or rcl.regulators=false")
-        if self.final_select not in ("last", "best"):
-            raise ConfigError(f"rcl.final_select must be last or best, got {self.final_select!r}")
-        if self.entropy_init not in ("base", "initial"):
-            raise ConfigError(f"rcl.entropy_init must be base or initial, got {self.entropy_init!r}")
-        if len(set(self.entropy_lambdas)) != len(self.entropy_lambdas):
-            raise ConfigError(f"rcl.entropy_lambdas has duplicates: {list(self.entropy_lambdas)}")
 
 
 def text_key(text: str, side: str) -> str:

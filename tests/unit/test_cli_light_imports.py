@@ -1,0 +1,63 @@
+"""Quick answers stay quick: `--help`, `--version` and a config error never import torch, transformers or
+Ray (each verb imports its library only after its config has loaded; the config dataclasses, the
+methods' loss blocks and sections included, import none of them). Each case runs in a fresh Python."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "ray")
+
+SCRIPT = """
+import sys
+from pipeline.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as e:
+    rc = e.code
+sys.stdout.flush()
+print("\\nRC", rc)
+print("LOADED", *[m for m in %r if m in sys.modules])
+""" % (HEAVY,)
+
+
+def _run(argv: list[str], cwd) -> tuple[int, list[str], str]:
+    p = subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True, cwd=cwd, timeout=120)
+    lines = p.stdout.splitlines()
+    rc = next(int(ln.split()[1]) for ln in lines if ln.startswith("RC "))
+    loaded = next(ln.split()[1:] for ln in lines if ln.startswith("LOADED"))
+    return rc, loaded, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("argv, rc, shown", [
+    (["--help"], 0, "Dense retrieval on Ray"),
+    (["--version"], 0, "pipeline "),
+    (["encode", "--help"], 0, "encode.batch_size = 64"),
+    (["train", "--help"], 0, "loss.n_perturb = 7"),          # every method's loss block and sections
+    (["tune", "--help"], 0, "search.num_samples = 1"),
+    (["evaluate", "--help"], 0, "eval.rel_level"),
+    (["train", "--config", "nonexistent.yaml"], 2, "nonexistent.yaml: config file not found"),
+    (["train", "train.batch_size=0"], 2, "train.batch_size"),
+    (["train", "loss.name=ance", "ance.refresh_every=0"], 2, "ance.refresh_every"),
+    (["train", "loss.name=nope"], 2, "not a registered method"),
+    (["encode", "--corpus", "c", "--out", "e", "encode.batch_siz=3"], 2, "did you mean encode.batch_size"),
+    (["retrieve", "--index", "i", "--topics", "q.tsv", "--output", "r.trec", "retrieve.top_kk=3"], 2, "retrieve.top_k"),
+    (["evaluate", "q.trec", "r.trec", "eval.rel_levle=2"], 2, "eval.rel_level"),
+    (["compare", "a.trec", "b.trec", "--qrels", "q", "eval.rel_levle=2"], 2, "eval.rel_level"),
+    (["tune", "--config", "nonexistent.yaml"], 2, "config file not found"),
+])
+def test_quick_answers_import_no_torch_transformers_or_ray(argv, rc, shown, tmp_path):
+    got_rc, loaded, out = _run(argv, tmp_path)
+    assert got_rc == rc and shown in out, out  # it answered what was asked (the check is not vacuous)
+    assert loaded == [], f"pipeline {' '.join(argv)} imported {loaded}"
+    assert list(tmp_path.iterdir()) == []  # and wrote nothing
+
+
+def test_the_check_can_fail():
+    """Importing the library the verbs call does load torch: the assertion above is about the CLI's order."""
+    p = subprocess.run([sys.executable, "-c", "import sys, pipeline.train.methods as m; m.method_names(); "
+                        "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == "True", p.stderr
