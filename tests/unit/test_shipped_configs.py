@@ -97,3 +97,54 @@ def test_rcl_faq_keeps_the_best_dev_map_final_model():
     assert s.dev_split > 0 and (s.eval_every or job.train.eval_every) > 0
     sts = load_train_config(REPO / "jobs" / "configs" / "rcl_sts.yaml").section("rcl")
     assert sts.final_select == "best" and sts.entropy_init == "base"
+
+
+# --------------------------------------------------------------------------- whose runs (issue 42)
+
+
+def _run_folder(job) -> Path:
+    return Path(job.train.storage_path) / job.train.name
+
+
+@pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.name)
+def test_a_shipped_config_trains_outside_the_demo(path):
+    """`make demo` trains into runs/demo/train and resumes there: a user's `pipeline train --config` of a
+    shipped file must start its own run, never find the demo's (already complete, or "cannot resume")."""
+    run = _run_folder(load_train_config(path))
+    assert not run.is_absolute() and Path("runs/demo") not in (run, *run.parents), f"{path.name}: {run}"
+
+
+def test_no_two_shipped_configs_share_a_run_folder():
+    runs = {}
+    for path in TRAIN:
+        run = _run_folder(load_train_config(path))
+        assert run not in runs, f"{path.name} and {runs[run]} both train into {run}"
+        runs[run] = path.name
+
+
+@pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.name)
+def test_every_run_folder_a_config_comment_names_is_the_one_it_trains_into(path):
+    """The launch comments point at the run the file trains (e.g. `refresh --run-dir runs/train/ance`)."""
+    run = _run_folder(load_train_config(path)).as_posix()
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and "--run-dir " in line:
+            assert line.split("--run-dir ", 1)[1].split()[0] == run, line
+
+
+def test_the_demo_trains_into_its_own_run_folders(tmp_path, monkeypatch):
+    """recipes/demo.py passes its own train.storage_path (<out>/train) and train.name, whatever the shipped
+    configs name for a user's runs."""
+    import pipeline.index.validate as validate
+    import pipeline.train.dev_split as dev_split
+    import pipeline.train.trainer as trainer
+    from pipeline.recipes import demo
+
+    seen = []
+    monkeypatch.setattr(dev_split, "apply_dev_split", lambda job: job)
+    monkeypatch.setattr(validate, "validator_for_job", lambda job: None)
+    monkeypatch.setattr(trainer, "train", lambda job, validate_fn=None: seen.append(job) or {})
+    out = tmp_path / "demo"
+    for method in demo.METHODS:
+        demo._train(method, out / "corpus", out)
+    assert [_run_folder(j) for j in seen] == [out / "train" / m for m in demo.METHODS]
+    assert [j.loss.name for j in seen] == list(demo.METHODS)
