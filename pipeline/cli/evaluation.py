@@ -3,22 +3,54 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from ..errors import PipelineError
-from .common import add_common_flags, add_config_args, device_flag, load_cfg
+from .common import FilesAndOverrides, add_common_flags, add_config_args, device_flag, load_cfg
+
+
+def _positional_qrels_run(args) -> None:
+    """`evaluate QRELS RUN` (trec_eval's and ir_measures' order) sets --qrels and --run."""
+    files = list(getattr(args, "files", None) or [])
+    if not files:
+        return
+    if len(files) != 2:
+        raise PipelineError(f"evaluate takes QRELS RUN positionally (trec_eval's order), got {len(files)} file(s): "
+                            f"{' '.join(files)}; or give --qrels QRELS --run RUN")
+    if args.qrels or args.run or args.qa:
+        raise PipelineError("give the qrels and the run either positionally (evaluate QRELS RUN, trec_eval's order) "
+                            "or as --qrels/--run (--qa), not both")
+    qrels, run = files
+    if _trec_columns(qrels) == 6 and _trec_columns(run) == 4:
+        raise PipelineError(f"evaluate {qrels} {run}: the first looks like a run and the second like qrels; the "
+                            f"order is QRELS RUN, as trec_eval's: evaluate {run} {qrels}")
+    args.qrels, args.run = qrels, run
+
+
+def _trec_columns(path: str) -> int | None:
+    """Fields on the first line of a local text file (a run has 6, TREC qrels 4), else None."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return len(f.readline().split())
+    except OSError:
+        return None
+
 
 def cmd_evaluate(args) -> None:
-    from ..eval.metrics import cutoffs_deeper_than, evaluate_files
-    from ..eval.runs import read_run
-    from ..eval.qa import qa_accuracy
-    from ..eval.report import format_table
-    from ..io_utils import check_output, write_json_atomic
-
+    _positional_qrels_run(args)
+    if not args.run:
+        raise PipelineError("evaluate needs a run: evaluate QRELS RUN (trec_eval's order), or --run RUN with "
+                            "--qrels QRELS (or --qa)")
     extra = ["eval.per_query=true"] if args.per_query else []
     extra += [f"eval.qa_match={args.match}"] if args.match else []
     cfg = _eval_cfg(args, extra)
+    # the library after the config: a config error never loads more than the config system
+    from ..eval.metrics import cutoffs_deeper_than, evaluate_files
+    from ..eval.qa import qa_accuracy
+    from ..eval.report import format_table
+    from ..eval.runs import read_run
+    from ..io_utils import check_output, write_json_atomic
+
     if args.json:
         check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
     if bool(args.qrels) == bool(args.qa):
@@ -27,8 +59,12 @@ def cmd_evaluate(args) -> None:
         raise PipelineError("--measures applies to --qrels; --qa reports DPR top-k accuracy at eval.qa_ks")
     if args.qrels and args.match:
         raise PipelineError("--match applies to --qa (DPR answer matching), not to --qrels")
+    if args.split_by and not args.qrels:
+        raise PipelineError("--split-by needs --qrels (the test judgements it splits)")
     if args.qrels:
         result = evaluate_files(args.run, args.qrels, cfg)
+        if args.split_by:
+            result["parts"], result["split_by"] = _parts(args, cfg)
     else:
         if not args.corpus:
             raise PipelineError("--qa needs --corpus (the ingested corpus the run retrieved from)")
@@ -44,7 +80,16 @@ def cmd_evaluate(args) -> None:
         meta = json.loads(meta_path.read_text())
         result["corpus"] = {"fingerprint": meta.get("corpus_fingerprint"), "variant": meta.get("variant"),
                             "title_join": meta.get("title_join")}
-    print(format_table({Path(args.run).name: result["metrics"]}))
+    rows = {Path(args.run).name: result["metrics"]}
+    for part, res in (result.get("parts") or {}).items():
+        rows[f"{Path(args.run).name} [{part}]"] = res["metrics"]
+    print(format_table(rows))
+    if result.get("parts"):
+        p = result["parts"]
+        print(f"split by {result['split_by']['source']}: {result['split_by']['documents']:,} labeled documents; "
+              + "; ".join(f"{part}: {p[part]['judgements']:,} relevant judgements, {p[part]['queries']['evaluated']} "
+                          "queries scored" for part in p)
+              + " (each part's ranking leaves out the other part's relevant documents)")
     deep = cutoffs_deeper_than(result["metrics"], result["run_depth"]) if "run_depth" in result else []
     if deep:
         need = max(int(d.rsplit("@", 1)[1]) for d in deep)
@@ -60,6 +105,17 @@ def cmd_evaluate(args) -> None:
         print(f"[evaluate] wrote {args.json}")
 
 
+def _parts(args, cfg) -> tuple[dict, dict]:
+    """`--split-by`: the run scored on the labeled and the unlabeled test judgements (eval/label_split.py)."""
+    from ..data.readers import load_qrels
+    from ..eval.label_split import evaluate_parts, labeled_documents
+    from ..eval.runs import read_run
+
+    labeled, where = labeled_documents(args.split_by, cfg.rel_level)
+    parts = evaluate_parts(read_run(args.run), load_qrels(args.qrels), labeled, cfg)
+    return parts, {"source": where, "path": str(args.split_by), "documents": len(labeled)}
+
+
 def _eval_cfg(args, extra: list[str] | None = None):
     """The eval section, with --measures (ir-measures strings) over eval.measures."""
     from dataclasses import replace
@@ -71,16 +127,13 @@ def _eval_cfg(args, extra: list[str] | None = None):
 
 
 def cmd_compare(args) -> None:
-    from ..eval.compare import compare_runs, format_comparison
-    from ..io_utils import check_output, write_json_atomic
-
-    # `key.path=value` overrides among the positional runs (argparse cannot tell them apart)
-    is_override = re.compile(r"^[A-Za-z_]\w*(\.\w+)+=")
-    args.overrides = list(args.overrides) + [r for r in args.runs if is_override.match(r)]
-    args.runs = [r for r in args.runs if not is_override.match(r)]
+    # trailing `section.key=value` overrides come among the runs (common.FilesAndOverrides), --set ones too
     if not args.runs:
         raise PipelineError("compare needs at least one run file")
     cfg = _eval_cfg(args)
+    from ..eval.compare import compare_runs, format_comparison
+    from ..io_utils import check_output, write_json_atomic
+
     if args.json:
         check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
     names = [Path(r).name for r in args.runs]
@@ -99,6 +152,7 @@ def cmd_sts(args) -> None:
     """STS: Spearman and Pearson of cosine vs gold (pipeline/eval/sts.py)."""
     from dataclasses import replace as _replace
 
+    cfg = load_cfg(args)  # before the library: a config error never loads torch
     from ..eval.sts import evaluate_sts, parse_scale, read_sts
     from ..io_utils import check_output, write_json_atomic
     from ..models import BiEncoder
@@ -106,7 +160,6 @@ def cmd_sts(args) -> None:
     if args.json:
         check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
     scale = parse_scale(args.scale)
-    cfg = load_cfg(args)
     device = device_flag(args, "STS encoding") or "cpu"
     pairs = read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
     model = BiEncoder.load(_replace(cfg.model, name_or_path=args.model) if args.model else cfg.model)
@@ -131,7 +184,8 @@ def cmd_authorship(args) -> None:
         from .. import progress
 
         with progress.sink(lambda r: print(f"[authorship] {progress.line(r)}", flush=True)):
-            arr.evaluate(args.split, model=args.model, baseline=args.baseline, json_out=args.json,
+            json_out = args.json or str(arr.default_result_path(args.split, args.model, args.baseline, args.label))
+            arr.evaluate(args.split, model=args.model, baseline=args.baseline, json_out=json_out,
                          overwrite=args.overwrite, splits=splits, batch_size=args.batch_size,
                          device=device_flag(args, "authorship evaluate") or "cpu", label=args.label)
     else:
@@ -140,9 +194,15 @@ def cmd_authorship(args) -> None:
 
 def add_parsers(sub) -> None:
     """The evaluate, sts, compare, authorship verbs."""
-    p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics")
-    p.add_argument("--run", required=True, help="a TREC run file")
-    p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test)")
+    p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics",
+                       usage="%(prog)s [QRELS RUN | --qrels QRELS --run RUN | --qa QA --corpus C --run RUN] "
+                             "[options] [key=value ...]")
+    p.add_argument("files", nargs="*", action=FilesAndOverrides, metavar="QRELS RUN",
+                   help="the qrels and the run, in trec_eval's order (= --qrels QRELS --run RUN); trailing "
+                        "section.key=value config overrides may follow, e.g. eval.rel_level=2 (keys below)")
+    p.add_argument("--run", help="a TREC run file (or the second positional)")
+    p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test); or "
+                                   "the first positional")
     p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy, or an ir_datasets identifier "
                                 "with answers (dpr-w100/natural-questions/dev)")
     p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
@@ -151,10 +211,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
     p.add_argument("--measures", help="ir-measures measures, e.g. \"AP nDCG@10 RR@10 R@1000 P@10 Judged@10\" "
                                       "(= eval.measures; default RR@10 nDCG@10 AP@100 RR@100 R@k for eval.recall_ks)")
+    p.add_argument("--split-by", metavar="TRAINING",
+                   help="also score the run on the test judgements of documents some training pair names "
+                        "(labeled) and of the others (unlabeled), as DAR's paper does: TRAINING is the examples "
+                        "folder a training run wrote (<run>/examples) or the training qrels")
     p.add_argument("--match", choices=("string", "regex"),
                    help="--qa answer matching as DPR: string (token sequence) or regex (CuratedTREC) (= eval.qa_match)")
-    add_config_args(p)
-    p.set_defaults(func=cmd_evaluate)
+    p.add_argument("--config", help="YAML config (its eval section applies)")
+    p.set_defaults(func=cmd_evaluate, overrides=[])
 
     p = sub.add_parser("sts", help="STS pairs -> Spearman / Pearson of cosine similarity vs the gold score")
     p.add_argument("--pairs", required=True, help="STS-benchmark CSV or TSV, SICK, or s1<TAB>s2<TAB>score")
@@ -173,8 +237,11 @@ def add_parsers(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_sts)
 
-    p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files; the first is the baseline")
+    p = sub.add_parser("compare", help="several TREC runs + qrels -> one table, paired significance tests vs the first",
+                       usage="%(prog)s RUN [RUN ...] --qrels QRELS [options] [key=value ...]")
+    p.add_argument("runs", nargs="+", metavar="RUN", action=FilesAndOverrides,
+                   help="TREC run files; the first is the baseline. Trailing section.key=value config overrides may "
+                        "follow, as for every verb, e.g. eval.rel_level=2 (keys below)")
     p.add_argument("--qrels", required=True, help="qrels file or ir_datasets identifier")
     p.add_argument("--measures", help="ir-measures measures (= eval.measures; default as evaluate)")
     p.add_argument("--test", choices=("ttest", "randomization", "both"), default="ttest",
@@ -187,7 +254,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a metrics JSON this tool wrote at --json")
     p.add_argument("--config", help="YAML config (its eval section applies)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set eval.rel_level=2 (also accepted among the run files)")
+                   help="the same as a trailing key=value override (kept for older scripts): --set eval.rel_level=2 "
+                        "= eval.rel_level=2")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("authorship", help="ARR authorship data: cross-topic-open-set split, R@8/MRR evaluation, table")
@@ -204,7 +272,10 @@ def add_parsers(sub) -> None:
     g = e.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", help="model folder (or `minilm` for zero-shot)")
     g.add_argument("--baseline", choices=("bow", "tfidf"), help="a bag-of-words or TF-IDF baseline instead of a model")
-    e.add_argument("--json", help="write the result here")
+    e.add_argument("--json", help="write the result here (default: results/<name>.json beside the split folder, "
+                                  "e.g. runs/arr/split -> runs/arr/results/arr_cl.json, what `authorship table "
+                                  "runs/arr/results/*.json` reads; <name>: --label, the baseline, zero-shot or the "
+                                  "training run's name)")
     e.add_argument("--overwrite", action="store_true", help="replace a result JSON this tool wrote at --json")
     e.add_argument("--label", help="the table row (default: from the run's summary.json)")
     e.add_argument("--splits", help="comma-separated (default cross_topic_test,same_topic_test; val allowed)")
@@ -213,5 +284,6 @@ def add_parsers(sub) -> None:
                    help="where the model runs: cpu (default), cuda or auto (a GPU when one is visible here)")
     e.set_defaults(func=cmd_authorship)
     t = acts.add_parser("table", help="the paper-style table from result JSONs (mean over seeds, n per cell)")
-    t.add_argument("results", nargs="*", help="result JSONs of `authorship evaluate --json`")
+    t.add_argument("results", nargs="*", help="result JSONs of `authorship evaluate` (by default in results/ beside "
+                                              "the split folder: runs/arr/results/*.json)")
     t.set_defaults(func=cmd_authorship)

@@ -1,4 +1,4 @@
-"""`pipeline encode`, `index` and `retrieve`: the spine from a corpus to a TREC run."""
+"""`pipeline encode`, `index`, `retrieve` and `bm25`: the spine from a corpus to a TREC run."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from ..errors import ConfigError
 from .common import add_common_flags, add_config_args, batch_override, device_flag, fp16_refused, load_cfg
 
 def cmd_encode(args) -> None:
-    from ..index.encode import encode_corpus
-
     extra = [f"model.name_or_path={args.model}"] if args.model else []
     extra += batch_override(args, "encode.batch_size")
     device = device_flag(args, "encoding", cluster_ok=True)
@@ -24,19 +22,22 @@ def cmd_encode(args) -> None:
             raise fp16_refused("the encoder actors have no GPU", "--device cuda or encode.gpus_per_actor=1 gives them "
                                "one; on CPU, encode.precision=bf16 or auto; float16 storage is encode.fp16=true")
         cfg = load_cfg(args, extra + [f"encode.gpus_per_actor={cfg.encode.gpus_per_actor}", "encode.precision=fp16"])
+    from ..index.encode import encode_corpus  # after the config: a config error never loads torch
+
     encode_corpus(args.corpus, args.out, cfg)
 
 
 def cmd_index(args) -> None:
-    from ..index.faiss_index import build_index
-
     extra = [f"index.factory={args.factory}"] if args.factory else []
     if args.device:  # FAISS's own GPU check (index.use_gpu=yes without a FAISS GPU is an error naming the fix)
         extra.append("index.use_gpu=" + {"cpu": "no", "cuda": "yes", "auto": "auto"}[args.device])
     if args.pyserini and "://" in str(args.out):
         raise ConfigError(f"--pyserini writes pyserini's layout into a local folder; --out {args.out} is a storage URI "
                           "(build the index there without --pyserini, or to a local folder with it)")
-    build_index(args.embeddings, args.out, load_cfg(args, extra).index, overwrite=args.overwrite)
+    cfg = load_cfg(args, extra).index
+    from ..index.faiss_index import build_index  # after the config: a config error never loads FAISS or torch
+
+    build_index(args.embeddings, args.out, cfg, overwrite=args.overwrite)
     if args.pyserini:
         from ..search import export_pyserini
 
@@ -45,12 +46,12 @@ def cmd_index(args) -> None:
 
 
 def cmd_retrieve(args) -> None:
-    from ..index.retrieve import retrieve
-
     extra = [f"retrieve.top_k={args.top_k}"] if args.top_k is not None else []
     extra += batch_override(args, "retrieve.batch_size")
     device = device_flag(args, "query encoding")
     cfg = load_cfg(args, extra)
+    from ..index.retrieve import retrieve  # after the config: a config error never loads torch
+
     model_cfg = None
     if args.model:
         from dataclasses import replace
@@ -68,6 +69,14 @@ def cmd_retrieve(args) -> None:
         from ..io_utils import write_json_atomic
 
         write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries": irds_id, "queries_ir_datasets": irds_id})
+
+
+def cmd_bm25(args) -> None:
+    from ..index.bm25 import B, K1, bm25_run
+
+    bm25_run(args.corpus, args.queries or str(Path(args.corpus) / "queries.tsv"), args.out, top_k=args.top_k,
+             qrels=args.qrels, k1=K1 if args.k1 is None else args.k1, b=B if args.b is None else args.b,
+             overwrite=args.overwrite)
 
 
 class _OnDevice:
@@ -103,8 +112,9 @@ def add_parsers(sub) -> None:
                                                 "URI); a killed run re-run with the same --out redoes only missing shards")
     p.add_argument("--model", help="model dir or 'minilm' (= model.name_or_path)")
     add_common_flags(p, batch="texts per forward pass (= encode.batch_size)",
-                     fp16="fp16 compute (autocast) on the encoder actors' GPUs (= encode.precision=fp16); needs "
-                          "GPU actors, refused on CPU; vectors stay float32 (encode.fp16=true stores float16)",
+                     fp16="compute precision: fp16 autocast on the encoder actors' GPUs (= encode.precision=fp16); "
+                          "needs GPU actors, refused on CPU. Not storage: the vectors are still written float32 "
+                          "(storage precision is encode.fp16=true, float16 files)",
                      device="where the encoder actors run (= encode.gpus_per_actor: cpu 0, cuda 1)")
     add_config_args(p)
     p.set_defaults(func=cmd_encode)
@@ -121,19 +131,36 @@ def add_parsers(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("retrieve", help="queries -> TREC run")
+    p = sub.add_parser("retrieve", help="queries -> TREC run (pyserini's --topics/--output/--hits accepted)")
     p.add_argument("--index", required=True, help="an index folder or URI (pipeline index --out)")
-    p.add_argument("--queries", required=True, help="queries file, or an ir_datasets identifier "
-                                                    "(e.g. msmarco-passage/dev/small; local files only)")
+    p.add_argument("--queries", "--topics", dest="queries", required=True,
+                   help="queries file, or an ir_datasets identifier (e.g. msmarco-passage/dev/small; local files "
+                        "only); --topics is pyserini's name for it")
     p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"),
                    help="qid<TAB>text TSV, BEIR queries.jsonl, or DPR's question<TAB>[answers] (auto: .jsonl is "
                         "BEIR, anything else TSV)")
-    p.add_argument("--out", required=True, help="TREC run file to write")
-    p.add_argument("--top-k", type=int, help="passages per query in the run (= retrieve.top_k, default 100)")
+    p.add_argument("--out", "--output", dest="out", required=True,
+                   help="TREC run file to write (--output: pyserini's name)")
+    p.add_argument("--top-k", "--hits", dest="top_k", type=int,
+                   help="passages per query in the run (= retrieve.top_k; default 100, where pyserini's --hits "
+                        "defaults to 1000: give --hits 1000 for its depth, e.g. for R@1000)")
     p.add_argument("--model", help="query model (default: the model that encoded the corpus)")
     p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
     add_common_flags(p, batch="queries per batch (= retrieve.batch_size)",
-                     device="where the query model runs (queries are encoded in the documents' precision, as "
-                            "recorded in the index)")
+                     device="where the query model runs (queries are computed in fp32 whatever precision the "
+                            "documents were encoded or stored in: models/precision.query_precision)")
     add_config_args(p)
     p.set_defaults(func=cmd_retrieve)
+
+    p = sub.add_parser("bm25", help="an ingested corpus + queries -> a BM25 TREC run (bm25s; hard negatives, a "
+                                    "lexical baseline)")
+    p.add_argument("--corpus", required=True, help="an ingested corpus folder (pipeline ingest)")
+    p.add_argument("--queries", help="queries file (default: <corpus>/queries.tsv)")
+    p.add_argument("--qrels", help="search only the queries this qrels file judges (e.g. <corpus>/qrels/train.trec "
+                                   "for training negatives)")
+    p.add_argument("--out", required=True, help="TREC run file to write (+ <run>.meta.json)")
+    p.add_argument("--top-k", type=int, default=100, help="passages per query (default 100)")
+    p.add_argument("--k1", type=float, help="BM25 k1 (default 0.9, Anserini's)")
+    p.add_argument("--b", type=float, help="BM25 b (default 0.4, Anserini's)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
+    p.set_defaults(func=cmd_bm25)

@@ -170,8 +170,10 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
                          negatives_run: str | Path | None = None, depth: int = 100, rel_level: int = 1,
                          max_negatives: int = 30, skipped: dict | None = None,
                          need_negatives: bool = False, scratch: str | Path | None = None,
-                         batch: int = 2_000, store_path: str | Path | None = None) -> Iterator[pa.Table]:
-    """The examples of `qrels_examples` as Arrow tables of `batch` rows, in qid order.
+                         batch: int = 2_000, store_path: str | Path | None = None, per_query: int = 0,
+                         positives_seed: int = 0) -> Iterator[pa.Table]:
+    """The examples of `qrels_examples` as Arrow tables of `batch` rows, in qid order. With `per_query` > 0
+    each query keeps that many of its positives (`pick_positives`).
 
     With `store_path`, the ids form: the texts of every positive and negative are copied once into
     the Arrow file `store_path` (kept: the caller's), and the tables carry rows of that file
@@ -187,6 +189,7 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
     # tuple costs a fraction of a set's or a list's memory, at 500k queries that counts)
     positives: dict[str, tuple[str, ...]] = {}
     judged: dict[str, tuple[str, ...]] = {}
+    grades: dict[str, tuple[int, ...]] = {}
     for r in read_qrels(qrels):
         q, d = r["qid"], r["docid"]
         seen = judged.get(q, ())
@@ -197,6 +200,11 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
             if q not in qtext:
                 raise InputError(qrels, r["line"], f"query {q!r} is not in {queries}")
             positives[q] = positives.get(q, ()) + (d,)
+            if per_query:
+                grades[q] = grades.get(q, ()) + (int(r["rel"]),)
+    if per_query:
+        positives = pick_positives(positives, grades, per_query, positives_seed, skipped)
+        del grades
     # per query, its negatives' ids as one tab-joined string (a tenth of a list of strings' memory)
     negs = _run_negatives(negatives_run, positives, judged, depth, max_negatives) if negatives_run else {}
     del judged
@@ -256,6 +264,30 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pick_positives(positives: dict[str, tuple[str, ...]], grades: dict[str, tuple[int, ...]], per_query: int,
+                   seed: int, skipped: dict | None = None) -> dict[str, tuple[str, ...]]:
+    """Each query's `per_query` positives of highest grade; among equal grades a draw seeded by (`seed`, the
+    query id), so it does not depend on the order of the qrels file nor on the other queries. The positives
+    left out are counted in `skipped["positives_over_cap"]`."""
+    import hashlib
+
+    out = {}
+    dropped = 0
+    for q, docs in positives.items():
+        if len(docs) <= per_query:
+            out[q] = docs
+            continue
+        digest = hashlib.sha256(f"{seed}\0{q}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        tiebreak = rng.permutation(len(docs))
+        order = sorted(range(len(docs)), key=lambda i: (-grades[q][i], tiebreak[i]))
+        out[q] = tuple(docs[i] for i in order[:per_query])
+        dropped += len(docs) - per_query
+    if dropped and skipped is not None:
+        skipped["positives_over_cap"] = skipped.get("positives_over_cap", 0) + dropped
+    return out
 
 
 def resolve_examples(batch: pa.Table | pa.RecordBatch, texts: PassageTexts | None) -> pa.Table:
@@ -598,6 +630,9 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
                 "variant": manifest["variant"], "title_join": manifest["title_join"], "queries": str(queries),
                 "qrels": str(qrels), "negatives_run": data_cfg.negatives_run, "depth": data_cfg.negatives_depth,
                 "rel_level": data_cfg.rel_level}
+        if data_cfg.positives_per_query:  # absent otherwise: examples built before the key existed stay reusable
+            meta.update(positives_per_query=data_cfg.positives_per_query, positives_seed=data_cfg.positives_seed,
+                        positives_rule="highest grade first, ties drawn by (positives_seed, qid)")
     meta["need_negatives"] = data_cfg.hard_negatives > 0
     meta["sources_sha256"] = {str(s): sha256_file(s) for s in sources if Path(s).exists()}
     meta_path = out / EXAMPLES_META
@@ -621,13 +656,19 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             store = scratch / PASSAGES_FILE
             examples = _read_ahead(qrels_example_tables(
                 data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth, data_cfg.rel_level,
-                skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, store_path=store))
+                skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, store_path=store,
+                per_query=data_cfg.positives_per_query, positives_seed=data_cfg.positives_seed))
             result = write_examples(examples, out, meta, skipped=skipped, passages=store)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if progress:
             skip = f", skipped {skipped}" if skipped else ""
-            print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} "
+            rule = (f"positives: grade >= {data_cfg.rel_level}, "
+                    + (f"{data_cfg.positives_per_query} per query (highest grade, ties drawn with positives_seed "
+                       f"{data_cfg.positives_seed})" if data_cfg.positives_per_query else "every one")
+                    + (f"; hard negatives: top {data_cfg.negatives_depth} of {data_cfg.negatives_run} minus judged"
+                       if data_cfg.negatives_run else "; no hard negatives"))
+            print(f"[train-data] {result['examples']:,} examples from {meta['source']} ({rule}){skip} "
                   f"naming {result['passages_rows']:,} distinct passages -> {out}", flush=True)
         return result
     result = write_examples(examples, out, meta, skipped=skipped)
