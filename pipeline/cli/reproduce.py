@@ -1,8 +1,10 @@
-"""`pipeline reproduce list | run | report | check`: the reproduction matrix (`repro/*.yaml`, pipeline/reproduce.py).
+"""`pipeline reproduce list | run | report | check`: the reproduction matrix (`repro/*.yaml`, pipeline/reproduce/).
 
     pipeline reproduce list [--json]                         every cell, its figure, status and whether its data is here
     pipeline reproduce run CELL... [--data NAME=PATH]       run a cell's commands, compare, write <work>/result.json
-                                                             (exit 0 passed, 1 ran and missed, 2 error)
+                                                             (exit 0 passed, 1 ran and missed, 2 error, 3 no figure)
+    pipeline reproduce run --family effects --data nfcorpus=PATH
+                                                             an experiment: every arm and seed (resumable), its cells
     pipeline reproduce report [--out docs/reproductions.md] the matrix as a page (and --html)
     pipeline reproduce check                                 every cell's commands parsed by the real CLI and configs
 """
@@ -10,17 +12,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from ..errors import ConfigError, PipelineError
 
 WORK_ROOT = Path("runs") / "reproduce"
-WORK_MARKER = ".reproduce-work"
+EXIT_RECORDED = 3
 
 
 def _matrix(args):
@@ -29,152 +27,9 @@ def _matrix(args):
     return load_matrix(getattr(args, "matrix", None))
 
 
-def _data_args(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for p in pairs or []:
-        name, eq, path = p.partition("=")
-        if not eq or not name or not path:
-            raise ConfigError(f"--data {p!r}: expected NAME=PATH (e.g. --data scifact=datasets/scifact)")
-        out[name] = path
-    return out
-
-
-def data_location(name: str, spec: dict, given: dict[str, str]) -> tuple[str | None, str]:
-    """(what the cell's commands get for dataset `name`, how it was found), or (None, why it is missing)."""
-    if name in given:
-        path = Path(given[name]).expanduser()
-        if not path.exists():
-            return None, f"--data {name}={given[name]}: nothing there"
-        return str(path.resolve()), "--data"
-    if spec.get("bundled"):
-        from ..data.bundled import python_faq_dir
-
-        bundled = {"python_faq": python_faq_dir()}
-        return str(bundled[spec["bundled"]]), "bundled"
-    if spec.get("irds"):
-        from ..data import irds
-
-        try:
-            irds.check_local(spec["irds"])
-            return spec["irds"], "ir_datasets"
-        except PipelineError:
-            pass
-    return None, "missing"
-
-
-def _missing_line(cell, name: str, spec: dict) -> str:
-    irds = f" (or its ir_datasets files for {spec['irds']} in IR_DATASETS_HOME)" if spec.get("irds") else ""
-    return (f"cell {cell.id} needs dataset {name}: {spec['layout']}; get it from {spec['get']}; then run "
-            f"`pipeline reproduce run {cell.id} --data {name}=PATH`{irds}")
-
-
-def _machine() -> dict:
-    import platform
-
-    info = {"cpu": platform.processor() or "", "cores": os.cpu_count(), "isa": [], "gpu": None}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-                           info["cpu"])
-        flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-        info["isa"] = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
-                                      "amx_int8", "avx512_fp16"})
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        info["memory_gb"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
-    return info
-
-
-def _commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return (out.stdout.strip() + ("+changes" if dirty else "")) or None  # "+changes": not exactly that commit
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _prepare_work(work: Path) -> None:
-    """A cell's work folder: new, or one this command made before (its marker), which is emptied."""
-    import shutil
-
-    if work.exists():
-        if not (work / WORK_MARKER).exists():
-            raise PipelineError(f"{work}: exists and was not made by `pipeline reproduce`; refusing to use it "
-                                "(choose another --work)")
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    (work / WORK_MARKER).write_text("made by pipeline reproduce\n")
-
-
-def run_cell(cell, matrix, given: dict[str, str], work: Path, record: bool = False, folder=None) -> int:
-    """Run one cell's commands (their usual progress on this terminal), compare, write the result."""
-    from ..io_utils import write_json_atomic
-    from ..models.checkpoint import library_versions
-    from ..reproduce import dig, judge, results_dir
-
-    values = {}
-    for name in cell.data:
-        loc, how = data_location(name, matrix.datasets[name], given)
-        if loc is None:
-            raise PipelineError(_missing_line(cell, name, matrix.datasets[name]) if how == "missing" else how)
-        values[name] = loc
-    if not cell.runs_here:
-        print(f"[reproduce] {cell.id}: needs {cell.hardware['class']} ({cell.hardware.get('wall')}); running it here "
-              "anyway", flush=True)
-    _prepare_work(work)
-    values["work"] = str(work.resolve())
-    steps, t0 = [], time.time()
-    result = {"cell": cell.id, "title": cell.title, "expected": cell.expected, "tolerance": cell.tolerance,
-              "metric": cell.metric["name"], "source": cell.source, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "machine": _machine(), "versions": library_versions(), "commit": _commit(), "data": values}
-    for i, command in enumerate(cell.commands, 1):
-        line = command.format(**values)
-        print(f"[reproduce] {cell.id} step {i}/{len(cell.commands)}: {line}", flush=True)
-        argv = shlex.split(line)
-        s0 = time.time()
-        rc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv[1:]]).returncode
-        steps.append({"command": line, "seconds": round(time.time() - s0, 1), "rc": rc})
-        if rc != 0:
-            result.update(steps=steps, error=f"step {i} exited {rc}: {line}", passed=False,
-                          wall_seconds=round(time.time() - t0, 1))
-            write_json_atomic(work / "result.json", result)
-            raise PipelineError(f"reproduce {cell.id}: step {i} of {len(cell.commands)} failed (exit {rc}); its "
-                                f"output is above; record: {work / 'result.json'}")
-    try:
-        got = float(dig(json.loads((work / cell.metric["file"]).read_text()), cell.metric["key"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PipelineError(f"reproduce {cell.id}: cannot read {cell.metric['key']} from "
-                            f"{work / cell.metric['file']} ({type(e).__name__}: {e})") from None
-    passed, diff = judge(got, cell)
-    result.update(steps=steps, got=got, difference=diff, passed=passed, wall_seconds=round(time.time() - t0, 1))
-    write_json_atomic(work / "result.json", result)
-    if record:
-        write_json_atomic(results_dir(folder) / f"{cell.id}.json", result)
-    verdict = ("PASSED" if passed else "MISSED") if cell.expected is not None else "no published figure to compare"
-    print(f"[reproduce] {cell.id}: {cell.metric['name']} {got:.4f}"
-          + (f" vs {cell.expected:g} ({cell.source}), difference {diff:+.4f}, tolerance ±{cell.tolerance:g}: "
-             if cell.expected is not None else ": ") + f"{verdict} in {result['wall_seconds'] / 60:.1f} min "
-          f"-> {work / 'result.json'}", flush=True)
-    return 0 if passed or cell.expected is None else 1  # a cell without a figure yet: its first record
-
-
 def cmd_list(args) -> None:
     from ..reproduce import cell_status
+    from ..reproduce.run import data_location
 
     matrix = _matrix(args)
     work_root = Path(args.work)
@@ -186,10 +41,13 @@ def cmd_list(args) -> None:
     from ..reproduce import _status_text
 
     if args.json:
+        from ..reproduce.status import status_word
+
         out = []
         for cell, st, data in rows:
-            out.append({**cell.as_json(), "status": _status_text(st, cell).split(":")[0].split(" (")[0],
-                        "status_detail": st and {k: st.get(k) for k in ("got", "date", "commit", "machine")},
+            out.append({**cell.as_json(), "status": status_word(st, cell),
+                        "status_detail": st and {k: st.get(k) for k in ("got", "difference", "date", "commit",
+                                                                         "machine", "verdict")},
                         "data_present": {n: h not in ("missing",) for n, h in data.items()}})
         print(json.dumps(out, indent=2))
         return
@@ -209,31 +67,173 @@ def cmd_list(args) -> None:
 
 
 def cmd_run(args) -> int:
+    from ..reproduce.run import data_args, run_cell
+
     matrix = _matrix(args)
-    given = _data_args(args.data)
+    given = data_args(args.data)
     unknown = [n for n in given if n not in matrix.datasets]
     if unknown:
         raise ConfigError(f"--data {', '.join(unknown)}: no such dataset in the matrix; known: "
                           + ", ".join(sorted(matrix.datasets)))
+    if not args.cells and not args.family:
+        raise ConfigError("reproduce run needs CELL ids, or --family FAMILY (an experiment: every arm and seed)")
+    if args.family and args.cells:
+        raise ConfigError("give CELL ids or --family, not both")
+    experiment_flags = [f for f, v in (("--seeds", args.seeds), ("--arms", args.arms), ("--set", args.set),
+                                       ("--on", args.on)) if v]
+    if args.family:
+        return _run_family(args, matrix, given)
     cells = [matrix.cell(c) for c in args.cells]
+    effect = [c for c in cells if c.experiment]
+    if effect and len(effect) != len(cells):
+        raise ConfigError("effect cells (an experiment's comparisons) and other cells are run by separate commands")
+    if effect:
+        return _run_effect_cells(args, matrix, given, effect)
+    if experiment_flags:
+        raise ConfigError(f"{', '.join(experiment_flags)}: options of an experiment (--family, or its cells)")
+    codes = [run_cell(cell, matrix, given, Path(args.work) / cell.id, record=args.record,
+                      folder=getattr(args, "matrix", None)) for cell in cells]
+    return 1 if 1 in codes else (EXIT_RECORDED if EXIT_RECORDED in codes else 0)
+
+
+def _seeds_arg(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        a, dash, b = part.strip().partition("-")
+        try:
+            out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
+        except ValueError:
+            raise ConfigError(f"--seeds {text!r}: seeds as 0,1,2 or 0-4") from None
+    return out
+
+
+def _set_args(pairs: list[str] | None) -> dict:
+    import yaml
+
+    out = {}
+    for p in pairs or []:
+        k, eq, v = p.partition("=")
+        if not eq or not k:
+            raise ConfigError(f"--set {p!r}: expected NAME=VALUE (a var of the experiment)")
+        out[k] = yaml.safe_load(v) if v else v
+    return out
+
+
+def _run_family(args, matrix, given: dict, arms: list[str] | None = None) -> int:
+    """Every dataset of the experiment whose data is here (or --on DATASET), every arm and seed."""
+    from ..effects.runner import ExperimentRun
+    from ..reproduce.run import data_location, resolve_data
+
+    exp = matrix.experiments.get(args.family)
+    if exp is None:
+        known = ", ".join(sorted(matrix.experiments)) or "none"
+        raise ConfigError(f"--family {args.family}: not an experiment of the matrix (experiments: {known}; other "
+                          "families' cells run by their ids)")
+    if args.on:
+        if args.on not in matrix.datasets:
+            raise ConfigError(f"--on {args.on}: no such dataset in the matrix")
+        datasets = [args.on]
+    else:
+        datasets = [d for d in exp.datasets if data_location(d, matrix.datasets[d], given)[0] is not None]
+        if not datasets:
+            d = exp.datasets[0]
+            from ..reproduce.run import missing_line
+
+            raise PipelineError(missing_line(exp.cell_id(d, next(iter(exp.comparisons))), d, matrix.datasets[d])
+                                .replace(f"reproduce run {exp.cell_id(d, next(iter(exp.comparisons)))}",
+                                         f"reproduce run --family {exp.family}"))
+    seeds = _seeds_arg(args.seeds)
+    arm_ids = arms or ([a.strip() for a in args.arms.split(",")] if args.arms else None)
     worst = 0
-    for cell in cells:
-        rc = run_cell(cell, matrix, given, Path(args.work) / cell.id, record=args.record,
-                      folder=getattr(args, "matrix", None))
-        worst = max(worst, rc)
+    for d in datasets:
+        work = Path(args.work) / f"{exp.family}-{d}"
+        loc = resolve_data(f"{exp.family} on {d}", [d], matrix, given, work)[d]
+        run = ExperimentRun(exp, d, loc, work, seeds=seeds, arms=arm_ids, set_vars=_set_args(args.set))
+        if args.record and (run.changed_vars or args.on or arm_ids or seeds is not None):
+            raise ConfigError("--record keeps a run of the experiment as it is defined: every arm and seed, no --set, "
+                              "--arms, --seeds or --on")
+        result = run.run()
+        if args.record:
+            from ..io_utils import write_json_atomic
+            from ..reproduce import results_dir
+            from ..reproduce.run import relative_record
+
+            write_json_atomic(results_dir(getattr(args, "matrix", None)) / f"{exp.family}-{d}.json",
+                              relative_record(result, {d: loc, "work": str(work.resolve())}))
+        _print_effects(result, run.say)
+        if result.get("failed"):
+            raise PipelineError(f"{len(result['failed'])} run(s) of {exp.family} on {d} failed (each said above, "
+                                f"its output in its logs/); re-run the same command to try them again")
+        worst = max(worst, 0 if result["complete"] else 1)
     return worst
+
+
+def _run_effect_cells(args, matrix, given: dict, cells: list) -> int:
+    fams = {c.experiment for c in cells}
+    datasets = {c.data[0] for c in cells}
+    if len(fams) > 1 or len(datasets) > 1:
+        raise ConfigError("effect cells of one experiment and one dataset at a time")
+    arms = []
+    for c in cells:
+        exp = matrix.experiments[c.experiment]
+        for a in (exp.comparisons[c.comparison].baseline, exp.comparisons[c.comparison].method):
+            if a not in arms:
+                arms.append(a)
+    args.family, args.on = fams.pop(), args.on or datasets.pop()
+    return _run_family(args, matrix, given, arms=arms)
+
+
+def _print_effects(result: dict, say) -> None:
+    for cid, row in result["comparisons"].items():
+        e = (row.get("parts") or {}).get("all")
+        if not e or e.get("n_seeds", 0) == 0:
+            continue
+        iv = e.get("interval")
+        say(f"{cid}: {e['difference']:+.4f}" + (f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "")
+            + (f", p {e['p_randomization']:.3f}" if e.get("p_randomization") is not None else "")
+            + f", {e['n_seeds']} seed(s): {row['verdict']}"
+            + (f" (smallest detectable {e['mde']:.4f})" if e.get("mde") is not None else ""))
+
+
+REPORT_MARK = "<!-- made by pipeline reproduce report: edit repro/*.yaml, not this file -->"
+
+
+def _check_report_target(path: str, what: str) -> None:
+    """A report replaces only a page this command wrote (its first line is REPORT_MARK): never a user's file."""
+    p = Path(path)
+    if p.is_dir():
+        raise PipelineError(f"{what} {path}: is a folder; give a file path")
+    if p.exists():
+        try:
+            with open(p, encoding="utf-8", errors="replace") as f:
+                head = f.read(len(REPORT_MARK) + 200)
+        except OSError as e:
+            raise PipelineError(f"{what} {path}: cannot read it to check it is a report ({e.strerror})") from None
+        if REPORT_MARK not in head:
+            raise PipelineError(f"{what} {path}: exists and is not a page `pipeline reproduce report` wrote; "
+                                "nothing was written (choose another path, or move the file)")
 
 
 def cmd_report(args) -> None:
     from ..io_utils import write_text_atomic
     from ..reproduce import render_report
 
+    _check_report_target(args.out, "--out")
+    if args.html:
+        _check_report_target(args.html, "--html")
     matrix = _matrix(args)
-    text = render_report(matrix, Path(args.work) if args.local else None, getattr(args, "matrix", None))
-    write_text_atomic(args.out, text)
+    from ..reproduce.page import write_figures
+
+    work_root = Path(args.work) if args.local else None
+    text = render_report(matrix, work_root, getattr(args, "matrix", None))
+    write_text_atomic(args.out, REPORT_MARK + "\n" + text)
+    for png in write_figures(matrix, Path(args.out).parent, work_root, getattr(args, "matrix", None)):
+        print(f"[reproduce] figure -> {png}")
     print(f"[reproduce] {len(matrix.cells)} cells -> {args.out}")
     if args.html:
-        write_text_atomic(args.html, _html(text))
+        write_text_atomic(args.html, _html(text).replace("<!doctype html>", "<!doctype html>" + REPORT_MARK, 1))
         print(f"[reproduce] -> {args.html}")
 
 
@@ -272,27 +272,38 @@ def _html(markdown: str) -> str:
             "</style>" + "\n".join(body) + "\n")
 
 
-def check_command(line: str, parser) -> None:
-    """Parse one `pipeline ...` command line with the real CLI parser (`pipeline.cli.build_parser()`) and load
-    its config (file + overrides) with the real config system, without running it: a ConfigError naming the
-    command when it would not."""
+def check_command(line: str | list[str], parser) -> str:
+    """Parse one `pipeline ...` command (a line, or its arguments) with the real CLI parser
+    (`pipeline.cli.build_parser()`) and load its config (file + overrides) with the real config system, without
+    running it: a ConfigError naming the command when it would not. A relative --config is read from the
+    repository wherever this runs. Returns "checked", or "made by a step" for a config an earlier step of the
+    cell writes (its keys are checked when it exists)."""
     import contextlib
     import io
 
-    argv = shlex.split(line)
+    from ..provenance import repo_root
+
+    argv = shlex.split(line) if isinstance(line, str) else list(line)
+    shown = line if isinstance(line, str) else shlex.join(argv)
     if not argv or argv[0] != "pipeline":
-        raise ConfigError(f"not a pipeline command: {line}")
+        raise ConfigError(f"not a pipeline command: {shown}")
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             args = parser.parse_args(argv[1:])
     except SystemExit:
-        raise ConfigError(f"{line}: the CLI refuses it: {err.getvalue().strip().splitlines()[-1]}") from None
+        raise ConfigError(f"{shown}: the CLI refuses it: {err.getvalue().strip().splitlines()[-1]}") from None
     verb = argv[1]
     overrides = list(getattr(args, "overrides", None) or [])
     config = getattr(args, "config", None)
     if config is not None and not Path(config).exists():
-        return  # a config a user writes or a run makes (best.yaml): its keys are checked when it exists
+        in_repo = repo_root() / config
+        if not Path(config).is_absolute() and in_repo.exists():
+            config = str(in_repo)
+        elif _CHECK_WORK in config:
+            return "made by a step"  # a config an earlier step writes (best.yaml): checked when it exists
+        else:
+            raise ConfigError(f"{shown}: --config {config} exists neither here nor in the repository ({repo_root()})")
     try:
         if verb in ("train", "refresh"):
             from ..train.config import load_train_config
@@ -314,19 +325,46 @@ def check_command(line: str, parser) -> None:
 
             load_config(config, overrides)
     except ConfigError as e:
-        raise ConfigError(f"{line}: {e}") from None
+        raise ConfigError(f"{shown}: {e}") from None
+    return "checked"
+
+
+_CHECK_WORK = "/tmp/reproduce-check-work"
 
 
 def cmd_check(args) -> None:
+    """Every cell's commands parsed and configs loaded; the matrix's own rules (reproduce/checks.py)."""
+    from ..effects.spec import split_command
+    from ..reproduce.checks import check_rules
+
     matrix = _matrix(args)
-    n = 0
+    n, made = 0, 0
     for cell in matrix.cells.values():
+        if cell.experiment:
+            continue  # an experiment's commands are checked once below, with its placeholders filled
         values = {name: f"/data/{name}" for name in cell.data}
-        values["work"] = "/tmp/work"
+        values["work"] = _CHECK_WORK
         for c in cell.commands:
-            check_command(c.format(**values), args.parser)
+            argv = [a.format(**values) for a in split_command(c, f"cell {cell.id}")]
+            made += check_command(argv, args.parser) == "made by a step"
             n += 1
-    print(f"[reproduce] {len(matrix.cells)} cells, {n} commands: every one parses and its config loads")
+    for fam, exp in matrix.experiments.items():
+        from ..provenance import repo_root
+
+        values = {**exp.vars, "data": "/data/dataset", "prep": "/tmp/prep", "run": "/tmp/run", "seed": 0,
+                  "repo": str(repo_root()), "model_path": "/tmp/run/model/model"}
+        commands = exp.prepare + [c for arm in exp.arms.values() for c in exp.arm_commands(arm)]
+        for argv in commands:
+            check_command([a.format(**values) for a in argv], args.parser)
+            n += 1
+    problems = check_rules(matrix)
+    for p in problems:
+        print(f"[reproduce] {p}")
+    if problems:
+        raise PipelineError(f"{len(problems)} cell(s) break the matrix's rules (above)")
+    print(f"[reproduce] {len(matrix.cells)} cells, {n} commands: every one parses and its config loads"
+          + (f" ({made} configs made by an earlier step of their cell are checked when they exist)" if made else "")
+          + "; every cell keeps the matrix's rules")
 
 
 def add_parsers(sub) -> None:
@@ -345,13 +383,21 @@ def add_parsers(sub) -> None:
                                                        "tolerance, hardware, source, status)")
     q.set_defaults(func=cmd_list)
     q = rsub.add_parser("run", help="run cells' commands and compare with the expected figure (exit 0 passed, "
-                                    "1 missed, 2 error)")
+                                    "1 missed, 2 error, 3 no figure to compare), or an experiment (--family)")
     common(q)
-    q.add_argument("cells", nargs="+", metavar="CELL")
+    q.add_argument("cells", nargs="*", metavar="CELL")
     q.add_argument("--data", action="append", default=[], metavar="NAME=PATH",
                    help="where a dataset is, in its published layout (repeatable)")
     q.add_argument("--record", action="store_true", help="also write the result into the matrix's results/ "
                                                          "(what `list` and `report` show)")
+    q.add_argument("--family", help="an experiment (e.g. effects): every arm and seed of it, on each of its datasets "
+                                    "whose data is here; resumable (finished seeds are not run again)")
+    q.add_argument("--on", metavar="DATASET", help="an experiment on another dataset of the matrix (e.g. python_faq, "
+                                                   "bundled: the machinery on a small case)")
+    q.add_argument("--seeds", help="an experiment's seeds to run, e.g. 0,1 or 0-4 (default: all it names)")
+    q.add_argument("--arms", help="an experiment's arms to run, comma-separated (default: all)")
+    q.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="change a var of the experiment (e.g. --set max_steps=2); such a run is never --record'ed")
     q.set_defaults(func=cmd_run)
     q = rsub.add_parser("report", help="render the matrix to a page (docs/reproductions.md)")
     common(q)

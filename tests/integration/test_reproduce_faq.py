@@ -54,6 +54,69 @@ def test_run_compares_writes_its_result_and_exits_0_1_or_2(tmp_path, tiny_model_
     assert "missed" in capsys.readouterr().out
 
 
+def test_paths_with_spaces_quotes_and_equals_stay_one_argument(tmp_path, tiny_model_dir, capsys):
+    import shutil
+
+    odd = tmp_path / "my data's \"x\" key=value"
+    odd.mkdir()
+    shutil.copy(RUN, odd / "run file.trec")
+    first = _tiny_matrix(tmp_path / "a", tiny_model_dir, expected=2.0)
+    work = tmp_path / "work dir 'q' a=b"
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(first), "--work", str(work),
+                 "--data", f"run={odd / 'run file.trec'}"]) == 1
+    got = json.loads((work / "tiny-faq" / "result.json").read_text())["got"]
+    assert 0 < got <= 1 and "unrecognized arguments" not in capsys.readouterr().err
+
+
+def test_the_data_is_checked_before_the_first_command(tmp_path, tiny_model_dir, capsys):
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
+    doc = yaml.safe_load((folder / "tiny.yaml").read_text())
+    doc["datasets"]["faq"]["identify"] = {"passages": 5183, "test_queries": 300}  # SciFact's counts
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    work = tmp_path / "w"
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--work", str(work),
+                 "--data", f"run={RUN}"]) == 2
+    err = capsys.readouterr().err
+    assert "not the dataset the cell names" in err and "passages 176 (expected 5,183)" in err
+    assert not work.exists()  # nothing ran
+
+
+def test_data_inside_the_work_folder_is_refused_and_kept(tmp_path, tiny_model_dir, capsys):
+    import shutil
+
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
+    work = tmp_path / "w"
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--work", str(work),
+                 "--data", f"run={RUN}"]) in (0, 1)
+    inside = work / "tiny-faq" / "corpus" / "run.trec"
+    shutil.copy(RUN, inside)
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--work", str(work),
+                 "--data", f"run={inside}"]) == 2
+    assert "inside (or holding) the cell's work folder" in capsys.readouterr().err and inside.exists()
+    # a user's notes in an earlier work folder: refused, never deleted
+    (work / "tiny-faq" / "notes.txt").write_text("mine")
+    assert main(["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--work", str(work),
+                 "--data", f"run={RUN}"]) == 2
+    assert (work / "tiny-faq" / "notes.txt").read_text() == "mine" and inside.exists()
+    assert "notes.txt, which this cell's commands did not make" in capsys.readouterr().err
+
+
+def test_no_figure_exits_3_and_an_unreadable_metric_writes_a_failed_result(tmp_path, tiny_model_dir, capsys):
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
+    doc = yaml.safe_load((folder / "tiny.yaml").read_text())
+    doc["cells"][0]["expected"] = None
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    args = ["reproduce", "run", "tiny-faq", "--matrix", str(folder), "--data", f"run={RUN}"]
+    assert main(args + ["--work", str(tmp_path / "w")]) == 3
+    assert "no figure to compare with (exit 3)" in capsys.readouterr().out
+    doc["cells"][0]["metric"]["key"] = "metrics.nope"
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    assert main(args + ["--work", str(tmp_path / "w")]) == 2
+    result = json.loads((tmp_path / "w" / "tiny-faq" / "result.json").read_text())
+    assert result["passed"] is False and "cannot read metrics.nope" in result["error"]
+    assert result["runtime"]["cpu_threads"] and result["code_digest"]
+
+
 def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
     """A one-cell matrix of its own: the bundled FAQ ingested, a given TREC run evaluated on it."""
     folder = tmp_path / "matrix"

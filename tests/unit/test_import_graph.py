@@ -12,12 +12,13 @@ ROOT = Path(__file__).resolve().parents[2] / "pipeline"
 # Low to high. A module may import its own layer and the layers below it, never one above.
 LAYERS = [
     ["pipeline", "pipeline.errors"],
-    ["pipeline.io_utils", "pipeline.runtime_env", "pipeline.measures", "pipeline.progress"],
+    ["pipeline.io_utils", "pipeline.runtime_env", "pipeline.measures", "pipeline.progress", "pipeline.provenance"],
     ["pipeline.storage", "pipeline.config", "pipeline.device"],
     ["pipeline.ray_runtime"],
     ["pipeline.data", "pipeline.losses", "pipeline.models"],
     ["pipeline.eval"],
     ["pipeline.index", "pipeline.train"],
+    ["pipeline.effects"],
     ["pipeline.search", "pipeline.info", "pipeline.reproduce"],
     ["pipeline.recipes"],
     ["pipeline.tune"],

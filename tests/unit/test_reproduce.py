@@ -29,11 +29,40 @@ def matrix():
 def test_every_cell_parses_with_the_real_cli_and_configs(matrix):
     n = 0
     for cell in matrix.cells.values():
+        if cell.experiment:
+            continue  # an experiment's commands: test_check_parses_the_experiments_commands
         values = {d: f"/data/{d}" for d in cell.data} | {"work": "/tmp/w"}
         for command in cell.commands:
             check_command(command.format(**values), PARSER)
             n += 1
     assert n > 500
+
+
+def test_check_parses_every_command_from_another_folder_and_keeps_the_rules(tmp_path, monkeypatch, capsys):
+    """Relative configs are read from the repository wherever check runs; the matrix keeps its own rules."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "check"]) == 0
+    assert "every one parses" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="optim.lr"):
+        check_command("pipeline train --config jobs/configs/dpr.yaml optim.lr=-5", PARSER)
+    with pytest.raises(ConfigError, match="exists neither here nor in the repository"):
+        check_command("pipeline train --config jobs/configs/nope.yaml", PARSER)
+
+
+def test_the_rules_refuse_a_cell_a_no_op_would_pass_and_a_tolerance_that_lets_zero_pass(tmp_path, tiny_model_dir):
+    from pipeline.reproduce.checks import check_rules
+
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
+    doc = yaml.safe_load((folder / "tiny.yaml").read_text())
+    base = dict(doc["cells"][0], id="tiny-base", expected=0.495)
+    method = dict(doc["cells"][0], id="tiny-method", expected=0.5, tolerance=0.01, baseline="tiny-base")
+    zero = dict(doc["cells"][0], id="tiny-zero", expected=0.011, tolerance=0.015)
+    doc["cells"] = [base, method, zero]
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    problems = check_rules(load_matrix(folder))
+    assert any(p.startswith("tiny-method: its baseline tiny-base") for p in problems)
+    assert any(p.startswith("tiny-zero:") and "lets a figure of 0 pass" for p in problems)
+    assert not any(p.startswith("tiny-base") for p in problems)
 
 
 def test_the_matrix_holds_the_cells_the_project_promises(matrix):
@@ -87,6 +116,7 @@ def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
                                    f"--measures nDCG@10 --json {work}/m.json"],
                       "metric": {"name": "nDCG@10", "file": "m.json", "key": "metrics.nDCG@10"},
                       "expected": expected, "tolerance": 0.001, "tolerance_why": "test", "source": "test",
+                      "tolerance_evidence": {"kind": "resolution", "width": 0.01, "note": "test"},
                       "hardware": {"class": "2-core CPU", "wall": "1 min"}}]}
     (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
     return folder
@@ -99,6 +129,9 @@ def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
     ({"commands": ["python train.py"]}, "is a `pipeline ...` command"),
     ({"hardware": {"class": "a toaster", "wall": "1 min"}}, "hardware needs class"),
     ({"metric": {"name": "x"}}, "metric needs name, file and key"),
+    ({"tolerance": float("inf")}, "tolerance must be a finite number"),
+    ({"expected": float("nan")}, "expected must be a finite number"),
+    ({"expected": True}, "expected must be a finite number"),
 ])
 def test_a_malformed_cell_is_refused_naming_it(tmp_path, tiny_model_dir, change, message):
     folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
@@ -118,4 +151,45 @@ def test_a_command_the_cli_refuses_is_named():
 
 def test_the_committed_page_is_the_matrix_rendered(matrix):
     """docs/reproductions.md is `pipeline reproduce report`'s output for the matrix and its records."""
-    assert (ROOT / "docs" / "reproductions.md").read_text() == render_report(matrix, None)
+    from pipeline.cli.reproduce import REPORT_MARK
+
+    assert (ROOT / "docs" / "reproductions.md").read_text() == REPORT_MARK + "\n" + render_report(matrix, None)
+
+
+def test_an_empty_or_missing_matrix_folder_is_one_error(tmp_path, capsys):
+    assert main(["reproduce", "list", "--matrix", str(tmp_path)]) == 2
+    assert main(["reproduce", "list", "--matrix", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "no reproduction matrix here" in err and "not a folder" in err
+
+
+def test_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("mine")
+    assert main(["reproduce", "report", "--out", str(readme)]) == 2
+    assert readme.read_text() == "mine" and "not a page" in capsys.readouterr().err
+    page = tmp_path / "page.md"
+    assert main(["reproduce", "report", "--out", str(page), "--html", str(readme)]) == 2
+    assert not page.exists() and readme.read_text() == "mine"
+    assert main(["reproduce", "report", "--out", str(page), "--html", str(tmp_path / "p.html")]) == 0
+    assert main(["reproduce", "report", "--out", str(page), "--html", str(tmp_path / "p.html")]) == 0  # its own
+
+
+def test_a_result_file_counts_only_for_its_own_cell_and_definition(tmp_path, matrix):
+    import json
+
+    from pipeline.reproduce.status import cell_digest, cell_status, status_word
+
+    cell = matrix.cells["faq-minilm-zero-shot"]
+    other = matrix.cells["faq-minilm-int8"]
+    work = tmp_path / "runs"
+    (work / other.id).mkdir(parents=True)
+    fake = {"cell": cell.id, "cell_digest": cell_digest(cell), "got": cell.expected, "date": "2999-01-01",
+            "machine": {"cpu": "x"}, "commit": None}
+    (work / other.id / "result.json").write_text(json.dumps(fake))  # copied into another cell's folder
+    assert cell_status(other, work, tmp_path / "nomatrix") is None
+    (work / cell.id).mkdir()
+    (work / cell.id / "result.json").write_text(json.dumps({**fake, "cell_digest": "0" * 16}))
+    assert status_word(cell_status(cell, work, tmp_path / "nomatrix"), cell) == "stale"
+    (work / cell.id / "result.json").write_text(json.dumps(fake))
+    assert status_word(cell_status(cell, work, tmp_path / "nomatrix"), cell) == "passed"
