@@ -197,6 +197,54 @@ def _print_effects(result: dict, say) -> None:
             + (f" (smallest detectable {e['mde']:.4f})" if e.get("mde") is not None else ""))
 
 
+def cmd_record(args) -> None:
+    """Keep a finished run's result in the matrix's results/ without running anything again (what `run --record`
+    writes): a cell's <work>/<cell>/result.json, or an experiment's <work>/<family>-<dataset>/result.json."""
+    from ..io_utils import write_json_atomic
+    from ..reproduce import results_dir
+    from ..reproduce.run import relative_record
+    from ..reproduce.status import cell_digest, read_result
+
+    matrix = _matrix(args)
+    folder = getattr(args, "matrix", None)
+    if bool(args.cells) == bool(args.family):
+        raise ConfigError("reproduce record needs CELL ids or --family FAMILY")
+    if args.family:
+        exp = matrix.experiments.get(args.family)
+        if exp is None:
+            raise ConfigError(f"--family {args.family}: not an experiment of the matrix")
+        for d in ([args.on] if args.on else exp.datasets):
+            work = Path(args.work) / f"{exp.family}-{d}"
+            r = read_result(work / "result.json")
+            if r is None:
+                if args.on:
+                    raise PipelineError(f"{work / 'result.json'}: no result of {exp.family} on {d} to record")
+                continue
+            if r.get("experiment") != exp.family or r.get("dataset") != d:
+                raise PipelineError(f"{work / 'result.json'}: not a result of {exp.family} on {d}")
+            if r.get("changed_vars") or list(r.get("arms_run") or []) != list(exp.arms) \
+                    or list(r.get("seeds") or []) != list(exp.seeds):
+                raise PipelineError(f"{work / 'result.json'}: a run with other arms, seeds or vars than the experiment "
+                                    "defines is never recorded (run it as defined, or keep it local)")
+            out = results_dir(folder) / f"{exp.family}-{d}.json"
+            write_json_atomic(out, relative_record(r, {d: r.get("data") or "", "work": str(work.resolve())}))
+            print(f"[reproduce] {exp.family} on {d}: {r.get('runs_finished')} of {r.get('runs_planned')} runs"
+                  + ("" if r.get("complete") else " (incomplete)") + f" -> {out}")
+        return
+    for cid in args.cells:
+        cell = matrix.cell(cid)
+        path = Path(args.work) / cell.id / "result.json"
+        r = read_result(path)
+        if r is None or r.get("cell") != cell.id:
+            raise PipelineError(f"{path}: no result of cell {cell.id} to record")
+        if r.get("cell_digest") != cell_digest(cell):
+            raise PipelineError(f"{path}: made by another definition of {cell.id} (its commands, metric or data "
+                                "changed since); run it again")
+        out = results_dir(folder) / f"{cell.id}.json"
+        write_json_atomic(out, relative_record(r, {**(r.get("data") or {})}))
+        print(f"[reproduce] {cell.id} -> {out}")
+
+
 REPORT_MARK = "<!-- made by pipeline reproduce report: edit repro/*.yaml, not this file -->"
 
 
@@ -399,6 +447,13 @@ def add_parsers(sub) -> None:
     q.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="change a var of the experiment (e.g. --set max_steps=2); such a run is never --record'ed")
     q.set_defaults(func=cmd_run)
+    q = rsub.add_parser("record", help="keep a finished run's result in the matrix's results/ (what list and report "
+                                       "show) without running it again")
+    common(q)
+    q.add_argument("cells", nargs="*", metavar="CELL")
+    q.add_argument("--family", help="an experiment: its result on each dataset run under --work")
+    q.add_argument("--on", metavar="DATASET", help="only this dataset of the experiment")
+    q.set_defaults(func=cmd_record)
     q = rsub.add_parser("report", help="render the matrix to a page (docs/reproductions.md)")
     common(q)
     q.add_argument("--out", default="docs/reproductions.md")

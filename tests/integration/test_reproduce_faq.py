@@ -52,6 +52,12 @@ def test_run_compares_writes_its_result_and_exits_0_1_or_2(tmp_path, tiny_model_
     assert (tmp_path / "w3" / "tiny-faq" / "mine.txt").read_text() == "keep"
     assert main(["reproduce", "list", "--matrix", str(folder)]) == 0
     assert "missed" in capsys.readouterr().out
+    # a finished run kept in the matrix afterwards, without running it again
+    (folder / "results" / "tiny-faq.json").unlink()
+    assert main(["reproduce", "record", "tiny-faq", "--matrix", str(folder), "--work", str(tmp_path / "w")]) == 0
+    kept = json.loads((folder / "results" / "tiny-faq.json").read_text())
+    assert kept["got"] == result["got"] and str(tmp_path) not in json.dumps(kept)  # paths as placeholders
+    assert main(["reproduce", "record", "tiny-faq", "--matrix", str(folder), "--work", str(tmp_path / "none")]) == 2
 
 
 def test_paths_with_spaces_quotes_and_equals_stay_one_argument(tmp_path, tiny_model_dir, capsys):

@@ -1,0 +1,95 @@
+"""An experiment's result as a page section and a figure (`pipeline reproduce report`).
+
+The table: one row per comparison (method, baseline, difference, 95 % interval, p, verdict, seeds, the smallest
+detectable effect, wall time per seed) and the same on DAR's labeled and unlabeled parts. The figure: per
+comparison, each seed's difference as a dot, the mean and its interval as a bar, a line at 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PART_NAMES = {"all": "all test judgements", "labeled": "labeled documents", "unlabeled": "unlabeled documents"}
+
+
+def _f(x, fmt="+.4f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _row(cid: str, row: dict, part: str) -> str | None:
+    e = (row.get("parts") or {}).get(part)
+    if not e or not e.get("n_seeds"):
+        return None
+    iv = e.get("interval")
+    p = e.get("p_randomization")
+    wall = row.get("wall_seconds_per_seed")
+    return (f"| {cid} | {row['method']} | {row['baseline']} | {_f(e['method_mean'], '.4f')} | "
+            f"{_f(e['baseline_mean'], '.4f')} | {_f(e['difference'])} ± {_f(e.get('sd'), '.4f')} | "
+            + (f"[{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "—") + f" | {_f(p, '.3f')} | {e['verdict']} | "
+            f"{e['n_seeds']} | {_f(e.get('mde'), '.4f')} | " + ("—" if wall is None else f"{wall / 60:.1f} min") + " |")
+
+
+def markdown(result: dict, figure: str | None = None) -> list[str]:
+    """The section's lines for one dataset's result."""
+    m = result.get("machine") or {}
+    out = [f"#### {result['dataset']}", "",
+           f"{result['metric']} on the test judgements; {len(result.get('seeds') or [])} seeds planned, "
+           f"{result.get('runs_finished', 0)} of {result.get('runs_planned', 0)} runs finished"
+           + ("" if result.get("complete") else " (incomplete: rows show the seeds run so far)")
+           + f"; {result.get('labeled_documents', 0):,} labeled documents. Measured "
+           f"{str(result.get('date', ''))[:10]} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores, "
+           f"{', '.join(m.get('isa') or []) or 'no listed ISA flags'}), commit {str(result.get('commit') or '?')[:10]}"
+           + (f"; vars changed: {result['changed_vars']}" if result.get("changed_vars") else "") + ".", ""]
+    head = ("| comparison | method | baseline | method mean | baseline mean | difference ± sd (seeds) | 95 % interval "
+            "| p (queries) | verdict | seeds | smallest detectable | wall per seed |")
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    for part in ("all", "labeled", "unlabeled"):
+        rows = [r for r in (_row(cid, row, part) for cid, row in result["comparisons"].items()) if r]
+        if not rows:
+            continue
+        out += [f"On {PART_NAMES[part]}:", "", head, sep, *rows, ""]
+    if figure:
+        out += [f"![each seed's difference (dots), the mean and its 95 % interval]({figure})", ""]
+    arms = result.get("arms") or {}
+    if arms:
+        out += ["Per arm and seed (" + result["metric"] + ", all / labeled / unlabeled):", "",
+                "| arm | seed | all | labeled | unlabeled | wall |", "|---|---|---|---|---|---|"]
+        for a, info in arms.items():
+            for s, v in info["seeds"].items():
+                out.append(f"| {a} | {s} | {_f(v.get('all'), '.4f')} | {_f(v.get('labeled'), '.4f')} | "
+                           f"{_f(v.get('unlabeled'), '.4f')} | "
+                           + ("—" if v.get("wall_seconds") is None else f"{v['wall_seconds'] / 60:.1f} min") + " |")
+        out.append("")
+    return out
+
+
+def figure(result: dict, path: Path) -> bool:
+    """Each comparison's per-seed differences as dots, mean and 95 % interval as a bar; False when nothing ran."""
+    rows = [(cid, row["parts"]["all"]) for cid, row in result["comparisons"].items()
+            if (row.get("parts") or {}).get("all", {}).get("n_seeds")]
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))
+    for y, (cid, e) in enumerate(reversed(rows)):
+        ax.scatter(e["per_seed"], [y] * len(e["per_seed"]), s=14, color="0.45", zorder=3)
+        iv = e.get("interval")
+        color = {"holds beyond noise": "tab:green", "opposite beyond noise": "tab:red"}.get(e["verdict"], "tab:blue")
+        if iv:
+            ax.plot(iv, [y, y], color=color, linewidth=3, alpha=0.6, zorder=2)
+        ax.scatter([e["difference"]], [y], marker="D", s=36, color=color, zorder=4)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [cid for cid, _ in reversed(rows)])
+    ax.set_xlabel(f"{result['metric']} difference to the baseline (dots: seeds; bar: 95 % interval)")
+    ax.set_title(f"{result['dataset']}: each method against its baseline")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return True

@@ -1,0 +1,343 @@
+"""Running an effects experiment on one dataset: every arm, every seed, resumable, its result file rewritten after
+each finished run.
+
+    <work>/<family>-<dataset>/            made by this command (marker .reproduce-work), locked while it runs
+        prepare/                          the prepare commands' outputs (corpus, BM25 run), done.json last
+        labeled-documents.txt             the training pairs' positives (DAR's "labeled" documents)
+        arms/<arm>/seed-<s>/              one trained run: train/ (the trainer's run), emb/, index/, run.trec,
+                                          logs/<step>.log (each command's own output), scores.json, done.json last
+        arms/<arm>/once/                  an arm without training (zero-shot): one run for every seed
+        result.json                       per arm and seed the figures, per comparison the effect (stats.py)
+
+A run whose done.json records the same commands is not run again (a killed experiment re-run goes on where it
+stopped: a killed training resumes from its checkpoint, encode from its shards; index and retrieve are redone).
+A folder of an earlier prepare that did not finish is this command's own and is made again; nothing that is
+not this command's is touched, and a work folder holding anything else is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import PipelineError
+from ..provenance import repo_root
+from .spec import Arm, Experiment, fill
+from .stats import effect
+
+MARKER = ".reproduce-work"
+OWN_ENTRIES = {MARKER, ".lock", "prepare", "prepare.partial", "labeled-documents.txt", "arms", "result.json"}
+PARTS = ("all", "labeled", "unlabeled")
+
+
+class WorkFolder:
+    """The experiment's folder: made with a marker, refused when it holds what this command did not make,
+    locked (fcntl) so that two runs of one experiment never share it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = None
+
+    def open(self) -> "WorkFolder":
+        import fcntl
+
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise PipelineError(f"{p}: exists and is not a folder; choose another --work")
+        if p.exists() and any(p.iterdir()):
+            if not (p / MARKER).is_file():
+                raise PipelineError(f"{p}: exists and was not made by `pipeline reproduce`; refusing to use it "
+                                    "(choose another --work)")
+            foreign = sorted(e.name for e in p.iterdir() if e.name not in OWN_ENTRIES)
+            if foreign:
+                raise PipelineError(f"{p}: holds {', '.join(foreign[:5])}, which `pipeline reproduce` did not make; "
+                                    "nothing was run or removed (move them, or choose another --work)")
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PipelineError(f"{p}: cannot make the work folder ({e.strerror or e})") from None
+        if not os.access(p, os.W_OK):
+            raise PipelineError(f"{p}: cannot write in the work folder (permission denied or read-only)")
+        (p / MARKER).write_text("made by pipeline reproduce\n")
+        self._lock = open(p / ".lock", "w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise PipelineError(f"{p}: another `pipeline reproduce run` is using this work folder; wait for it or "
+                                "choose another --work") from None
+        return self
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str, float]:
+    """Run `pipeline` commands one after another as subprocesses, each one's output in logs/<name>.log;
+    a failed command raises naming its log's last line."""
+    logs.mkdir(parents=True, exist_ok=True)
+    seconds = {}
+    for name, argv in steps:
+        t0 = time.time()
+        log = logs / f"{name}.log"
+        with open(log, "w", encoding="utf-8") as f:
+            f.write("$ " + " ".join(argv) + "\n")
+            f.flush()
+            rc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv[1:]], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL).returncode
+        seconds[name] = round(time.time() - t0, 1)
+        if rc != 0:
+            lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+            raise PipelineError(f"{name} exited {rc}: {lines[-1] if lines else '(no output)'} (its whole output: {log})")
+        say(f"{name} {seconds[name]:.0f}s")
+    return seconds
+
+
+def _done(folder: Path, commands: list[list[str]]) -> dict | None:
+    try:
+        done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return done if done.get("commands") == commands else None
+
+
+class ExperimentRun:
+    """One experiment on one dataset (see the module doc)."""
+
+    def __init__(self, exp: Experiment, dataset: str, data_path: str, work: Path, seeds: list[int] | None = None,
+                 arms: list[str] | None = None, set_vars: dict | None = None, print_fn=print):
+        self.exp, self.dataset, self.data_path = exp, dataset, data_path
+        self.work = WorkFolder(work)
+        self.root = work
+        self.seeds = list(seeds) if seeds is not None else list(exp.seeds)
+        unknown = [a for a in (arms or []) if a not in exp.arms]
+        if unknown:
+            raise PipelineError(f"--arms {', '.join(unknown)}: no such arm in the experiment; its arms: "
+                                + ", ".join(exp.arms))
+        self.arm_ids = list(arms) if arms else list(exp.arms)
+        unknown = sorted(set(set_vars or {}) - set(exp.vars))
+        if unknown:
+            raise PipelineError(f"--set {', '.join(unknown)}: not a var of the experiment; its vars: "
+                                + ", ".join(f"{k}={v}" for k, v in exp.vars.items()))
+        self.vars = {**exp.vars, **(set_vars or {})}
+        self.changed_vars = {k: v for k, v in (set_vars or {}).items() if str(exp.vars[k]) != str(v)}
+        self.print = print_fn
+        self.base = {"repo": str(repo_root()), "data": data_path, "prep": str(work / "prepare"), **self.vars}
+
+    # ------------------------------------------------------------------ pieces
+
+    def say(self, text: str) -> None:
+        self.print(f"[effects] {self.dataset}: {text}", flush=True)
+
+    def prepare(self) -> None:
+        prep = self.root / "prepare"
+        commands = [fill(c, {**self.base, "prep": str(prep)}) for c in self.exp.prepare]
+        if _done(prep, commands):
+            return
+        partial = self.root / "prepare.partial"
+        if partial.exists():  # our own unfinished prepare (the name is ours, inside our marked folder)
+            import shutil
+
+            shutil.rmtree(partial)
+        if prep.exists():  # a prepare of other commands (an older matrix): made again
+            import shutil
+
+            shutil.rmtree(prep)
+        partial.mkdir(parents=True)
+        steps = [(f"prepare-{i + 1}-{c[1]}", fill(t, {**self.base, "prep": str(partial)}))
+                 for i, (c, t) in enumerate(zip(commands, self.exp.prepare))]
+        t0 = time.time()
+        _run_steps(steps, partial / "logs", lambda s: self.say(f"prepare: {s}"))
+        from ..io_utils import write_json_atomic
+
+        write_json_atomic(partial / "done.json", {"commands": commands, "seconds": round(time.time() - t0, 1)})
+        partial.rename(prep)
+        self._fix_prepare_paths(partial, prep)
+
+    def _fix_prepare_paths(self, old: Path, new: Path) -> None:
+        """Files of the prepared folder that name its temporary name (a run's meta) name its final one."""
+        for meta in new.glob("*.meta.json"):
+            text = meta.read_text(encoding="utf-8")
+            if str(old) in text:
+                meta.write_text(text.replace(str(old), str(new)), encoding="utf-8")
+
+    def labeled_documents(self) -> set[str]:
+        """The training pairs' positives, drawn as the trainer draws them (data.positives_per_query)."""
+        from ..data.readers import read_qrels
+        from ..data.training import pick_positives
+
+        path = self.root / "labeled-documents.txt"
+        if path.is_file():
+            return set(path.read_text(encoding="utf-8").split())
+        rel_level = int(self.vars.get("rel_level", 1))
+        per_query = int(self.vars.get("positives", 0))
+        seed = int(self.vars.get("positives_seed", 0))
+        positives, grades = {}, {}
+        for r in read_qrels(self.root / "prepare" / self.exp.train_qrels):
+            if r["rel"] >= rel_level:
+                positives[r["qid"]] = positives.get(r["qid"], ()) + (r["docid"],)
+                grades[r["qid"]] = grades.get(r["qid"], ()) + (int(r["rel"]),)
+        if per_query:
+            positives = pick_positives(positives, grades, per_query, seed)
+        docs = {d for ds in positives.values() for d in ds}
+        from ..io_utils import write_text_atomic
+
+        write_text_atomic(path, "".join(f"{d}\n" for d in sorted(docs)))
+        return docs
+
+    def run_folder(self, arm: Arm, seed: int | None) -> Path:
+        return self.root / "arms" / arm.id / ("once" if seed is None else f"seed-{seed}")
+
+    def commands(self, arm: Arm, seed: int | None, folder: Path) -> list[tuple[str, list[str]]]:
+        values = {**self.base, "run": str(folder), "seed": "" if seed is None else seed}
+        values["model_path"] = arm.model_path.format(**values)
+        names = (["train"] if arm.train is not None else []) + [c[1] for c in self.exp.evaluate]
+        return [(n, fill(c, values)) for n, c in zip(names, self.exp.arm_commands(arm))]
+
+    def score(self, folder: Path, labeled: set[str]) -> dict:
+        """Per-query values of the metric on the test judgements: all, labeled and unlabeled documents."""
+        from ..config import EvalConfig
+        from ..data.readers import load_qrels
+        from ..eval.label_split import evaluate_parts
+        from ..eval.metrics import evaluate_run
+        from ..eval.runs import read_run
+
+        cfg = EvalConfig(measures=(self.exp.metric,), per_query=True)
+        run = read_run(folder / "run.trec")
+        qrels = load_qrels(self.root / "prepare" / self.exp.qrels)
+        out = {"all": evaluate_run(run, qrels, cfg)}
+        out.update(evaluate_parts(run, qrels, labeled, cfg))
+        name = self.exp.metric
+        return {part: {"mean": res["metrics"].get(name),
+                       "per_query": {q: v[name] for q, v in (res.get("per_query") or {}).items()}}
+                for part, res in out.items()}
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> dict:
+        self.work.open()
+        try:
+            return self._run()
+        finally:
+            self.work.close()
+
+    def _plan(self) -> list[tuple[Arm, int | None]]:
+        plan = []
+        for a in self.arm_ids:
+            arm = self.exp.arms[a]
+            plan += [(arm, s) for s in self.seeds] if arm.seeded else [(arm, None)]
+        return plan
+
+    def _run(self) -> dict:
+        from ..io_utils import write_json_atomic
+
+        from ..provenance import code_digest
+
+        t_start = time.time()
+        self.code = code_digest()
+        self.prepare()
+        labeled = self.labeled_documents()
+        plan = self._plan()
+        todo = [(a, s) for a, s in plan if not _done(self.run_folder(a, s),
+                                                      [c for _, c in self.commands(a, s, self.run_folder(a, s))])]
+        self.say(f"{len(plan)} runs ({len(plan) - len(todo)} done before): arms {', '.join(self.arm_ids)}; seeds "
+                 f"{', '.join(map(str, self.seeds))}; {len(labeled):,} labeled documents"
+                 + (f"; vars changed: {self.changed_vars}" if self.changed_vars else ""))
+        spent, self.failed = [], []
+        for i, (arm, seed) in enumerate(todo, 1):
+            folder = self.run_folder(arm, seed)
+            steps = self.commands(arm, seed, folder)
+            what = f"{arm.id}" + ("" if seed is None else f" seed {seed}")
+            t0 = time.time()
+            try:
+                seconds = _run_steps(steps, folder / "logs", lambda s, w=what: self.say(f"{w}: {s}"))
+            except PipelineError as e:  # this run failed: said, kept out of the figures, the others go on
+                self.failed.append(f"{what}: {e}")
+                self.say(f"{what}: FAILED: {e} [{i}/{len(todo)}]; the other runs go on, and a re-run tries it again")
+                continue
+            scores = self.score(folder, labeled)
+            write_json_atomic(folder / "scores.json", scores)
+            wall = round(time.time() - t0, 1)
+            write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "seconds": seconds,
+                                                     "wall_seconds": wall, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                     "code_digest": self.code})
+            spent.append(wall)
+            left = len(todo) - i
+            eta = f", about {left * sum(spent) / len(spent) / 60:.0f} min left" if left else ""
+            m = scores["all"]["mean"]
+            parts = ", ".join(f"{p} {scores[p]['mean']:.4f}" for p in ("labeled", "unlabeled")
+                              if scores[p]["mean"] is not None)
+            self.say(f"{what}: {self.exp.metric} {m:.4f} ({parts}) in {wall / 60:.1f} min [{i}/{len(todo)}{eta}]")
+            write_json_atomic(self.root / "result.json", self.result(labeled, time.time() - t_start))
+        result = self.result(labeled, time.time() - t_start)
+        result["failed"] = list(self.failed)
+        write_json_atomic(self.root / "result.json", result)
+        return result
+
+    # ------------------------------------------------------------------ the result
+
+    def collect(self) -> dict:
+        """{arm: {seed or None: {"scores": ..., "wall_seconds": ...}}} of every finished run."""
+        out = {}
+        for a in self.exp.arms.values():
+            for seed in (self.exp.seeds if a.seeded else [None]):
+                folder = self.run_folder(a, seed)
+                done = _done(folder, [c for _, c in self.commands(a, seed, folder)])
+                if done is None:
+                    continue
+                try:
+                    scores = json.loads((folder / "scores.json").read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
+                                                  "date": done.get("date"), "code_digest": done.get("code_digest")}
+        return out
+
+    def result(self, labeled: set[str], seconds: float) -> dict:
+        """The experiment's result file: per arm its figures by seed, per comparison its effect on every part."""
+        from ..models.checkpoint import library_versions
+        from ..provenance import code_digest, commit, machine
+
+        runs = self.collect()
+        arms = {}
+        for a, by_seed in runs.items():
+            seeds = {("once" if s is None else str(s)): {**{p: r["scores"][p]["mean"] for p in PARTS},
+                                                         "wall_seconds": r["wall_seconds"], "date": r["date"],
+                                                         "code_digest": r.get("code_digest")}
+                     for s, r in by_seed.items()}
+            walls = [r["wall_seconds"] for r in by_seed.values() if r["wall_seconds"] is not None]
+            arms[a] = {"title": self.exp.arms[a].title, "seeds": seeds,
+                       "wall_seconds_mean": round(sum(walls) / len(walls), 1) if walls else None}
+        comparisons = {}
+        for c in self.exp.comparisons.values():
+            row = {"method": c.method, "baseline": c.baseline, "direction": c.direction, "claim": c.claim,
+                   "source": c.source, "published_difference": c.published_difference,
+                   "cell": self.exp.cell_id(self.dataset, c.id)}
+            if c.method in runs and c.baseline in runs:
+                row["parts"] = {}
+                for part in PARTS:
+                    method = {s: r["scores"][part]["per_query"] for s, r in runs[c.method].items()}
+                    base = {s: r["scores"][part]["per_query"] for s, r in runs[c.baseline].items()}
+                    row["parts"][part] = effect(method, base, c.direction)
+                row["verdict"] = row["parts"]["all"]["verdict"]
+                row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
+            else:
+                row["verdict"] = "not run"
+            comparisons[c.id] = row
+        planned = len(self._plan())
+        finished = sum(len(v) for a, v in runs.items() if a in self.arm_ids)
+        return {"experiment": self.exp.family, "dataset": self.dataset, "data": self.data_path,
+                "metric": self.exp.metric, "seeds": self.seeds, "arms_run": self.arm_ids, "vars": self.vars,
+                "changed_vars": self.changed_vars, "labeled_documents": len(labeled),
+                "complete": finished >= planned, "runs_finished": finished, "runs_planned": planned,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "versions": library_versions(),
+                "commit": commit(), "code_digest": code_digest(),
+                "code_digests_of_runs": sorted({str(r.get("code_digest")) for v in runs.values() for r in v.values()}),
+                "wall_seconds_this_invocation": round(seconds, 1),
+                "arms": arms, "comparisons": comparisons}

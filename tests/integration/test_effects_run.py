@@ -1,0 +1,64 @@
+"""The effects experiment's machinery end to end on the bundled FAQ with the tests' tiny BERT, two seeds, three
+arms and two steps each (CI keeps the machinery honest; the figures are the NFCorpus run's, not asserted here):
+every arm and seed runs, the result holds each comparison's statistics on every part, a re-run runs nothing that
+finished, a run whose marker is gone runs again alone, and the page renders the table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model_dir, capsys):
+    work = tmp_path / "work"
+    args = ["reproduce", "run", "--family", "effects", "--on", "python_faq", "--seeds", "0,1",
+            "--arms", "zero-shot,dpr,dar", "--set", "max_steps=2", "--set", f"model={tiny_model_dir}",
+            "--work", str(work)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    root = work / "effects-python_faq"
+    result = json.loads((root / "result.json").read_text())
+    assert result["complete"] and result["runs_finished"] == 5 and result["changed_vars"]["max_steps"] == 2
+    assert set(result["arms"]) == {"zero-shot", "dpr", "dar"}
+    assert set(result["arms"]["dpr"]["seeds"]) == {"0", "1"} and set(result["arms"]["zero-shot"]["seeds"]) == {"once"}
+    row = result["comparisons"]["dar-vs-dpr"]
+    e = row["parts"]["all"]
+    assert e["n_seeds"] == 2 and len(e["per_seed"]) == 2 and e["queries"] == 70
+    assert e["difference"] == pytest.approx(sum(e["per_seed"]) / 2)
+    assert e["interval"][0] <= e["difference"] <= e["interval"][1] and 0 <= e["p_randomization"] <= 1
+    assert row["verdict"] in ("holds beyond noise", "opposite beyond noise", "inconclusive")
+    assert result["comparisons"]["ance-vs-dpr"]["verdict"] == "not run"
+    for seed in ("seed-0", "seed-1"):  # each run kept its commands' output in its own logs
+        assert (root / "arms" / "dpr" / seed / "logs" / "train.log").is_file()
+        assert json.loads((root / "arms" / "dpr" / seed / "done.json").read_text())["commands"][0][1] == "train"
+    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out
+    # the same command again: nothing runs
+    assert main(args) == 0
+    assert "5 runs (5 done before)" in capsys.readouterr().out
+    # a run without its marker (killed before it finished) runs again, alone
+    (root / "arms" / "dar" / "seed-1" / "done.json").unlink()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "5 runs (4 done before)" in out and "dar seed 1: train" in out and "dpr seed 0: train" not in out
+    # a run with other vars, arms or seeds than the experiment defines is never recorded into the matrix
+    assert main(["reproduce", "record", "--family", "effects", "--on", "python_faq", "--work", str(work)]) == 2
+    assert "never recorded" in capsys.readouterr().err
+    # the work folder is this command's: a user's file in it is refused, never deleted
+    (root / "notes.txt").write_text("mine")
+    assert main(args) == 2
+    assert (root / "notes.txt").read_text() == "mine"
+
+
+def test_an_experiment_never_records_a_changed_run(tmp_path, capsys):
+    assert main(["reproduce", "run", "--family", "effects", "--on", "python_faq", "--set", "max_steps=2",
+                 "--record", "--work", str(tmp_path)]) == 2
+    assert "--record keeps a run of the experiment as it is defined" in capsys.readouterr().err
+    assert main(["reproduce", "run", "--family", "nope"]) == 2
+    assert main(["reproduce", "run", "--family", "effects", "--on", "python_faq", "--set", "nope=1",
+                 "--work", str(tmp_path)]) == 2
+    assert "not a var of the experiment" in capsys.readouterr().err

@@ -1,0 +1,279 @@
+"""The effects experiment's pieces: its statistics against hand-computed values, its spec's checks, the
+training pairs' positives, DAR's labeled/unlabeled split of the test judgements, and BM25 runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from pipeline.effects.spec import fill, load_experiment, split_command
+from pipeline.effects.stats import effect, verdict
+from pipeline.errors import ConfigError, PipelineError
+
+
+# ------------------------------------------------------------------ statistics
+
+def test_the_effect_of_two_seeds_over_a_zero_shot_baseline_is_computed_by_hand():
+    method = {0: {"a": 0.5, "b": 0.7}, 1: {"a": 0.6, "b": 0.8}}
+    base = {None: {"a": 0.4, "b": 0.6}}
+    e = effect(method, base, direction=1)
+    assert e["per_seed"] == pytest.approx([0.1, 0.2])
+    assert e["difference"] == pytest.approx(0.15)
+    assert e["sd"] == pytest.approx(math.sqrt(0.005))  # ((0.05)^2 + (0.05)^2) / 1
+    half = st.t.ppf(0.975, 1) * math.sqrt(0.005) / math.sqrt(2)
+    assert e["interval"] == pytest.approx([0.15 - half, 0.15 + half])
+    assert e["queries"] == 2 and e["n_seeds"] == 2
+    assert e["method_mean"] == pytest.approx(0.65) and e["baseline_mean"] == pytest.approx(0.5)
+    # the smallest detectable effect over seeds: (t.975 + t.80) sd / sqrt(n)
+    assert e["mde_seeds"] == pytest.approx((st.t.ppf(0.975, 1) + st.t.ppf(0.8, 1)) * math.sqrt(0.005) / math.sqrt(2))
+    assert e["verdict"] == "inconclusive"  # the interval holds 0
+
+
+def test_seeds_pair_by_value_and_only_common_queries_count():
+    method = {0: {"a": 1.0, "b": 0.0, "c": 0.5}, 1: {"a": 1.0, "b": 1.0}, 7: {"a": 0.0, "b": 0.0}}
+    base = {0: {"a": 0.0, "b": 0.0}, 1: {"a": 0.5, "b": 0.5}}
+    e = effect(method, base)
+    assert e["seeds"] == [0, 1] and e["queries"] == 2  # seed 7 has no baseline; c is not in every run
+    assert e["per_seed"] == pytest.approx([0.5, 0.5])
+
+
+def _scores(rng, n_queries, shift, noise=0.05, seeds=5):
+    base = rng.uniform(0.2, 0.6, n_queries)
+    out = {}
+    for s in range(seeds):
+        vals = base + shift + rng.normal(0, noise, n_queries)
+        out[s] = {f"q{i}": float(v) for i, v in enumerate(vals)}
+    return out, base
+
+
+def test_the_verdict_follows_the_interval_and_the_paired_test():
+    rng = np.random.default_rng(0)
+    method, base = _scores(rng, 200, shift=0.05)
+    baseline = {None: {f"q{i}": float(v) for i, v in enumerate(base)}}
+    assert effect(method, baseline, direction=1)["verdict"] == "holds beyond noise"
+    assert effect(method, baseline, direction=-1)["verdict"] == "opposite beyond noise"
+    same, base2 = _scores(rng, 200, shift=0.0)
+    e = effect(same, {None: {f"q{i}": float(v) for i, v in enumerate(base2)}}, direction=1)
+    assert e["verdict"] == "inconclusive" and e["mde"] > 0
+    # a method that is its baseline: no effect, p = 1, never "holds"
+    e = effect({0: baseline[None], 1: baseline[None]}, baseline)
+    assert e["difference"] == 0 and e["p_randomization"] == 1.0 and e["verdict"] == "inconclusive"
+
+
+def test_one_seed_is_always_inconclusive():
+    e = effect({0: {"a": 0.9, "b": 0.9}}, {None: {"a": 0.1, "b": 0.1}})
+    assert e["interval"] is None and e["verdict"] == "inconclusive"
+    assert verdict({"n_seeds": 1, "interval": None}, 1) == "inconclusive"
+
+
+# ------------------------------------------------------------------ the spec
+
+def _raw(**change):
+    raw = {"datasets": ["d"], "seeds": [0, 1], "metric": "nDCG@10", "qrels": "corpus/qrels/test.trec",
+           "train_qrels": "corpus/qrels/train.trec", "vars": {"model": "m"},
+           "prepare": ["pipeline ingest {data} --out {prep}/corpus"],
+           "train": "pipeline train --config {repo}/c.yaml train.seed={seed} model.name_or_path={model}",
+           "evaluate": ["pipeline encode --corpus {prep}/corpus --out {run}/emb --model {model_path}"],
+           "arms": [{"id": "zero", "title": "zero", "train": None}, {"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]}],
+           "comparisons": [{"id": "dpr-vs-zero", "method": "dpr", "baseline": "zero", "direction": 1, "claim": "c",
+                            "source": "s"}]}
+    raw.update(change)
+    return raw
+
+
+def test_an_experiment_spec_is_checked():
+    exp = load_experiment(_raw(), "fx", "f.yaml", {"d": {}})
+    assert exp.arms["zero"].model_path == "{model}" and exp.arms["dpr"].model_path == "{run}/model/model"
+    assert exp.cell_id("d", "dpr-vs-zero") == "fx-d-dpr-vs-zero"
+    for change, message in [
+        ({"bogus": 1}, "unknown key"),
+        ({"datasets": ["nope"]}, "dataset 'nope'"),
+        ({"seeds": [0, 0]}, "distinct"),
+        ({"vars": {"run": 1}}, "may not be named"),
+        ({"train": "pipeline train {nowhere}"}, "names nowhere"),
+        ({"prepare": ["python x.py"]}, "is a `pipeline ...` command"),
+        ({"comparisons": [{"id": "c", "method": "dpr", "baseline": "ghost", "direction": 1, "claim": "c",
+                           "source": "s"}]}, "baseline 'ghost'"),
+        ({"comparisons": [{"id": "c", "method": "zero", "baseline": "dpr", "direction": 1, "claim": "c",
+                           "source": "s"}]}, "has no training"),
+        ({"comparisons": [{"id": "c", "method": "dpr", "baseline": "zero", "direction": 2, "claim": "c",
+                           "source": "s"}]}, "direction"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_experiment(_raw(**change), "fx", "f.yaml", {"d": {}})
+
+
+def test_a_command_is_split_once_and_paths_with_spaces_and_quotes_stay_one_argument():
+    argv = split_command("pipeline ingest {data} --out {prep}/corpus", "here")
+    path = "/tmp/my data/it's \"here\" key=value"
+    assert fill(argv, {"data": path, "prep": "/w"}) == ["pipeline", "ingest", path, "--out", "/w/corpus"]
+    with pytest.raises(ConfigError, match="cannot be split"):
+        split_command("pipeline ingest 'unclosed", "here")
+
+
+def test_the_shipped_experiment_loads_with_every_arm_and_comparison():
+    from pipeline.reproduce import load_matrix
+
+    m = load_matrix()
+    exp = m.experiments["effects"]
+    assert {"zero-shot", "dpr", "dar", "dar-interpolation", "dar-perturbation", "dpr-hn", "dar-hn", "ance",
+            "ance-dar"} <= set(exp.arms)
+    assert len(exp.seeds) >= 5 and {"nfcorpus", "scifact-train"} <= set(exp.datasets)
+    for d in exp.datasets:
+        for c in exp.comparisons:
+            cell = m.cells[exp.cell_id(d, c)]
+            assert cell.experiment == "effects" and cell.baseline == exp.comparisons[c].baseline
+
+
+# ------------------------------------------------------------------ training pairs' positives
+
+def test_positives_per_query_keeps_the_highest_grades_and_draws_ties_by_seed_and_query():
+    from pipeline.data.training import pick_positives
+
+    pos = {"q1": ("a", "b", "c", "d"), "q2": ("x",)}
+    grades = {"q1": (1, 2, 1, 1), "q2": (1,)}
+    skipped = {}
+    one = pick_positives(pos, grades, 1, seed=0, skipped=skipped)
+    assert one == {"q1": ("b",), "q2": ("x",)} and skipped == {"positives_over_cap": 3}
+    two = pick_positives(pos, grades, 2, seed=0)
+    assert two["q1"][0] == "b" and two["q1"][1] in ("a", "c", "d")
+    # the draw depends on (seed, qid), not on the other queries nor on the order
+    assert pick_positives({"q1": pos["q1"]}, {"q1": grades["q1"]}, 2, seed=0) == {"q1": two["q1"]}
+    draws = {pick_positives(pos, grades, 2, seed=s)["q1"][1] for s in range(20)}
+    assert len(draws) > 1
+
+
+def test_examples_from_qrels_keep_one_positive_per_query_and_record_the_rule(faq, tmp_path):
+    import json
+
+    from pipeline.data.training import build_examples, read_examples_table
+    from pipeline.train.config import TrainDataConfig
+
+    qrels = tmp_path / "train.trec"
+    lines = (faq / "qrels" / "train.trec").read_text().splitlines()
+    q0, q1 = lines[0].split()[0], lines[1].split()[0]
+    extra = [f"{q0} 0 {lines[k].split()[2]} 1" for k in (5, 6, 7)]  # three more judged passages for one query
+    qrels.write_text("\n".join(lines + extra) + "\n")
+    cfg = TrainDataConfig(corpus=str(faq), qrels=str(qrels), positives_per_query=1, positives_seed=3)
+    meta = build_examples(cfg, tmp_path / "ex", progress=False)
+    table = read_examples_table(tmp_path / "ex")
+    queries = table["qid"].to_pylist()
+    assert len(queries) == len(set(queries)) == len({ln.split()[0] for ln in lines})
+    assert meta["positives_per_query"] == 1 and meta["positives_seed"] == 3 and "highest grade" in meta["positives_rule"]
+    assert meta["skipped"].get("positives_over_cap") == 3
+    assert json.loads((tmp_path / "ex" / "examples.json").read_text())["positives_per_query"] == 1
+    del q1
+
+
+# ------------------------------------------------------------------ labeled / unlabeled
+
+def test_the_judgements_split_by_training_and_each_part_ignores_the_other_parts_documents():
+    from pipeline.config import EvalConfig
+    from pipeline.eval.label_split import evaluate_parts, part_run, split_judgements
+
+    qrels = {"q1": {"L": 1, "U": 2, "N": 0}, "q2": {"L": 1}, "q3": {"U": 1}}
+    parts = split_judgements(qrels, labeled={"L"})
+    assert parts["labeled"] == {"q1": {"L": 1, "N": 0}, "q2": {"L": 1}}
+    assert parts["unlabeled"] == {"q1": {"U": 2, "N": 0}, "q3": {"U": 1}}
+    run = {"q1": {"L": 3.0, "U": 2.0, "N": 1.0}, "q2": {"X": 2.0, "L": 1.0}, "q3": {"U": 1.0}}
+    assert part_run(run, qrels, parts["unlabeled"]) == {"q1": {"U": 2.0, "N": 1.0}, "q3": {"U": 1.0}}
+    res = evaluate_parts(run, qrels, {"L"}, EvalConfig(measures=("P@1",), per_query=True))
+    # unlabeled: q1's L is out of its ranking, so U is first: P@1 = 1 for q1 and q3
+    assert res["unlabeled"]["metrics"]["P@1"] == pytest.approx(1.0)
+    # labeled: q1 -> L first (1), q2 -> X first (0)
+    assert res["labeled"]["metrics"]["P@1"] == pytest.approx(0.5)
+    assert res["labeled"]["judgements"] == 2 and res["unlabeled"]["judgements"] == 2
+
+
+def test_evaluate_split_by_reads_an_examples_folder_or_qrels(faq, tmp_path, capsys):
+    from pipeline.cli import main
+
+    run = tmp_path / "run.trec"
+    assert main(["bm25", "--corpus", str(faq), "--out", str(run), "--top-k", "10"]) == 0
+    qrels = faq / "qrels" / "test.trec"
+    assert main(["evaluate", "--run", str(run), "--qrels", str(qrels), "--measures", "nDCG@10", "--split-by",
+                 str(faq / "qrels" / "train.trec"), "--json", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "[labeled]" in out and "[unlabeled]" in out and "labeled documents" in out
+    import json
+
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert set(m["parts"]) == {"labeled", "unlabeled"} and m["split_by"]["documents"] > 0
+    assert main(["evaluate", "--run", str(run), "--qa", "x", "--split-by", str(qrels)]) == 2
+    assert main(["evaluate", "--run", str(run), "--qrels", str(qrels), "--split-by", str(tmp_path)]) == 2
+    assert "not a training examples folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ BM25
+
+def test_a_bm25_run_is_bm25s_own_ranking_with_ties_in_corpus_order(faq, tmp_path):
+    import json
+
+    import bm25s
+    import Stemmer
+
+    from pipeline.eval.runs import read_run
+    from pipeline.index.bm25 import B, K1, METHOD, _corpus_texts, _tokenize, bm25_run
+    from pipeline.data.manifest import load_manifest
+
+    out = tmp_path / "bm25.trec"
+    meta = bm25_run(faq, faq / "queries.tsv", out, top_k=5, qrels=faq / "qrels" / "test.trec", progress=False)
+    run = read_run(out)
+    assert meta["model"]["k1"] == K1 and meta["model"]["b"] == B and meta["n_queries"] == len(run) == 70
+    assert json.loads((tmp_path / "bm25.trec.meta.json").read_text())["corpus_fingerprint"]
+    # the same scores bm25s gives directly
+    pids, texts = _corpus_texts(faq, load_manifest(faq))
+    stem = Stemmer.Stemmer("english")
+    r = bm25s.BM25(method=METHOD, k1=K1, b=B)
+    r.index(_tokenize(texts, stem), show_progress=False)
+    q = next(iter(run))
+    from pipeline.data.readers import load_queries
+
+    qt = load_queries(faq / "queries.tsv")[q]
+    ids, scores = r.retrieve(_tokenize([qt], stem, ids=False), k=5, show_progress=False)
+    assert sorted(run[q].values(), reverse=True) == pytest.approx(sorted(map(float, scores[0]), reverse=True), rel=1e-5)
+    # an existing run is never replaced without --overwrite
+    with pytest.raises(PipelineError):
+        bm25_run(faq, faq / "queries.tsv", out, top_k=5, progress=False)
+    bm25_run(faq, faq / "queries.tsv", out, top_k=5, progress=False, overwrite=True)
+
+
+def test_a_query_with_no_known_term_gets_no_hits(faq, tmp_path):
+    from pipeline.eval.runs import read_run
+    from pipeline.index.bm25 import bm25_run
+
+    queries = tmp_path / "q.tsv"
+    queries.write_text("a\tzzzzqqq xxyyzz\nb\tpython list\n")
+    bm25_run(faq, queries, tmp_path / "r.trec", top_k=3, progress=False)
+    run = read_run(tmp_path / "r.trec")
+    assert "a" not in run and len(run["b"]) == 3
+
+
+# ------------------------------------------------------------------ identify
+
+def test_identify_counts_a_beir_folder_and_names_a_mismatch(tmp_path):
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.identify import check_identity, count
+
+    faq = python_faq_dir()
+    assert count(faq, "passages") == 176 and count(faq, "test_queries") == 70
+    spec = {"layout": "a BEIR folder", "identify": {"passages": 176, "test_queries": 70}}
+    assert check_identity("python_faq", spec, str(faq)) == []
+    with pytest.raises(PipelineError, match=r"passages 176 \(expected 5,183\)"):
+        check_identity("scifact", {"layout": "x", "identify": {"passages": 5183, "test_queries": 300}}, str(faq))
+    # a truncated corpus
+    import shutil
+
+    cut = tmp_path / "faq"
+    shutil.copytree(faq, cut)
+    lines = (cut / "corpus.jsonl").read_text().splitlines()
+    (cut / "corpus.jsonl").write_text("\n".join(lines[3:]) + "\n")
+    with pytest.raises(PipelineError, match=r"passages 173 \(expected 176\)"):
+        check_identity("python_faq", spec, str(cut))
+    # a missing split is a mismatch, an uncountable key is said
+    with pytest.raises(PipelineError, match="dev_queries 0"):
+        check_identity("python_faq", {"layout": "x", "identify": {"dev_queries": 10}}, str(faq))
+    assert "not counted" in check_identity("x", {"layout": "x", "identify": {"authors": 3}}, str(faq))[0]
