@@ -64,7 +64,7 @@ def cmd_retrieve(args) -> None:
     model = _query_model_on(device, args.index, model_cfg) if device == "cuda" else None
     meta = retrieve(args.index, queries_file(irds_id) if irds_id else args.queries, args.out, cfg,
                     queries_format="tsv" if irds_id else args.queries_format, model_cfg=model_cfg,
-                    overwrite=args.overwrite, model=model)
+                    overwrite=args.overwrite, model=model, only_judged=args.qrels)
     if irds_id:  # the run's meta names the identifier, not the temporary file it was read through
         from ..io_utils import write_json_atomic
 
@@ -139,6 +139,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--queries-format", default="auto", choices=("auto", "tsv", "beir", "dpr-qa"),
                    help="qid<TAB>text TSV, BEIR queries.jsonl, or DPR's question<TAB>[answers] (auto: .jsonl is "
                         "BEIR, anything else TSV)")
+    p.add_argument("--qrels", help="search only the queries this qrels file judges (e.g. the test split's, when the "
+                                   "queries file holds every split's queries)")
     p.add_argument("--out", "--output", dest="out", required=True,
                    help="TREC run file to write (--output: pyserini's name)")
     p.add_argument("--top-k", "--hits", dest="top_k", type=int,

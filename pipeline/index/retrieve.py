@@ -53,8 +53,9 @@ def check_query_vectors(vectors, names) -> None:
 
 def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
              queries_format: str = "auto", model_cfg: ModelConfig | None = None, model=None,
-             progress: bool = True, overwrite: bool = True) -> dict:
-    """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`).
+             progress: bool = True, overwrite: bool = True, only_judged: str | Path | None = None) -> dict:
+    """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`). With `only_judged` (a qrels
+    file), only the queries it judges are searched (e.g. a BEIR queries file holding every split's queries).
 
     `run_path` must be new or a run this tool wrote (replaced only with `overwrite`;
     the CLI asks for `--overwrite`); a directory or another file there is refused
@@ -67,6 +68,15 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     check_output(run_path, "run", overwrite)
     index = LoadedIndex(index_dir, cfg.index)
     queries = load_queries(queries_path, queries_format)
+    if only_judged is not None:
+        from ..data.readers import load_qrels
+
+        judged = load_qrels(only_judged)
+        missing = sorted(set(judged) - set(queries))
+        if missing:
+            raise InputError(only_judged, None, f"{len(missing)} judged queries are not in {queries_path}, e.g. "
+                                                f"{missing[0]!r}")
+        queries = {q: t for q, t in queries.items() if q in judged}
     if not queries:
         raise InputError(queries_path, None, "no queries (an empty queries file would give an empty run)")
     if model is None:
@@ -91,6 +101,7 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     lines = run.lines
     meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
     meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,
+                 "only_judged_by": str(Path(only_judged).resolve()) if only_judged is not None else None,
                  "index": str(Path(index_dir).resolve()), "seconds": round(time.time() - t0, 2)})
     write_json_atomic(str(run_path) + ".meta.json", meta)
     if progress:

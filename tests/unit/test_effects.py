@@ -277,3 +277,22 @@ def test_identify_counts_a_beir_folder_and_names_a_mismatch(tmp_path):
     with pytest.raises(PipelineError, match="dev_queries 0"):
         check_identity("python_faq", {"layout": "x", "identify": {"dev_queries": 10}}, str(faq))
     assert "not counted" in check_identity("x", {"layout": "x", "identify": {"authors": 3}}, str(faq))[0]
+
+
+def test_retrieve_searches_only_the_queries_a_qrels_file_judges(faq, tiny_model_dir, tmp_path):
+    from pipeline.cli import main
+    from pipeline.eval.runs import read_run
+
+    emb, index, run = tmp_path / "emb", tmp_path / "index", tmp_path / "run.trec"
+    assert main(["encode", "--corpus", str(faq), "--out", str(emb), "--model", str(tiny_model_dir),
+                 "encode.runner=local", "encode.backend=torch"]) == 0
+    assert main(["index", "--embeddings", str(emb), "--out", str(index)]) == 0
+    qrels = faq / "qrels" / "test.trec"
+    assert main(["retrieve", "--index", str(index), "--queries", str(faq / "queries.tsv"), "--qrels", str(qrels),
+                 "--out", str(run), "--top-k", "5"]) == 0
+    judged = {ln.split()[0] for ln in qrels.read_text().splitlines() if ln.strip()}
+    assert set(read_run(run)) == judged
+    bad = tmp_path / "bad.trec"
+    bad.write_text("nope 0 x 1\n")
+    assert main(["retrieve", "--index", str(index), "--queries", str(faq / "queries.tsv"), "--qrels", str(bad),
+                 "--out", str(tmp_path / "r2.trec")]) == 2
