@@ -13,7 +13,12 @@ size and max length everywhere, passages/s of:
   4. the CPU backends side by side on the same tokens (OpenVINO fp32 / bf16, which
      encode.backend=auto runs on a CPU; ONNX Runtime fp32 with its BERT fusions;
      torch.compile fp32), each with its minimum cosine to torch's fp32 vectors;
-  5. whole processes as users run them: sentence-transformers, and `pipeline encode` per
+  5. the other CPU embedders, in-process, each with its own tokenising and batching: fastembed
+     (ONNX Runtime) on the same model exported to ONNX here and loaded from that folder (nothing
+     downloaded; skipped with one line where fastembed is not installed), and sentence-transformers'
+     own backend="onnx" / "openvino" (each skipped with one line where its optimum package does not
+     import);
+  6. whole processes as users run them: sentence-transformers, and `pipeline encode` per
      precision, backend and runner;
 with each row's GFLOP/s against this CPU's measured matmul peak,
 and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
@@ -238,6 +243,109 @@ def backend_runners(model, texts: list[str], threads: int, tmp: Path, compile_to
     return out
 
 
+def fastembed_folder(model, model_dir: Path, max_len: int, out: Path) -> Path:
+    """The model's document tower as fastembed loads a local model: `model.onnx` (the transformer exported
+    by torch.onnx, last_hidden_state out: fastembed pools and normalises in numpy, as it runs its own
+    MiniLM export) beside the tokenizer files, tokenizer_config.json's model_max_length set to `max_len`
+    (fastembed truncates there, not at sentence-transformers' max_seq_length)."""
+    import shutil
+
+    import torch
+
+    from pipeline.models.backends import _input_names, _probe_batches
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json", "vocab.txt"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out / name)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "model_max_length": max_len}))
+    names = _input_names(model, "doc")
+    tower = model.doc_encoder.eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tower = tower
+
+        def forward(self, *arrays):
+            return self.tower(**dict(zip(names, arrays))).last_hidden_state
+
+    example = tuple(torch.from_numpy(_probe_batches(model, "doc")[0][n]) for n in names)
+    with torch.no_grad():
+        torch.onnx.export(Hidden(), example, str(out / "model.onnx"), input_names=names,
+                          output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                          dynamic_axes={**{n: {0: "batch", 1: "width"} for n in names},
+                                        "last_hidden_state": {0: "batch", 1: "width"}})
+    return out
+
+
+def other_embedders(model, model_dir: Path, threads: int, batch: int, max_len: int, tmp: Path) -> dict:
+    """{label: (encode(texts) -> float32 vectors, seconds spent making it)} for the other CPU embedders a
+    user would reach for, in this process, nothing downloaded: fastembed (ONNX Runtime) on the same MiniLM
+    exported to ONNX here, and sentence-transformers' own backend="onnx" / "openvino". One line per row that
+    cannot run here, saying why."""
+    import importlib.util
+
+    import numpy as np
+
+    out = {}
+    try:
+        from fastembed import TextEmbedding
+        from fastembed.common.model_description import ModelSource, PoolingType
+    except ImportError as e:
+        print(f"(fastembed row skipped: {e}; see docs/performance.md for installing it beside this project's "
+              f"huggingface_hub)", flush=True)
+    else:
+        head = model.doc_head
+        pooling = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS}.get(head.pooling)
+        files = [f for f in ("tokenizer.json", "tokenizer_config.json") if not (model_dir / f).exists()]
+        if files:
+            print(f"(fastembed row skipped: the model's folder has no {' or '.join(files)}, which fastembed "
+                  f"reads)", flush=True)
+        elif pooling is None or len(head.token_dense) or len(head.sentence_dense) or model.cfg.doc_prefix:
+            print(f"(fastembed row skipped: fastembed pools by mean or CLS with nothing after it and no prefix; "
+                  f"this model pools {head.pooling!r}, with Dense layers or a document prefix)", flush=True)
+        else:
+            t0 = time.perf_counter()
+            folder = fastembed_folder(model, model_dir, max_len, tmp / "fastembed-model")
+            name = "local/bench-encode"  # a name of our own: registered here, loaded from `folder`, never fetched
+            TextEmbedding.add_custom_model(model=name, pooling=pooling, normalization=head.normalize,
+                                           sources=ModelSource(hf=name), dim=int(model.dim), model_file="model.onnx")
+            fe = TextEmbedding(name, specific_model_path=str(folder), threads=threads,
+                               cache_dir=str(tmp / "fastembed-cache"))
+            out["fastembed fp32 (ONNX Runtime, the same model exported)"] = (
+                lambda texts: np.stack(list(fe.embed(texts, batch_size=batch))).astype(np.float32),
+                time.perf_counter() - t0)
+    for backend, module in (("onnx", "optimum.onnxruntime"), ("openvino", "optimum.intel.openvino")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a parent package missing
+            found = False
+        if not found:
+            print(f"(sentence-transformers backend={backend!r} row skipped: {module} is not importable; "
+                  f"`pip install sentence-transformers[{backend}]` needs an optimum release that supports this "
+                  f"transformers, see docs/performance.md)", flush=True)
+            continue
+        import shutil
+
+        from sentence_transformers import SentenceTransformer
+
+        t0 = time.perf_counter()
+        copy = tmp / f"st-{backend}-model"  # the export is made in a copy, never in the installed model's folder
+        shutil.copytree(model_dir, copy, dirs_exist_ok=True)
+        try:
+            st = SentenceTransformer(str(copy), device="cpu", backend=backend)
+        except Exception as e:  # noqa: BLE001 (a bench row: say why and go on)
+            print(f"(sentence-transformers backend={backend!r} row skipped: {str(e).splitlines()[0]})", flush=True)
+            continue
+        st.max_seq_length = max_len
+        out[f"sentence-transformers backend={backend} fp32"] = (
+            lambda texts, st=st: np.asarray(st.encode(texts, batch_size=batch), dtype=np.float32),
+            time.perf_counter() - t0)
+    return out
+
+
 def encoder_gflop(config, lengths) -> float:
     """GFLOP of one forward pass of a BERT-style encoder over texts of these token lengths (unpadded:
     the useful work; a multiply-add is 2 FLOP). Per layer and text of n tokens, hidden h, FFN width i:
@@ -389,6 +497,17 @@ def throughput(args, tmp: Path) -> None:
         keep_best(f"plain loop {label}", n / secs)
         print(f"plain loop {label}: {n / secs:.1f} psg/s, min cosine vs torch fp32 {cos.min():.6f} "
               f"(made in {made:.1f}s)", flush=True)
+
+    # the other CPU embedders (fastembed, sentence-transformers' onnx / openvino backends), in this process
+    # on the same texts, batch size and threads, each with its own tokenising and batching
+    for label, (encode_fn, made) in other_embedders(model, resolve_model_path(args.model), T, B, L, tmp).items():
+        encode_fn(texts[:8])  # warm
+        secs, vecs = min((timed(lambda: encode_fn(texts)) for _ in range(args.rounds)), key=lambda x: x[0])
+        cos = (vecs * ref32).sum(1) / np.linalg.norm(vecs, axis=1) / np.linalg.norm(ref32, axis=1)
+        cosines[label] = float(cos.min())
+        keep_best(label, n / secs)
+        print(f"{label}: {n / secs:.1f} psg/s, min cosine vs torch fp32 {cos.min():.6f} (made in {made:.1f}s)",
+              flush=True)
 
     # whole processes, as users run them (the rows above start timing with the model loaded and,
     # for `pipeline encode`, Ray already up): sentence-transformers vs the CLI with each runner

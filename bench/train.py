@@ -16,9 +16,19 @@ them, side by side: sentence-transformers' SentenceTransformerTrainer with Multi
 20; fp32, its default train.amp=auto, and bf16 where native) at the same pairs, batch, lengths, learning
 rate, warmup, gradient clipping, epochs and threads. Each row: whole-process wall, training seconds,
 steps/s, examples/s, GFLOP/s of the training against this CPU's measured matmul peak, and the fine-tuned
-model's FAQ test nDCG@10 (every model encoded and searched the same way).
+model's test nDCG@10 (every model encoded and searched the same way), and the padding share of its
+document batches as that trainer pads them (sentence-transformers: each batch to its longest text, counted
+in its data collator; ours: length-sorted groups of train.length_group_rows, counted from the run's batch
+log). Two training sets, `--sets faq,long` (the default, both):
+  faq   the FAQ's question -> answer pairs (answers of 7 to 940 tokens, many short: much padding);
+  long  abstract-length documents (`--long-tokens 200,256`): each FAQ answer followed by the answers after
+        it, cut at a length drawn per document between the two bounds (built from the shipped FAQ: no data
+        outside the repository); or, with `--corpus BEIR_FOLDER`, a BEIR folder of yours (corpus.jsonl,
+        queries.jsonl, qrels/train.tsv and qrels/test.tsv, e.g. NFCorpus), its `--positives-per-query`
+        highest-graded positives per training query (default 1).
 
     python bench/train.py --vs-st --epochs 10
+    python bench/train.py --vs-st --sets long --corpus ~/data/nfcorpus --epochs 1
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ def plain(args, loss_name: str) -> dict:
     from pipeline.train.optim import build_optimizer, warmup_linear
     from pipeline.train.trainer import resolve_job
 
-    job = resolve_job(load_train_config(None, job_overrides(args, Path(args.corpus), Path(args.storage), loss_name,
+    job = resolve_job(load_train_config(None, job_overrides(args, Path(args.ingested), Path(args.storage), loss_name,
                                                             "plain")), progress=False)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -124,7 +134,7 @@ def ray_loop(args) -> dict:
 
     ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", log_to_driver=False,
              _node_ip_address="127.0.0.1")
-    job = load_train_config(None, job_overrides(args, Path(args.corpus), Path(args.storage), "dpr", "ray")
+    job = load_train_config(None, job_overrides(args, Path(args.ingested), Path(args.storage), "dpr", "ray")
                             + [f"train.max_steps={args.steps + args.warmup}"])
     s = train(job, progress=False)
     hist = [h for h in s["history"] if "loss" in h]
@@ -154,31 +164,98 @@ args = SentenceTransformerTrainingArguments(output_dir=cfg["out"] + "/ckpt", num
     logging_steps=10**6, disable_tqdm=True)
 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                      loss=MultipleNegativesRankingLoss(model, scale=1 / cfg["tau"]))
+# the document batches' padding, counted where this trainer pads them: its data collator tokenises each
+# column of a batch to the batch's longest text (the loader runs in this process: no workers)
+padding = {"tokens": 0, "padded": 0}
+class CountingCollator(type(trainer.data_collator)):
+    def __call__(self, features):
+        batch = super().__call__(features)
+        mask = batch.get("positive_attention_mask")
+        if mask is not None:
+            padding["tokens"] += int(mask.sum())
+            padding["padded"] += mask.numel()
+        return batch
+trainer.data_collator.__class__ = CountingCollator
 t1 = time.time()
 out = trainer.train()
 t2 = time.time()
 model.save(cfg["out"] + "/model")
-print("RESULT " + json.dumps({"train_seconds": t2 - t1, "steps": out.global_step, "startup_seconds": t1 - t0}))
+print("RESULT " + json.dumps({"train_seconds": t2 - t1, "steps": out.global_step, "startup_seconds": t1 - t0,
+                              "doc_tokens": padding["tokens"], "doc_padded": padding["padded"]}))
 """
 
+SETS = ("faq", "long")
 
-def faq_pairs(folder: Path) -> tuple[Path, Path]:
-    """The bundled FAQ ingested, and its training pairs (query, title-joined answer) as JSON."""
+
+def long_faq(folder: Path, model_dir: str, lo: int, hi: int) -> Path:
+    """A BEIR folder of abstract-length documents made from the shipped FAQ alone (no data outside the
+    repository): document i is answer i followed by the answers after it (corpus order, wrapping round),
+    cut at a token boundary where it reaches a length drawn for it (seeded) between `lo` and `hi` tokens of
+    the model's tokenizer, special tokens included. The FAQ's queries and qrels as they are: each judged
+    document starts with its own answer, so the test figures still mean something."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
     from pipeline.data.bundled import python_faq_dir
+
+    src = python_faq_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    docs = [json.loads(line) for line in (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    answers = [d["text"] for d in docs]
+    rng = random.Random(0)
+    special = tok.num_special_tokens_to_add()
+    folder.mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for i, doc in enumerate(docs):
+            keep = rng.randint(lo, hi) - special
+            text, j = answers[i], i + 1
+            while len(tok(text, add_special_tokens=False, verbose=False)["input_ids"]) < keep:
+                text += " " + answers[j % len(answers)]
+                j += 1
+            ends = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+            f.write(json.dumps({**doc, "text": text[:ends[keep - 1][1]]}) + "\n")
+    shutil.copy(src / "queries.jsonl", folder / "queries.jsonl")
+    shutil.copytree(src / "qrels", folder / "qrels")
+    return folder
+
+
+def beir_subset(src: Path, dst: Path, max_pairs: int) -> Path:
+    """`src` with only the first `max_pairs` judgements of its qrels/train.tsv (a quick check): the corpus
+    and queries linked, the other qrels copied."""
+    import shutil
+
+    dst.mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        os.symlink(src.resolve() / name, dst / name)
+    shutil.copytree(src / "qrels", dst / "qrels")
+    lines = (src / "qrels" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    header = lines[:1] if lines and not lines[0].split()[-1].lstrip("-").isdigit() else []
+    (dst / "qrels" / "train.tsv").write_text("".join(f"{ln}\n" for ln in header + lines[len(header):][:max_pairs]),
+                                             encoding="utf-8")
+    return dst
+
+
+def training_set(src: Path, folder: Path, per_query: int) -> tuple[Path, Path]:
+    """A BEIR folder ingested, and its training pairs (query, title-joined positive) as JSON: the examples
+    `pipeline train` builds from the same corpus and settings, so both trainers see the same pairs."""
     from pipeline.data.ingest import ingest
     from pipeline.data.training import build_examples, read_examples_table
     from pipeline.train.config import TrainDataConfig
 
-    corpus = folder / "faq"
-    ingest([python_faq_dir()], "beir", corpus, progress=False)
-    build_examples(TrainDataConfig(source="qrels", corpus=str(corpus)), folder / "examples", progress=False)
+    corpus = folder / "corpus"
+    ingest([src], "beir", corpus, progress=False)
+    build_examples(TrainDataConfig(source="qrels", corpus=str(corpus), positives_per_query=per_query),
+                   folder / "examples", progress=False)
     rows = read_examples_table(folder / "examples").to_pylist()
     (folder / "pairs.json").write_text(json.dumps([[r["query"], r["positive"]] for r in rows]))
     return corpus, folder / "pairs.json"
 
 
-def faq_ndcg(model_dir: str, corpus: Path) -> float:
-    """FAQ test nDCG@10 of a fine-tuned model, encoded and searched the same way for every row (torch fp32)."""
+def test_ndcg(model_dir: str, corpus: Path, max_len: int) -> float | None:
+    """Test nDCG@10 of a fine-tuned model, encoded and searched the same way for every row (torch fp32, exact
+    search, queries and documents cut at the training's max length, whatever length each trainer's export
+    declares); None where the corpus has no test qrels."""
     import numpy as np
 
     import pyarrow.parquet as pq
@@ -189,7 +266,9 @@ def faq_ndcg(model_dir: str, corpus: Path) -> float:
     from pipeline.eval.metrics import evaluate_run
     from pipeline.models import BiEncoder
 
-    model = BiEncoder.load(ModelConfig(name_or_path=model_dir))
+    if not (corpus / "qrels" / "test.trec").exists():
+        return None
+    model = BiEncoder.load(ModelConfig(name_or_path=model_dir, query_max_length=max_len, doc_max_length=max_len))
     manifest = load_manifest(corpus)
     pids, texts = [], []
     for part in manifest["parts"]:
@@ -206,17 +285,97 @@ def faq_ndcg(model_dir: str, corpus: Path) -> float:
     return evaluate_run(run, qrels, EvalConfig(), measures=["nDCG@10"])["metrics"]["nDCG@10"]
 
 
+def doc_lengths(model_dir: str, texts: list[str], max_len: int) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [len(x) for x in tok(texts, truncation=True, max_length=max_len)["input_ids"]]
+
+
 def training_gflop(model_dir: str, pairs_path: Path, max_len: int, epochs: int, batch: int) -> float:
     """GFLOP of the training: 3 x one forward pass (forward + backward) over every query and answer
     token of every step's batch (unpadded: the useful work; bench/encode.py's encoder_gflop)."""
     from encode import encoder_gflop
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     pairs = json.loads(pairs_path.read_text())
-    tok = AutoTokenizer.from_pretrained(model_dir)
     n = len(pairs) // batch * batch  # the steps' examples (the last partial batch is dropped)
-    lengths = [len(x) for x in tok([t for p in pairs[:n] for t in p], truncation=True, max_length=max_len)["input_ids"]]
+    lengths = doc_lengths(model_dir, [t for p in pairs[:n] for t in p], max_len)
     return 3 * epochs * encoder_gflop(AutoConfig.from_pretrained(model_dir), lengths)
+
+
+def group_padding(lengths: list[int], group_rows: int) -> int:
+    """Padded tokens of one tower's batch as `BiEncoder._forward` pads it in training: a batch of at least
+    2 x group_rows rows in rows // group_rows length-sorted groups (torch.tensor_split of the stable sort),
+    each to its own longest row; a smaller batch (or group_rows 0) to its single longest row."""
+    import torch
+
+    rows = len(lengths)
+    if group_rows <= 0 or rows < 2 * group_rows:
+        return rows * max(lengths)
+    order = torch.argsort(torch.tensor(lengths), stable=True)
+    return sum(len(g) * max(lengths[i] for i in g.tolist()) for g in torch.tensor_split(order, rows // group_rows))
+
+
+def ours_padding(run: Path, model_dir: str) -> tuple[int, int]:
+    """(real, padded) document tokens of a `pipeline train` run: every step's examples from its batch log
+    (train.log_batches), their positives from the run's examples, padded by the run's own config
+    (train.length_group_rows, model.doc_max_length)."""
+    from pipeline.data.training import read_examples_table
+    from pipeline.train.config import load_train_config
+
+    job = load_train_config(run / "config.yaml")
+    table = read_examples_table(run / "examples")
+    positive = dict(zip(table["idx"].to_pylist(), table["positive"].to_pylist()))
+    real = padded = 0
+    for line in (run / "batch_log" / "rank0.jsonl").read_text().splitlines():
+        texts = [(job.model.doc_prefix or "") + positive[i] for i in json.loads(line)["idx"]]
+        lengths = doc_lengths(model_dir, texts, job.model.doc_max_length)
+        real += sum(lengths)
+        padded += group_padding(lengths, job.train.length_group_rows)
+    return real, padded
+
+
+def share(real: int, padded: int) -> str:
+    return f"{1 - real / padded:5.1%}" if padded else "  n/a"
+
+
+def set_source(name: str, args, model_dir: str, tmp: Path) -> tuple[Path, int, str]:
+    """(BEIR folder, positives per query, what it is) of a training set of --sets."""
+    from pipeline.data.bundled import python_faq_dir
+
+    if name == "faq":
+        return python_faq_dir(), 0, "the FAQ's question -> answer pairs"
+    if args.corpus:
+        return Path(args.corpus), args.positives_per_query, (f"{Path(args.corpus).name} (--corpus), "
+                                                             f"{args.positives_per_query or 'every'} positive(s) per query")
+    lo, hi = args.long_tokens
+    return (long_faq(tmp / "long-beir", model_dir, lo, hi), 0,
+            f"long documents: each FAQ answer followed by the next ones, cut at {lo}-{hi} tokens")
+
+
+def check_vs_st_args(args) -> None:
+    """Bad options as one `error:` line before anything runs."""
+    args.sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    bad = [s for s in args.sets if s not in SETS]
+    if bad or not args.sets:
+        raise SystemExit(f"error: --sets {','.join(args.sets)}: unknown set {bad[0] if bad else '(none)'!r} "
+                         f"(choose from {', '.join(SETS)})")
+    try:
+        lo, hi = (int(x) for x in args.long_tokens.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --long-tokens {args.long_tokens!r}: two token counts, e.g. 200,256") from None
+    if not 8 <= lo <= hi:
+        raise SystemExit(f"error: --long-tokens {args.long_tokens!r}: need 8 <= low <= high")
+    args.long_tokens = (lo, hi)
+    if args.corpus:
+        if "long" not in args.sets:
+            raise SystemExit("error: --corpus replaces the long set: add long to --sets")
+        folder = Path(args.corpus).expanduser()
+        for need in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
+            if not (folder / need).is_file():
+                raise SystemExit(f"error: --corpus {folder}: no {need} (a BEIR folder with a training split)")
+        args.corpus = str(folder)
 
 
 def vs_st(args) -> None:
@@ -226,16 +385,14 @@ def vs_st(args) -> None:
     from pipeline.models.loading import resolve_model_path
     from pipeline.models.precision import cpu_has_bf16
 
+    check_vs_st_args(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-st-"))
     model_dir = str(resolve_model_path("minilm"))
-    corpus, pairs = faq_pairs(tmp)
-    n_pairs = len(json.loads(pairs.read_text()))
     native = cpu_has_bf16()
     peak = gemm_peak(args.threads, ("fp32", "bf16") if native else ("fp32",))
-    gflop = training_gflop(model_dir, pairs, args.max_len, args.epochs, args.batch)
-    print(f"\nMiniLM fine-tuned on the FAQ's {n_pairs} training pairs, {args.epochs} epochs, batch {args.batch}, "
-          f"max length {args.max_len}, lr {args.lr:g}, warmup 10%, gradient clip 1.0, cos/0.05, {args.threads} threads; "
-          f"{gflop:,.0f} GFLOP of training; matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s; "
+    print(f"\nMiniLM fine-tuned by each trainer as a whole process: batch {args.batch}, max length {args.max_len}, "
+          f"lr {args.lr:g}, warmup 10%, gradient clip 1.0, cos/0.05, {args.epochs} epochs, {args.threads} threads; "
+          f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s; "
           f"native bf16: {'yes' if native else 'no'}", flush=True)
     rows = [("sentence-transformers trainer, fp32", "st", False)]
     if native:
@@ -243,47 +400,69 @@ def vs_st(args) -> None:
     rows += [("pipeline train, train.amp=no (fp32)", "ours", "no"), ("pipeline train, default (train.amp=auto)", "ours", "auto")]
     if native:
         rows.append(("pipeline train, train.amp=bf16", "ours", "bf16"))
-    results = []
-    for label, kind, prec in rows:
-        out = tmp / f"{kind}-{prec}"
-        t0 = time.time()
-        if kind == "st":
-            cfg = {"threads": args.threads, "pairs": str(pairs), "model": model_dir, "max_len": args.max_len,
-                   "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "warmup": 0.1, "clip": 1.0, "bf16": prec,
-                   "tau": 0.05, "out": str(out)}
-            p = subprocess.run([sys.executable, "-c", ST_SCRIPT, json.dumps(cfg)], capture_output=True, text=True)
-            wall = time.time() - t0
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if not line:
-                print(p.stdout[-2000:], p.stderr[-3000:])
-                raise SystemExit(f"{label} failed")
-            r = json.loads(line[0][7:])
-            model, train_s, steps = str(out / "model"), r["train_seconds"], r["steps"]
-        else:
-            cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", "jobs/configs/dpr.yaml",
-                   f"data.corpus={corpus}", "validation.dev_split=0", "loss.similarity=cos", "loss.temperature=0.05",
-                   f"model.query_max_length={args.max_len}", f"model.doc_max_length={args.max_len}",
-                   f"train.epochs={args.epochs}", f"train.batch_size={args.batch}", "train.num_workers=1",
-                   f"train.torch_threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_ratio=0.1",
-                   "optim.grad_clip=1.0", "train.checkpoint_every=0", "train.report_every=10", f"train.amp={prec}",
-                   f"train.storage_path={out}", "train.name=run", "data.shuffle_window=1024"]
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-            wall = time.time() - t0
-            if p.returncode != 0:
-                print(p.stdout[-2000:], p.stderr[-3000:])
-                raise SystemExit(f"{label} failed")
-            summary = json.loads((out / "run" / "summary.json").read_text())
-            model, train_s, steps = str(out / "run" / "model"), summary["time_split"]["training"], summary["steps"]
-        ndcg = faq_ndcg(model, corpus)
-        kind_peak = peak["bf16"] if prec in (True, "bf16") or (prec == "auto" and native) else peak["fp32"]
-        results.append((label, wall, train_s, steps, ndcg, gflop / train_s, kind_peak))
-        print(f"  {label:44s} wall {wall:6.1f} s  training {train_s:6.1f} s  {steps / train_s:5.2f} steps/s  "
-              f"{steps * args.batch / train_s:6.1f} examples/s  {gflop / train_s:6.1f} GFLOP/s "
-              f"({100 * gflop / train_s / kind_peak:3.0f}% of peak)  FAQ test nDCG@10 {ndcg:.4f}", flush=True)
-    base = results[0][1]
-    print("\nwhole-process wall time against sentence-transformers' fp32 trainer (higher is faster):")
-    for label, wall, *_ in results:
-        print(f"  {label:44s} {base / wall:5.2f}x")
+    for set_name in args.sets:
+        src, per_query, what = set_source(set_name, args, model_dir, tmp)
+        if args.max_pairs:
+            src = beir_subset(src, tmp / set_name / "subset", args.max_pairs)
+        corpus, pairs = training_set(src, tmp / set_name, per_query)
+        pair_list = json.loads(pairs.read_text())
+        lengths = doc_lengths(model_dir, [p for _, p in pair_list], args.max_len)
+        gflop = training_gflop(model_dir, pairs, args.max_len, args.epochs, args.batch)
+        print(f"\n[{set_name}] {what}: {len(pair_list)} training pairs, documents {min(lengths)} / "
+              f"{sum(lengths) / len(lengths):.0f} / {max(lengths)} tokens (min / mean / max at max length "
+              f"{args.max_len}); {gflop:,.0f} GFLOP of training", flush=True)
+        results = [vs_st_row(args, label, kind, prec, tmp / set_name, corpus, pairs, per_query, model_dir, gflop,
+                             peak, native) for label, kind, prec in rows]
+        base = results[0]["wall"]
+        print(f"\n[{set_name}] whole-process wall time against sentence-transformers' fp32 trainer (higher is faster), "
+              f"and the padding share of each run's document batches as its trainer pads them:")
+        for r in results:
+            print(f"  {r['label']:44s} {base / r['wall']:5.2f}x   document padding {share(*r['padding'])}")
+
+
+def vs_st_row(args, label: str, kind: str, prec, folder: Path, corpus: Path, pairs: Path, per_query: int,
+              model_dir: str, gflop: float, peak: dict, native: bool) -> dict:
+    """One trainer run as a whole process: its wall, training time, model's test nDCG@10 and padding."""
+    out = folder / f"{kind}-{prec}"
+    t0 = time.time()
+    if kind == "st":
+        cfg = {"threads": args.threads, "pairs": str(pairs), "model": model_dir, "max_len": args.max_len,
+               "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "warmup": 0.1, "clip": 1.0, "bf16": prec,
+               "tau": 0.05, "out": str(out)}
+        p = subprocess.run([sys.executable, "-c", ST_SCRIPT, json.dumps(cfg)], capture_output=True, text=True)
+        wall = time.time() - t0
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if not line:
+            print(p.stdout[-2000:], p.stderr[-3000:])
+            raise SystemExit(f"{label} failed")
+        r = json.loads(line[0][7:])
+        model, train_s, steps = str(out / "model"), r["train_seconds"], r["steps"]
+        padding = (r["doc_tokens"], r["doc_padded"])
+    else:
+        cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", "jobs/configs/dpr.yaml",
+               f"data.corpus={corpus}", "validation.dev_split=0", "loss.similarity=cos", "loss.temperature=0.05",
+               f"model.query_max_length={args.max_len}", f"model.doc_max_length={args.max_len}",
+               f"train.epochs={args.epochs}", f"train.batch_size={args.batch}", "train.num_workers=1",
+               f"train.torch_threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_ratio=0.1",
+               "optim.grad_clip=1.0", "train.checkpoint_every=0", "train.report_every=10", f"train.amp={prec}",
+               f"train.storage_path={out}", "train.name=run", "data.shuffle_window=1024", "train.log_batches=true"]
+        if per_query:
+            cmd.append(f"data.positives_per_query={per_query}")
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        wall = time.time() - t0
+        if p.returncode != 0:
+            print(p.stdout[-2000:], p.stderr[-3000:])
+            raise SystemExit(f"{label} failed")
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        model, train_s, steps = str(out / "run" / "model"), summary["time_split"]["training"], summary["steps"]
+        padding = ours_padding(out / "run", model_dir)
+    ndcg = test_ndcg(model, corpus, args.max_len)
+    kind_peak = peak["bf16"] if prec in (True, "bf16") or (prec == "auto" and native) else peak["fp32"]
+    print(f"  {label:44s} wall {wall:6.1f} s  training {train_s:6.1f} s  {steps / train_s:5.2f} steps/s  "
+          f"{steps * args.batch / train_s:6.1f} examples/s  {gflop / train_s:6.1f} GFLOP/s "
+          f"({100 * gflop / train_s / kind_peak:3.0f}% of peak)  document padding {share(*padding)}  "
+          f"test nDCG@10 {'n/a' if ndcg is None else f'{ndcg:.4f}'}", flush=True)
+    return {"label": label, "wall": wall, "train_seconds": train_s, "steps": steps, "ndcg": ndcg, "padding": padding}
 
 
 def main() -> None:
@@ -299,8 +478,19 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10, help="--vs-st: epochs over the FAQ's training pairs")
     ap.add_argument("--max-len", type=int, default=256, help="--vs-st: max tokens of queries and answers")
     ap.add_argument("--lr", type=float, default=2e-5, help="--vs-st: learning rate")
+    ap.add_argument("--sets", default="faq,long",
+                    help="--vs-st: training sets, comma-separated: faq (the FAQ's answers), long (abstract-length "
+                         "documents, or --corpus)")
+    ap.add_argument("--long-tokens", default="200,256",
+                    help="--vs-st: the built-in long set's document lengths in tokens, low,high (each drawn between)")
+    ap.add_argument("--corpus", help="--vs-st: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/train.tsv, "
+                                     "qrels/test.tsv for nDCG@10) as the long set instead of the built-in one")
+    ap.add_argument("--positives-per-query", type=int, default=1,
+                    help="--vs-st with --corpus: positives per training query, highest grade first (0 = every judged)")
+    ap.add_argument("--max-pairs", type=int, default=0,
+                    help="--vs-st: only the first N judgements of qrels/train.tsv (a quick check; 0 = all)")
     ap.add_argument("--mode", help=argparse.SUPPRESS)
-    ap.add_argument("--corpus", help=argparse.SUPPRESS)
+    ap.add_argument("--ingested", help=argparse.SUPPRESS)  # --mode: the ingested corpus
     ap.add_argument("--storage", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -331,7 +521,7 @@ def main() -> None:
     corpus = make_corpus(tmp, max(400, args.batch * (args.steps + args.warmup) * 2))
     res = {}
     for mode in ("dpr", "dar", "ray"):
-        cmd = [sys.executable, __file__, "--mode", mode, "--corpus", str(corpus), "--storage", str(tmp / mode),
+        cmd = [sys.executable, __file__, "--mode", mode, "--ingested", str(corpus), "--storage", str(tmp / mode),
                "--model-dir", args.model_dir] + [f"--{k}={getattr(args, k)}" for k in
                                                  ("steps", "warmup", "batch", "qlen", "dlen", "threads")]
         p = subprocess.run(cmd, capture_output=True, text=True)
