@@ -131,3 +131,26 @@ def test_build_optimizer_does_not_decay_bias_and_layernorm():
     opt = build_optimizer(named, OptimConfig(weight_decay=0.01))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {id(layer.weight)}
+
+
+def test_adamw_is_torchs_fused_kernel_and_steps_as_the_default_one():
+    import torch
+
+    from pipeline.train.config import OptimConfig
+    from pipeline.train.optim import build_optimizer
+
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(7, 5)), torch.nn.Parameter(torch.randn(5))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt = build_optimizer([("w", a[0]), ("bias", a[1])], OptimConfig(weight_decay=0.01))
+    assert opt.defaults.get("fused") is True
+    ref = torch.optim.AdamW([{"params": [b[0]]}, {"params": [b[1]], "weight_decay": 0.0}], lr=opt.defaults["lr"],
+                            weight_decay=0.01)
+    for _ in range(3):
+        for p, q in zip(a, b):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g, g.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(a, b):
+        assert torch.allclose(p, q, atol=1e-6)
