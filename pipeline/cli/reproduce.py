@@ -24,6 +24,16 @@ EXIT_RECORDED = 3
 def _matrix(args):
     from ..reproduce import load_matrix
 
+    for flag in ("work", "matrix"):
+        value = getattr(args, flag, None)
+        if value:
+            try:
+                path = Path(value).expanduser()
+            except RuntimeError:  # ~someone who is not a user here
+                path = Path(value)
+            if str(path).startswith("~"):
+                raise ConfigError(f"--{flag} {value}: {str(path).split('/')[0]} is not a user of this machine")
+            setattr(args, flag, str(path))
     return load_matrix(getattr(args, "matrix", None))
 
 

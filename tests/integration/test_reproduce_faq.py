@@ -140,3 +140,13 @@ def _tiny_matrix(tmp_path: Path, tiny_model_dir: Path, expected: float) -> Path:
                       "hardware": {"class": "2-core CPU", "wall": "1 min"}}]}
     (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
     return folder
+
+
+def test_a_work_folder_of_an_unknown_user_or_an_empty_data_folder_is_one_line(tmp_path, capsys):
+    assert main(["reproduce", "run", "faq-minilm-zero-shot", "--work", "~nosuchuser42/x"]) == 2
+    assert "~nosuchuser42 is not a user of this machine" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["reproduce", "run", "beir-scifact-minilm", "--data", f"scifact={tmp_path / 'empty'}",
+                 "--work", str(tmp_path / "w")]) == 2
+    assert "passages 0 (expected 5,183)" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
