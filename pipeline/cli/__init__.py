@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args) or 0  # a verb may return its own status (reproduce run: 1 = ran and missed)
         return rc
     except PipelineError as e:
-        from ..storage import redact
+        from ..credentials import redact
 
         print(f"error: {redact(str(e))}", file=sys.stderr)  # no credential of a URI reaches the terminal
         rc = 2

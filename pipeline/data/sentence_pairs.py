@@ -145,7 +145,7 @@ def pair_examples(path: str | Path, out: str | Path, dev_split: float = 0.0, see
     """Write the training pairs as the trainer's examples (reused while the file and settings are
     unchanged): qid = `l<line>`, query = anchor, positive, negatives = [hard negative]."""
     from ..io_utils import sha256_file
-    from .training import EXAMPLES_META, write_examples
+    from .examples_store import EXAMPLES_META, write_examples
 
     out = Path(out)
     meta = {"source": "pairs", "path": str(Path(path).resolve()), "sha256": sha256_file(path),

@@ -170,7 +170,7 @@ class ExperimentRun:
     def labeled_documents(self) -> set[str]:
         """The training pairs' positives, drawn as the trainer draws them (data.positives_per_query)."""
         from ..data.readers import read_qrels
-        from ..data.training import pick_positives
+        from ..data.qrels_examples import pick_positives
 
         path = self.root / "labeled-documents.txt"
         if path.is_file():

@@ -49,7 +49,7 @@ def _positives_of_examples(folder: Path, meta: dict) -> set[str]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from ..data.training import PASSAGES_FILE
+    from ..data.examples_store import PASSAGES_FILE
 
     parts = sorted(folder.glob("part-*.parquet"))
     if not parts:

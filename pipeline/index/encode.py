@@ -175,7 +175,7 @@ def encode_corpus(corpus_dir: str | Path, out_dir: str | Path, cfg: PipelineConf
     t_entry = time.time()  # start-up (model check, Ray, actors, model loads) is measured from here
     corpus_dir, out_dir = Path(corpus_dir), location(out_dir)
     if isinstance(out_dir, RemotePath):  # unreachable store, missing bucket, no credentials: one clear error first
-        from ..storage import check_writable
+        from ..storage_checks import check_writable
 
         check_writable(out_dir, who="the driver")
     check_embeddings_output(out_dir)  # a folder holding anything but embeddings is refused before any work
@@ -243,7 +243,7 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     try:
         if todo and runner == "local":
             shape = local_shape(enc)
-            from ..storage import check_writable
+            from ..storage_checks import check_writable
 
             check_writable(out_dir)
         elif todo:  # refuse a shape that cannot run before anything is written
@@ -482,7 +482,7 @@ def _check_output_writable(out_dir) -> None:
     able to write there (and see the same storage); on one machine the driver's check suffices."""
     import ray
 
-    from ..storage import check_writable, check_writable_on_nodes
+    from ..storage_checks import check_writable, check_writable_on_nodes
 
     if isinstance(out_dir, RemotePath) or sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
         check_writable_on_nodes(out_dir)

@@ -95,9 +95,9 @@ def _load_embeddings_meta(emb_dir) -> dict:
     try:
         is_dir = emb_dir.is_dir()
     except OSError as e:  # a storage URI that cannot be reached or read
-        from ..storage import _reason
+        from ..remote_path import error_reason
 
-        raise InputError(emb_dir, None, f"cannot read the embeddings there: {_reason(e)}") from None
+        raise InputError(emb_dir, None, f"cannot read the embeddings there: {error_reason(e)}") from None
     if not is_dir:
         raise InputError(emb_dir, None, "not a folder of embeddings (run `pipeline encode` first)")
     try:
@@ -320,7 +320,8 @@ def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bo
     index or none (index.json is the completion marker; a replaced index loses its marker first)."""
     import shutil
 
-    from ..storage import check_writable, staging_dir, upload_dir
+    from ..storage_checks import check_writable
+    from ..storage_io import staging_dir, upload_dir
 
     _check_remote_output(out, overwrite)
     check_writable(out, who="pipeline index")

@@ -148,7 +148,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
                         (tc.num_workers * tc.gpus_per_worker if tc.use_gpu else 0.0) + s.gpus)
         if isinstance(run_dir, RemotePath) or isinstance(versions, RemotePath) or \
                 len([n for n in ray.nodes() if n.get("Alive")]) > 1:
-            from ..storage import check_writable_on_nodes
+            from ..storage_checks import check_writable_on_nodes
 
             # before the refresher starts: the driver and every node (the refresher's among them) must
             # reach the run (checkpoints) and the versions folder; a clear error instead of a dead actor

@@ -31,7 +31,7 @@ def model_digest(path: str | Path) -> str:
 
 def regulator_texts(examples_dir: Path) -> tuple[list[str], list[str]]:
     """Every training query and every document text (positives and hard negatives), deduplicated."""
-    from ..data.training import iter_example_tables
+    from ..data.examples_store import iter_example_tables
 
     queries: dict[str, None] = {}
     docs: dict[str, None] = {}

@@ -180,7 +180,7 @@ class _Rows:
             base = st.resolve(run_dir) if st.is_uri(run_dir) else Path(run_dir)
             self.examples_dir = base / "examples"
             self.files = [self.examples_dir / name for name in loop_cfg["examples_files"]]
-            from ..data.training import check_store
+            from ..data.examples_store import check_store
 
             check_store(self.examples_dir)  # an altered store is refused by name, before a batch is read
         else:
@@ -190,7 +190,7 @@ class _Rows:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from ..data.training import open_passages, resolve_examples
+        from ..data.examples_store import open_passages, resolve_examples
 
         texts = None
         for path in self.files:

@@ -58,7 +58,7 @@ def _datasets(examples_dir, world: int, key: str, digest: str | None = None) -> 
         def keep(table):  # Arrow in and out: list columns stay columnar
             import pyarrow as pa
 
-            from ..data.training import open_passages, resolve_examples
+            from ..data.examples_store import open_passages, resolve_examples
 
             table = table.filter(pa.array(table[key].to_numpy() % world == rank))
             if "positive_row" in table.schema.names:
@@ -200,7 +200,7 @@ def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
 def examples_digest(examples_dir: Path, meta: dict) -> str:
     if meta.get("digest"):
         return meta["digest"]
-    from ..data.training import PASSAGES_FILE
+    from ..data.examples_store import PASSAGES_FILE
 
     return sha256_files(sorted(examples_dir.glob("part-*.parquet")) + sorted(examples_dir.glob(PASSAGES_FILE)))
 
@@ -380,7 +380,7 @@ def format_progress(name: str, rec: dict, terms: tuple[str, ...]) -> list[str]:
 def _fetch_examples(remote_dir: RemotePath, local_dir: Path) -> None:
     """A resumed run on another machine starts from the examples the run was made with."""
     from .. import storage as st
-    from ..data.training import EXAMPLES_META
+    from ..data.examples_store import EXAMPLES_META
 
     if (local_dir / EXAMPLES_META).exists() or not (remote_dir / EXAMPLES_META).exists():
         return
@@ -391,7 +391,7 @@ def _fetch_examples(remote_dir: RemotePath, local_dir: Path) -> None:
 def _publish_examples(local_dir: Path, remote_dir: RemotePath, meta: dict) -> None:
     """Upload the examples (parts first, examples.json last) unless the same ones are there."""
     from .. import storage as st
-    from ..data.training import EXAMPLES_META
+    from ..data.examples_store import EXAMPLES_META
 
     try:
         if st.read_json(remote_dir / EXAMPLES_META).get("digest") == meta.get("digest"):
@@ -454,7 +454,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
     datasets, data_config = {}, None
     if materialize:
-        from ..data.training import read_examples_table
+        from ..data.examples_store import read_examples_table
 
         loop_cfg["examples_ref"] = ray.put(read_examples_table(work / "examples"))  # texts gathered once, here
     elif not ray_data:  # each worker reads the parts (run_dir/examples) a batch at a time
@@ -548,7 +548,7 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
                 "progress_queue": _Printer(tc.name, ("nll",) + tuple(t for t in method.terms if t != "nll"))
                 if progress else None}
     if materialize:
-        from ..data.training import read_examples_table
+        from ..data.examples_store import read_examples_table
 
         loop_cfg["examples_ref"] = read_examples_table(work / "examples")
     else:

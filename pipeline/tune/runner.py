@@ -340,12 +340,12 @@ def keep_credentials_out_of_runtime_envs() -> list[str]:
         from ray.tune.execution import class_cache
     except ImportError:
         return []
-    from ..storage import _is_secret_name
+    from ..credentials import is_secret_name
 
     names = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
     if not names:
         return []
-    secret = sorted(n for n in names if _is_secret_name(n) or n.upper().startswith(("AWS_", "GOOGLE_", "AZURE_")))
+    secret = sorted(n for n in names if is_secret_name(n) or n.upper().startswith(("AWS_", "GOOGLE_", "AZURE_")))
     class_cache.ENV_VARS_TO_PROPAGATE = type(names)(n for n in names if n not in secret)
     return secret
 

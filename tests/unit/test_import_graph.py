@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2] / "pipeline"
 LAYERS = [
     ["pipeline", "pipeline.errors"],
     ["pipeline.io_utils", "pipeline.runtime_env", "pipeline.measures", "pipeline.progress", "pipeline.provenance"],
-    ["pipeline.storage", "pipeline.config", "pipeline.device"],
+    ["pipeline.storage", "pipeline.remote_path", "pipeline.storage_io", "pipeline.storage_checks",
+     "pipeline.credentials", "pipeline.config", "pipeline.device"],
     ["pipeline.ray_runtime"],
     ["pipeline.data", "pipeline.losses", "pipeline.models"],
     ["pipeline.eval"],

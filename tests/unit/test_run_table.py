@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from pipeline.data import training
+from pipeline.data import run_negatives
 from pipeline.data.run_table import BLOCK_BYTES, negatives_by_query
 from pipeline.errors import InputError
 
 
 def line_reader(monkeypatch, run, positives, judged, depth, max_negatives):
-    monkeypatch.setattr(training, "negatives_by_query", lambda *a: None)
-    return training._run_negatives(run, positives, judged, depth, max_negatives)
+    monkeypatch.setattr(run_negatives, "negatives_by_query", lambda *a: None)
+    return run_negatives.run_negatives(run, positives, judged, depth, max_negatives)
 
 
 def random_run(path, seed: int, queries: int = 60, grouped: bool = True, ties: bool = True):
@@ -74,14 +74,14 @@ def test_other_well_formed_runs_go_to_the_line_reader_and_give_the_same(tmp_path
     run = tmp_path / "run.trec"
     run.write_text(text, encoding="utf-8", newline="")
     assert negatives_by_query(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) is None
-    assert training._run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) == {"q1": "d1\td2"}
+    assert run_negatives.run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) == {"q1": "d1\td2"}
 
 
 def test_a_gzipped_run_goes_to_the_line_reader(tmp_path):
     run = tmp_path / "run.trec.gz"
     run.write_bytes(gzip.compress(b"q1 Q0 d1 1 2.0 t\nq1 Q0 d2 2 1.0 t\n"))
     assert negatives_by_query(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) is None
-    assert training._run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) == {"q1": "d1\td2"}
+    assert run_negatives.run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) == {"q1": "d1\td2"}
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -95,7 +95,7 @@ def test_a_bad_line_is_named_by_the_line_reader(tmp_path, bad, reason):
     run.write_text("q1 Q0 d1 1 2.0 t\n" * 3 + bad + "\nq1 Q0 d3 3 0.5 t\n")
     assert negatives_by_query(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30) is None
     with pytest.raises(InputError, match=reason) as e:
-        training._run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30)
+        run_negatives.run_negatives(run, {"q1": ("p",)}, {"q1": ("p",)}, 10, 30)
     assert ":4" in str(e.value)
 
 
