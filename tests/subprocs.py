@@ -1,8 +1,13 @@
-"""Scripts run in a process group of their own (the simulated clusters), and free loopback ports.
+"""Scripts run in a session of their own (the simulated clusters, the CLI's sweeps), and free loopback ports.
 
 A simulated cluster (`ray.cluster_utils.Cluster`) runs in a subprocess so it never meets the
-session's local Ray (a process is connected to one Ray at a time); killing its process group ends
-every Ray process it started, whatever happened.
+session's local Ray (a process is connected to one Ray at a time); killing the processes of its
+session ends every Ray process it started, whatever happened.
+
+Waiting on such a run never assumes a fast machine (on 2 loaded cores everything takes many times
+longer): `Watched` waits on the event itself and calls a run stuck only when it has shown no progress
+(no output line, no change of the files it writes) for `IDLE_LIMIT_S`; `RAY_START_WINDOWS` widens the
+start-up windows Ray itself gives its processes.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -41,25 +49,193 @@ def free_port() -> int:
             return port
 
 
-def run_result_script(script: str, *args: str, timeout: float, what: str) -> dict:
-    """Run `python -c script args...` in its own process group; the JSON it printed after `RESULT `.
+# A run that shows no progress (no output line, no file it writes changing) for this long is stuck,
+# however loaded the machine: the ceiling of every wait below, never the expected duration.
+IDLE_LIMIT_S = 600.0
+
+# Ray's own start-up windows, for the processes of a Ray a test's subprocess starts: each is a fixed
+# deadline that a loaded machine misses while nothing is wrong (a GCS port file written after 30 s, a
+# dashboard up after 60 s, a worker process registered after 60 s, an agent after its window); then
+# Ray fails the start, or kills the worker and starts another, which loads the machine further.
+RAY_START_WINDOWS = {
+    "RAY_gcs_server_port_wait_time_s": "600",  # the GCS's port file, and the attempts to reach it
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "600",
+    "RAY_worker_register_timeout_seconds": "600",  # else the raylet kills a slow-starting worker at 60 s
+    "RAY_agent_register_timeout_ms": "600000",  # the runtime-env and dashboard agents
+}
+
+
+def session_processes(sid: int) -> list:
+    """The live processes (zombies left out) of session `sid`: a subprocess started with
+    `start_new_session=True` and everything it started (Ray's processes stay in it; its clean-up
+    watchdog does not, and only ends processes)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every live process of session `sid`."""
+    import psutil
+
+    for p in session_processes(sid):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def tree_state(root) -> tuple[int, int]:
+    """(files, bytes) under `root`: what changes while a run writes its checkpoints, events, versions."""
+    n = size = 0
+    for p in Path(root).rglob("*"):
+        try:
+            if p.is_file():
+                n += 1
+                size += p.stat().st_size
+        except OSError:
+            continue  # removed meanwhile (an old checkpoint, a temporary file)
+    return n, size
+
+
+class Watched:
+    """`argv` run in a session of its own, its output read as it comes (a full pipe never blocks it),
+    with a clock of its progress: a new output line, or a change of the files under `watch`.
+
+    The waits (`until`, `wait`, `wait_session_gone`) wait on the event itself; they fail the test
+    (the output tails in the message, every process of the session killed) only when the run has
+    shown no progress for `idle` seconds, or when an event cannot come any more (the run exited)."""
+
+    def __init__(self, argv: list[str], *, watch=None, merge_stderr: bool = False, **popen):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                     text=True, start_new_session=True, **popen)
+        self.watch = watch
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True)]
+        if not merge_stderr:
+            self._readers.append(threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True))
+        for t in self._readers:
+            t.start()
+        self._seen: tuple = ()
+        self._moved = time.monotonic()
+        self._tree: tuple | None = None
+        self._scanned = 0.0
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def output(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def errors(self) -> str:
+        return "".join(self.err)
+
+    def idle_for(self) -> float:
+        """Seconds since the run last showed progress."""
+        if self.watch is not None and time.monotonic() - self._scanned > 2.0:  # a scan every 2 s is plenty
+            self._tree, self._scanned = tree_state(self.watch), time.monotonic()
+        seen = (len(self.out), len(self.err), self._tree)
+        if seen != self._seen:
+            self._seen, self._moved = seen, time.monotonic()
+        return time.monotonic() - self._moved
+
+    def fail(self, why: str):
+        kill_session(self.proc.pid)
+        self.proc.wait()
+        for t in self._readers:
+            t.join(10)
+        pytest.fail(f"{why}:\n{self.output[-3000:]}\n{self.errors[-6000:]}")
+
+    def until(self, event, *, what: str, idle: float = IDLE_LIMIT_S, every: float = 0.2):
+        """Poll `event()` until it returns something true, and return that. Fails when the run exits
+        first, or shows no progress for `idle` seconds."""
+        while True:
+            found = event()
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                self.fail(f"{what}: the run exited (exit {self.proc.returncode}) before it happened")
+            if self.idle_for() > idle:
+                self.fail(f"{what}: no progress for {idle:g} s")
+            time.sleep(every)
+
+    def wait(self, *, what: str, idle: float = IDLE_LIMIT_S, timeout: float | None = None) -> int:
+        """Its exit status, once it has exited and its output is read. Fails when it shows no progress
+        for `idle` seconds, or (with `timeout`) has not exited within `timeout` seconds."""
+        t0 = time.monotonic()
+        while self.proc.poll() is None:
+            if self.idle_for() > idle:
+                self.fail(f"{what} did not finish: no progress for {idle:g} s")
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                self.fail(f"{what} did not finish in {timeout:g} s")
+            time.sleep(0.2)
+        self._drain(what)
+        return self.proc.returncode
+
+    def _drain(self, what: str) -> None:
+        """Read its output to the end: a process it left may hold the pipe open until it ends too."""
+        t0 = time.monotonic()
+        for t in self._readers:
+            while t.is_alive():
+                t.join(0.5)
+                if time.monotonic() - t0 > IDLE_LIMIT_S:
+                    self.fail(f"{what}: its output still open {IDLE_LIMIT_S:g} s after it exited")
+
+    def wait_session_gone(self, *, what: str, within: float = IDLE_LIMIT_S) -> None:
+        """Wait until every process of its session has ended (its local Ray included: the CLI bounds
+        Ray's shutdown at 30 s and exits, and its watchdog ends what is left after it; on a loaded
+        machine they outlive the CLI). Fails, killing them, when some are left after `within` s."""
+        t0 = time.monotonic()
+        while True:
+            left = session_processes(self.proc.pid)
+            if not left:
+                return
+            if time.monotonic() - t0 > within:
+                names = sorted({p.name() for p in left if p.is_running()})
+                self.fail(f"{what}: {len(left)} of its processes still run {within:g} s after it exited: {names}")
+            time.sleep(0.5)
+
+    def end(self) -> None:
+        """Kill whatever of its session still runs (a test that failed half-way leaves nothing behind)."""
+        kill_session(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_result_script(script: str, *args: str, timeout: float, what: str, idle: float | None = None,
+                      watch=None, env: dict | None = None) -> dict:
+    """Run `python -c script args...` in a session of its own; the JSON it printed after `RESULT `.
 
     Fails the test (with the script's output tails) when it does not finish within `timeout`
-    seconds, exits non-zero, or prints no RESULT line; its process group is killed in every case.
+    seconds or (with `idle`) shows no progress (an output line, a change of the files under `watch`)
+    for `idle` seconds, exits non-zero, or prints no RESULT line; its processes are killed in every
+    case. `env`: more environment variables for the script.
     """
-    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = Watched([sys.executable, "-c", script, *map(str, args)], watch=watch,
+                  env={**os.environ, **(env or {})})
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{what} did not finish in {timeout:g} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+        rc = run.wait(what=what, timeout=timeout, idle=idle if idle is not None else float("inf"))
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        run.end()
+    stdout, stderr = run.output, run.errors
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"{what} failed (exit {proc.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}"
+    assert rc == 0 and lines, f"{what} failed (exit {rc}):\n{stdout[-3000:]}\n{stderr[-6000:]}"
     return json.loads(lines[0][len("RESULT "):])

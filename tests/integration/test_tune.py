@@ -4,6 +4,10 @@
 checkpoints, early-stop the bad trial with ASHA (whose rungs `Tuner.restore` loses and the sweep
 refills from its event log), and write the table, the best config and the plots.
 
+Every wait is on the event itself (a trial's end in the event log, the sweep's exit, the end of every
+process of the interrupted sweep's Ray) and fails only when the sweep shows no progress for 10 min
+(subprocs.Watched): the sweep holds on a loaded machine (load 35 on 2 cores), however slow it gets.
+
 Tune needs the dashboard, which the session Ray fixture does not start: the sweep runs in a
 `pipeline tune` subprocess that starts its own local Ray (loopback, dashboard on).
 """
@@ -17,12 +21,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from listening import ListenWatch
+from subprocs import RAY_START_WINDOWS, Watched
 
 from pipeline.train.config import load_train_config
 
@@ -41,13 +45,24 @@ def _events(out: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
 
 
-def _cli(sweep: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+def _env(env: dict | None = None) -> dict:
     # credentials planted in the sweep's environment: no file the sweep or Ray leaves may hold them
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
-           "PYTHONUNBUFFERED": "1", **PLANTED, **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "tune", "--config", str(sweep), *extra],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+            "PYTHONUNBUFFERED": "1", **RAY_START_WINDOWS, **PLANTED, **(env or {})}
+
+
+def _argv(sweep: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "tune", "--config", str(sweep), *extra]
+
+
+def _cli(sweep: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(_argv(sweep, *extra), cwd=REPO, env=_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _watched(sweep: Path, out: Path, *extra: str) -> Watched:
+    """The sweep, its progress watched: its output lines and the files of its output folder."""
+    return Watched(_argv(sweep, *extra), watch=out, merge_stderr=True, cwd=REPO, env=_env())
 
 
 def _sweep(tiny_model_dir, faq, out: Path) -> dict:
@@ -72,40 +87,59 @@ def _sweep(tiny_model_dir, faq, out: Path) -> dict:
     }
 
 
-def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir, faq, tmp_path):
-    out = tmp_path / "sweep"
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump(_sweep(tiny_model_dir, faq, out)))
+def _ended(out: Path) -> list[str]:
+    return [e["trial"] for e in _events(out) if e["event"] in ("complete", "early-stopped")]
 
-    # 1. start, and interrupt (Ctrl-C) as soon as one trial has ended
-    proc = _cli(sweep)
-    deadline = time.time() + 150
-    ended: list[str] = []
-    while time.time() < deadline and proc.poll() is None:
-        ended = [e["trial"] for e in _events(out) if e["event"] in ("complete", "early-stopped")]
-        if ended:
-            break
-        time.sleep(0.2)
-    assert ended, "no trial ended within 150 s"
-    proc.send_signal(signal.SIGINT)
-    log1, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 130, log1
+
+def _interrupt_after_a_trial_ends(sweep: Path, out: Path, runs: list[Watched]):
+    """Start the sweep, Ctrl-C it as soon as one trial has ended (the event log says so), and wait
+    until it and every process of its Ray have ended; (its events, the ended trials' files, the ended
+    trials, each trial's last step)."""
+    proc = _watched(sweep, out)
+    runs.append(proc)
+    proc.until(lambda: _ended(out), what="the first trial's end")
+    proc.proc.send_signal(signal.SIGINT)
+    rc = proc.wait(what="the interrupted sweep")
+    log1 = proc.output
+    assert rc == 130, log1
     assert "--resume" in log1 and "Configuration for experiment" not in log1  # our lines, not Tune's tables
     assert "Tuner.restore(" not in log1 and "Failed to fetch metrics" not in log1
+    # the CLI bounds Ray's shutdown (30 s) and its watchdog ends what is left after it exits: on a loaded
+    # machine a stopped trial's Train workers can outlive the CLI. The ended trials' files are read (and
+    # the sweep resumed, on the same Ray temp folder) once every process of that sweep has ended.
+    proc.wait_session_gone(what="the interrupted sweep")
     first = _events(out)
     done_before = {e["trial"] for e in first if e["event"] in ("complete", "early-stopped")}
-    steps_before = {}
+    steps_before: dict[str, int] = {}
     for e in first:
         if e["event"] == "result":
             steps_before[e["trial"]] = max(steps_before.get(e["trial"], 0), e["metrics"]["step"])
     snapshot = {t: sorted((p.name, p.stat().st_mtime_ns) for p in (out / "trials" / t).rglob("*"))
                 for t in done_before}
+    return first, snapshot, done_before, steps_before
 
-    # 2. resume: ended trials are not run again, unfinished ones continue from their own checkpoints
-    proc = _cli(sweep, "--resume")
-    with ListenWatch(proc.pid) as watch:  # the sweep's Ray, trials and their workers: loopback only
-        log2, _ = proc.communicate(timeout=150)
-    assert proc.returncode == 0, log2
+
+def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir, faq, tmp_path):
+    out = tmp_path / "sweep"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(_sweep(tiny_model_dir, faq, out)))
+
+    runs: list[Watched] = []
+    try:
+        # 1. start, and interrupt (Ctrl-C) as soon as one trial has ended
+        first, snapshot, done_before, steps_before = _interrupt_after_a_trial_ends(sweep, out, runs)
+
+        # 2. resume: ended trials are not run again, unfinished ones continue from their own checkpoints
+        resumed = _watched(sweep, out, "--resume")
+        runs.append(resumed)
+        with ListenWatch(resumed.pid) as watch:  # the sweep's Ray, trials and their workers: loopback only
+            rc = resumed.wait(what="the resumed sweep")
+        log2 = resumed.output
+        assert rc == 0, log2
+        resumed.wait_session_gone(what="the resumed sweep")  # its Ray's logs are read below
+    finally:
+        for run in runs:
+            run.end()
     print(f"\n[loopback] tune sweep: {watch.summary()}")
     watch.assert_loopback_only("gcs_server", "RayTrainWorker")
     assert "ASHA's rungs refilled" in log2
@@ -117,11 +151,11 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
     for t, step in steps_before.items():
         if t in done_before or not 2 <= step < 4:
             continue  # (a trial that trained its 4 steps before the interrupt ends without training again)
-        resumed = [e["metrics"]["step"] for e in later if e["trial"] == t and e["event"] == "result"]
-        if not resumed:  # it had trained all 4 steps before the interrupt (its last report was not seen)
+        resumed_steps = [e["metrics"]["step"] for e in later if e["trial"] == t and e["event"] == "result"]
+        if not resumed_steps:  # it had trained all 4 steps before the interrupt (its last report was not seen)
             assert (out / "trials" / t / "step-00000004" / "state.json").exists(), f"{t}: no results after resume"
         else:
-            assert resumed[0] > 2, f"{t} restarted from scratch: {resumed}"  # from its own step-2 checkpoint
+            assert resumed_steps[0] > 2, f"{t} restarted from scratch: {resumed_steps}"  # from its step-2 checkpoint
 
     starts = {e["trial"]: e["params"]["loss.temperature"] for e in events if e["event"] == "start"}
     final = {}

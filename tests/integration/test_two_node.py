@@ -4,8 +4,15 @@ DPR for a few steps; then ANCE's trainer and index refresher (0.6 CPU each) run 
 Checkpoints, the final model and the negatives versions land where `train.storage_path` says.
 (Encoding on two nodes: tests/integration/test_encode_cluster.py.)
 
-The cluster runs in a subprocess of its own process group (never the session Ray fixture; a process
-is connected to one Ray at a time), ended by killing that group.
+The cluster runs in a subprocess of its own session (never the session Ray fixture; a process
+is connected to one Ray at a time), ended by killing that session's processes.
+
+Nothing here assumes a fast machine (it must hold at load 35 on 2 cores): the nodes are waited for
+as long as the run makes progress (not Ray's 30 s `Cluster` windows), Ray's start-up windows are
+widened (subprocs.RAY_START_WINDOWS), the state API gets 10 min, and ANCE's trainer waits at step 8
+until the refresher has published its first version, so the switch to it happens within the run
+whatever the load (no race between 24 steps and a refresh). The run is stuck only when it shows no
+progress (an output line, a new file under the test's folder) for 10 min.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 import textwrap
 
 import pytest
-from subprocs import free_port, run_result_script
+from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_result_script
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +44,34 @@ SCRIPT = textwrap.dedent('''
     from pipeline.train.config import load_train_config
     from pipeline.train.trainer import train
 
-    tmp, model, dash = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    tmp, model, dash, limit = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     ingest([python_faq_dir()], "beir", tmp / "corpus", progress=False)
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": dash,
-        "node_ip_address": "127.0.0.1", "object_store_memory": 100 * 2**20})
-    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
-    cluster.wait_for_nodes()
+    print("STAGE corpus ingested", flush=True)
+    # the nodes are waited for (as long as `limit`), not for Cluster's fixed 30 s (add_node's wait)
+    cluster = Cluster(initialize_head=False)
+    cluster.add_node(wait=False, num_cpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
+                     dashboard_port=dash, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
+    cluster.add_node(wait=False, num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes(timeout=limit)
+    print("STAGE two nodes up", flush=True)
     ray.init(address=cluster.address, log_to_driver=False)
+    versions = tmp / "storage" / "two_node_ance" / "negatives"
+
+    def first_version_published(model):
+        """ANCE's trainer (its validation hook, at step 8: checkpoint 4 is on disk) waits until the
+        refresher has published a version, so the trainer switches to one within the run however slow
+        the refresh is under load; after `limit` s without one the run fails naming it."""
+        import time
+
+        from pipeline.data.negatives import list_versions
+
+        t0 = time.monotonic()
+        while not list_versions(versions):
+            if time.monotonic() - t0 > limit:
+                raise RuntimeError(f"no negatives version in {versions} within {limit:g} s of the first checkpoint")
+            time.sleep(0.2)
+        return {}
+
     try:
         job = load_train_config(None, [
             f"model.name_or_path={model}", "model.pooling=mean", "model.normalize=true", "model.query_max_length=32",
@@ -52,20 +79,25 @@ SCRIPT = textwrap.dedent('''
             "train.cpus_per_worker=0.6", "train.batch_size=8", "train.max_steps=4", "train.checkpoint_every=2",
             "train.report_every=2", f"train.storage_path={tmp / 'storage'}", "train.name=two_node", "optim.lr=1e-4"])
         summary = train(job, progress=False)
-        workers = [a for a in list_actors(detail=True, limit=1000) if "TrainWorker" in a.class_name]
+        print("STAGE trained on two nodes", flush=True)
+        # the state API's answer waited for as long as `limit` (its default: 30 s)
+        workers = [a for a in list_actors(detail=True, limit=1000, timeout=int(limit)) if "TrainWorker" in a.class_name]
         alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         # ANCE: one training worker and the index refresher, 0.6 CPU each: one per node
         ance = load_train_config(None, [
             f"model.name_or_path={model}", "model.pooling=mean", "model.normalize=true", "model.query_max_length=32",
             "model.doc_max_length=64", f"data.corpus={tmp / 'corpus'}", "data.hard_negatives=1", "loss.name=ance",
             "train.num_workers=1", "train.cpus_per_worker=0.6", "train.batch_size=8", "train.max_steps=24",
-            "train.step_sleep_s=0.5", "train.report_every=4", "train.negatives_poll_every=2", f"train.storage_path={tmp / 'storage'}",
+            "train.eval_every=8", "train.report_every=4", "train.negatives_poll_every=2",
+            f"train.storage_path={tmp / 'storage'}",
             "train.name=two_node_ance", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
             "ance.cpus=0.6", "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.max_missed_refreshes=0",
+            f"ance.heartbeat_timeout_s={limit:g}",  # a starved heartbeat thread is not a lost refresher
             f"ance.dev_queries={tmp / 'corpus' / 'queries.tsv'}",
             f"ance.dev_qrels={tmp / 'corpus' / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
-        ance_summary = run_ance(ance, progress=False)
-        actors = list_actors(detail=True, limit=1000)
+        ance_summary = run_ance(ance, validate_fn=first_version_published, progress=False)
+        print("STAGE ANCE trained", flush=True)
+        actors = list_actors(detail=True, limit=1000, timeout=int(limit))
         refreshers = [a for a in actors if "IndexRefresher" in a.class_name]
         ance_workers = [a for a in actors if "TrainWorker" in a.class_name and a.actor_id not in
                         {w.actor_id for w in workers}]
@@ -82,7 +114,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_training_spreads_over_two_nodes(tiny_model_dir, tmp_path):
-    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), timeout=300, what="two-node training")
+    # stuck only after IDLE_LIMIT_S without a new output line or file under tmp_path (checkpoints, versions)
+    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), IDLE_LIMIT_S, timeout=6 * IDLE_LIMIT_S,
+                            idle=IDLE_LIMIT_S, watch=tmp_path, env=RAY_START_WINDOWS, what="two-node training")
     assert res["steps"] == 4
     assert len(res["cluster_nodes"]) == 2
     assert res["worker_nodes"] == res["cluster_nodes"]  # one training worker on each simulated node
