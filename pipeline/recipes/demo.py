@@ -100,7 +100,7 @@ def _plot(histories: dict[str, list[dict]], path: Path, metric: str) -> None:
     ax.set_title("Training NLL, train split")
     axv.set_xlabel("step")
     axv.set_ylabel(metric)
-    axv.set_title(f"Validation {metric}, test split")
+    axv.set_title(f"Validation {metric}, dev split (held-out training queries)")
     for a in (ax, axv):
         a.grid(alpha=0.3)
         a.legend()
