@@ -22,26 +22,25 @@ Resources: every actor must fit on one node, and all of them at once (Ray Data
 starts the whole pool before any work). Those shapes run; any other is refused
 up front with a message naming the settings to change (Ray would wait forever).
 The work items need no read task, so actors may take every CPU.
+
+The output folder's checks and lock live in `encode_output.py` (re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import re
 import time
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-
 
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
 from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
 from ..io_utils import missing_dirs, remove_empty_dirs
 from ..storage import RemotePath
+from .encode_output import LOCK_NAME, check_embeddings_output, output_lock  # noqa: F401 (LOCK_NAME: re-exported)
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, first_bad_row, layout_matches, location, plan_part,
                      remove_shard, shard_problem, stray_files, vectors_problem, verify_shards, write_json)
@@ -319,63 +318,6 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     return summary
 
 
-LOCK_NAME = ".encode.lock"
-
-
-@contextlib.contextmanager
-def output_lock(out_dir, created: list[Path]):
-    """An exclusive lock (fcntl.flock on `<out>/.encode.lock`) held while one encode writes a local folder
-    (a path or a file:// shared filesystem); a second encode into it is refused with one line, having
-    written nothing. Object-store outputs take no lock (nothing to flock there). The lock file goes when the
-    run ends, and a failed run that made the folder leaves no empty folder behind (`created`)."""
-    if not isinstance(out_dir, Path):
-        yield
-        return
-    fd = _take_lock(out_dir, created)
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(out_dir / LOCK_NAME)  # while held: a run that opened this file sees it is gone and retries
-        os.close(fd)
-        if failed:
-            remove_empty_dirs(created)
-
-
-def _take_lock(out_dir: Path, created: list[Path]) -> int:
-    import fcntl
-
-    path = out_dir / LOCK_NAME
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PipelineError(f"{out_dir}: cannot create the output folder ({e.strerror or e})") from None
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            remove_empty_dirs(created)
-            raise PipelineError(f"{out_dir}: cannot write the output folder ({e.strerror or e})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise PipelineError(f"{out_dir}: another pipeline encode is writing into this folder (it holds "
-                                f"{LOCK_NAME}); wait for it to finish, or give another --out. Nothing was "
-                                "written.") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)  # the run that held it finished and removed the file in between: take the new one
-
-
 def _check_model_vectors(model, vectors) -> None:
     """The model's vectors of the corpus's first passages: finite (BiEncoder.check_finite) and every
     component within ±MAX_COMPONENT (shards.py says why), else NonFiniteError naming the model."""
@@ -540,33 +482,6 @@ def _no_restarts() -> dict:
     """Encoder actors are not restarted: a failed shard fails the run and a re-run encodes only the
     missing shards (see ShardEncoder.__call__)."""
     return {"max_restarts": 0}
-
-
-_OWN_NAME = re.compile(r"^(embeddings\.json|shard-[\w-]+\.(npy|pids\.txt|done)|\.encode\.lock|\.tmp-.*|"
-                       r"\.write-probe-.*|\.shared-probe-.*)$")
-_OTHER_OUTPUTS = {"manifest.json": "an ingested corpus (pipeline ingest)", "index.json": "a FAISS index (pipeline index)",
-                  "summary.json": "a training run (pipeline train)"}
-
-
-def check_embeddings_output(out_dir) -> None:
-    """`encode --out` follows the output rules of `ingest` and `index`: a new or empty folder, or
-    one holding embeddings this tool wrote (continued or resumed there), and nothing else. A
-    file, a corpus, an index or a folder of other files is refused, and nothing is written."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise PipelineError(f"{out_dir} is a file; give a folder for the embeddings (nothing was written)")
-    names = sorted(p.name for p in out_dir.iterdir())
-    for marker, what in _OTHER_OUTPUTS.items():
-        if marker in names and META_NAME not in names:
-            raise PipelineError(f"{out_dir} holds {what}; encode writes embeddings into a folder of their own. "
-                                "Choose another --out; nothing was written or deleted.")
-    others = [n for n in names if not _OWN_NAME.match(n)]
-    if others:
-        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        held = "embeddings, but also" if META_NAME in names else "no embeddings but"
-        raise PipelineError(f"{out_dir} holds {held} {shown}; encode writes embeddings into a folder of their own. "
-                            "Choose another --out (or move those away); nothing was written or deleted.")
 
 
 _first_shard: dict = {}  # when the run's first shard began encoding (set by _collect)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from listening import ListenWatch
+from subprocs import IDLE_LIMIT_S
 
 
 pytestmark = pytest.mark.integration
@@ -32,12 +33,18 @@ def _split_queries(faq, tmp_path):
 
 
 def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_model_dir, faq, tmp_path, monkeypatch):
+    """Nothing here races the clock (on 2 loaded cores a refresh takes many times longer than training
+    steps): the refresher is killed once its first version is out, and the trainer, at its validation
+    steps, waits on the refresher's events themselves (a version, the kill and restart, a version after
+    it), each for at most IDLE_LIMIT_S; so the run switches versions, and to one published after the
+    kill, within its 40 steps whatever the load."""
     import ray
 
     import pipeline.index.refresher as refresher_mod
     from pipeline.recipes.ance import run_ance
-    from pipeline.data.negatives import MARKER, list_versions
+    from pipeline.data.negatives import MARKER, list_versions, read_status
     from pipeline.data.readers import load_qrels
+    from pipeline.io_utils import write_json_atomic
     from pipeline.train.config import load_train_config
 
     handles = []
@@ -51,15 +58,51 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
     monkeypatch.setattr(refresher_mod, "start_refresher", spy)
     versions = tmp_path / "ance" / "negatives"
     killed = {}
+    kill_record = tmp_path / "killed.json"  # written once the killed refresher is back: the trainer waits for it
 
     training_over = threading.Event()
 
-    def kill_after_first_version():  # waits as long as training runs (progress), not a fixed time
+    def kill_after_first_version():  # waits on the events as long as training runs, never a fixed time
         while not training_over.is_set() and not list_versions(versions):
             time.sleep(0.1)
-        if handles and list_versions(versions):
-            killed["at_version"] = list_versions(versions)[-1]
-            ray.kill(handles[0], no_restart=False)  # a crash: Ray restarts the actor
+        if not (handles and list_versions(versions)):
+            return
+        at_version, old_pid = list_versions(versions)[-1], read_status(versions).get("pid")
+        ray.kill(handles[0], no_restart=False)  # a crash: Ray restarts the actor
+        killed["at_version"] = at_version
+        # the restarted refresher's constructor writes its status, with its own pid
+        while not training_over.is_set() and read_status(versions).get("pid") in (None, old_pid):
+            time.sleep(0.1)
+        write_json_atomic(kill_record, killed)
+
+    validations = []  # (in the training worker) how many validations have run
+
+    def wait_for_the_refresher(model):
+        """ANCE's trainer, at its validation steps (train.eval_every=8), waits on events, not time: at
+        step 8 (checkpoint 4 on disk, 8 not yet) until a version is out and the refresher has been killed
+        and restarted; from step 16 on (checkpoints 8 and 12 on disk) until the restarted refresher has
+        published a version newer than the one it was killed at. After IDLE_LIMIT_S without the event
+        the run fails, naming it."""
+        import json as json_
+        import time as time_
+
+        from pipeline.data.negatives import list_versions as versions_of
+
+        validations.append(1)
+        t0 = time_.monotonic()
+        while True:
+            try:
+                at = json_.loads(kill_record.read_text())["at_version"]
+            except (OSError, ValueError, KeyError):
+                at = None
+            if at is not None and (len(validations) == 1 or any(v > at for v in versions_of(versions))):
+                return {}
+            if time_.monotonic() - t0 > IDLE_LIMIT_S:
+                raise RuntimeError(f"validation {len(validations)}: " + (
+                    f"no refresher killed and restarted after a first version in {versions} within {IDLE_LIMIT_S:g} s"
+                    if at is None else f"no version newer than v{at} (the one the refresher was killed at) in "
+                                       f"{versions} within {IDLE_LIMIT_S:g} s"))
+            time_.sleep(0.2)
 
     threading.Thread(target=kill_after_first_version, daemon=True).start()
     train_q, dev_q = _split_queries(faq, tmp_path)
@@ -68,15 +111,16 @@ def test_refresher_runs_beside_training_and_survives_a_kill(ray_session, tiny_mo
         "model.query_max_length=32", "model.doc_max_length=64", f"data.corpus={faq}", "data.hard_negatives=1",
         f"data.queries={train_q}", f"ance.dev_queries={dev_q}",
         "ance.max_missed_refreshes=0",  # kills and restarts here: lateness is not what this test is about
+        f"ance.heartbeat_timeout_s={IDLE_LIMIT_S:g}",  # nor is a heartbeat thread starved by the load
         "loss.name=ance", "loss.in_batch_negatives=true", "train.num_workers=1", "train.cpus_per_worker=1",
         "train.batch_size=8", "train.max_steps=40", "train.report_every=4", "train.negatives_poll_every=2",
-        "train.step_sleep_s=0.5",
+        "train.eval_every=8",
         f"train.storage_path={tmp_path}", "train.name=ance", "train.keep_checkpoints=2", "optim.lr=1e-4",
         "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5", "ance.cpus=1", "ance.poll_seconds=0.2",
         "ance.precision=fp32", f"ance.dev_qrels={faq / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
     with ListenWatch(os.getpid()) as watch:  # trainer, refresher and all they start: loopback only
         try:
-            summary = run_ance(job, progress=False)
+            summary = run_ance(job, validate_fn=wait_for_the_refresher, progress=False)
         finally:
             training_over.set()
     print(f"\n[loopback] ANCE run: {watch.summary()}")

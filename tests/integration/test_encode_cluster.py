@@ -4,6 +4,11 @@ and no vector passes through the driver.
 
 The cluster runs in a subprocess so it never meets the session-scoped local Ray of the
 other integration tests (a process can be connected to one Ray at a time).
+
+Nothing here assumes a fast machine (as in test_two_node.py): the nodes are waited for as long as the
+run makes progress (not Ray's 30 s `Cluster` windows), Ray's start-up windows are widened
+(subprocs.RAY_START_WINDOWS), the state API gets 10 min, and the run is stuck only when it shows no
+progress (an output line, a new or changed file under the test's folder) for 10 min.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from subprocs import free_port, run_result_script
+from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_result_script
 
 pytestmark = pytest.mark.integration
 
@@ -33,18 +38,21 @@ SCRIPT = textwrap.dedent('''
     from pipeline.index import encode as encode_mod
     from pipeline.index.shards import iter_shards
 
-    tmp, model = Path(sys.argv[1]), sys.argv[2]
+    tmp, model, dash, limit = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     rng = random.Random(0)
     (tmp / "c.tsv").write_text("".join(f"{i}\\t{' '.join(rng.choice('ab cd ef gh'.split()) for _ in range(rng.randint(3, 40)))}\\n"
                                       for i in range(120)))
     ingest([tmp / "c.tsv"], "msmarco", tmp / "corpus", part_rows=30, progress=False)
+    print("STAGE corpus ingested", flush=True)
 
-    cluster = Cluster(initialize_head=True, head_node_args={  # the dashboard answers list_actors
-        "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": int(sys.argv[3]),
-        "node_ip_address": "127.0.0.1",
-        "object_store_memory": 100 * 2**20})
-    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
-    cluster.wait_for_nodes()
+    # the nodes are waited for (as long as `limit`), not for Cluster's fixed 30 s (add_node's wait)
+    cluster = Cluster(initialize_head=False)
+    # the first node added is the head; its dashboard answers list_actors
+    cluster.add_node(wait=False, num_cpus=1, include_dashboard=True, dashboard_host="127.0.0.1",
+                     dashboard_port=dash, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
+    cluster.add_node(wait=False, num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes(timeout=limit)
+    print("STAGE two nodes up", flush=True)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         received = []
@@ -70,7 +78,8 @@ SCRIPT = textwrap.dedent('''
         pids = [p for ids, _ in iter_shards(tmp / "emb") for p in ids]
         alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         from ray.util.state import list_actors
-        actors = {a.pid: [a.node_id, a.state] for a in list_actors(detail=True, limit=1000)
+        # the state API's answer waited for as long as `limit` (its default: 30 s)
+        actors = {a.pid: [a.node_id, a.state] for a in list_actors(detail=True, limit=1000, timeout=int(limit))
                   if "MapWorker" in a.class_name and a.pid}
         print("RESULT " + json.dumps({"summary": summary, "writers": [[m["node"], m["pid"]] for m in markers],
                                       "cluster_nodes": alive, "encoder_actors": actors, "pids": pids,
@@ -82,7 +91,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_two_nodes_write_their_own_shards_every_pid_once(tiny_model_dir, tmp_path):
-    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), timeout=180, what="two-node encode")
+    # stuck only after IDLE_LIMIT_S without a new output line or a file change under tmp_path (shards)
+    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), IDLE_LIMIT_S, timeout=6 * IDLE_LIMIT_S,
+                            idle=IDLE_LIMIT_S, watch=tmp_path, env=RAY_START_WINDOWS, what="two-node encode")
     assert res["summary"]["actors"] == 2 and res["summary"]["shards"] == 8
     assert len(res["cluster_nodes"]) == 2
     # Placement is forced (1-CPU nodes, 1-CPU actors: at most one encoder actor per node). Which actor
