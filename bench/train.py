@@ -220,9 +220,11 @@ def long_faq(folder: Path, model_dir: str, lo: int, hi: int) -> Path:
     return folder
 
 
-def beir_subset(src: Path, dst: Path, max_pairs: int) -> Path:
-    """`src` with only the first `max_pairs` judgements of its qrels/train.tsv (a quick check): the corpus
-    and queries linked, the other qrels copied."""
+def beir_subset(src: Path, dst: Path, max_pairs: int, per_query: int = 0) -> Path:
+    """`src` with only the judgements of its qrels/train.tsv that make the first `max_pairs` training pairs (a
+    quick check): the first `max_pairs` judgements, or, with `per_query` positives per query, every judgement
+    of the first ceil(max_pairs / per_query) queries (so the pairs drawn from them are the same for both
+    trainers); the corpus and queries linked, the other qrels copied."""
     import shutil
 
     dst.mkdir(parents=True)
@@ -231,8 +233,21 @@ def beir_subset(src: Path, dst: Path, max_pairs: int) -> Path:
     shutil.copytree(src / "qrels", dst / "qrels")
     lines = (src / "qrels" / "train.tsv").read_text(encoding="utf-8").splitlines()
     header = lines[:1] if lines and not lines[0].split()[-1].lstrip("-").isdigit() else []
-    (dst / "qrels" / "train.tsv").write_text("".join(f"{ln}\n" for ln in header + lines[len(header):][:max_pairs]),
-                                             encoding="utf-8")
+    body = lines[len(header):]
+    if per_query:
+        keep_q, kept = -(-max_pairs // per_query), []
+        seen: list[str] = []
+        for ln in body:
+            q = ln.split()[0] if ln.split() else ""
+            if q not in seen:
+                if len(seen) == keep_q:
+                    continue
+                seen.append(q)
+            kept.append(ln)
+        body = kept
+    else:
+        body = body[:max_pairs]
+    (dst / "qrels" / "train.tsv").write_text("".join(f"{ln}\n" for ln in header + body), encoding="utf-8")
     return dst
 
 
@@ -403,9 +418,12 @@ def vs_st(args) -> None:
     for set_name in args.sets:
         src, per_query, what = set_source(set_name, args, model_dir, tmp)
         if args.max_pairs:
-            src = beir_subset(src, tmp / set_name / "subset", args.max_pairs)
+            src = beir_subset(src, tmp / set_name / "subset", args.max_pairs, per_query)
         corpus, pairs = training_set(src, tmp / set_name, per_query)
         pair_list = json.loads(pairs.read_text())
+        if len(pair_list) < args.batch:
+            raise SystemExit(f"error: [{set_name}] {len(pair_list)} training pairs, fewer than one batch of "
+                             f"{args.batch}: raise --max-pairs or lower --batch")
         lengths = doc_lengths(model_dir, [p for _, p in pair_list], args.max_len)
         gflop = training_gflop(model_dir, pairs, args.max_len, args.epochs, args.batch)
         print(f"\n[{set_name}] {what}: {len(pair_list)} training pairs, documents {min(lengths)} / "
