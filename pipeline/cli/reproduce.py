@@ -101,8 +101,11 @@ def cmd_run(args) -> int:
         return _run_effect_cells(args, matrix, given, effect)
     if experiment_flags:
         raise ConfigError(f"{', '.join(experiment_flags)}: options of an experiment (--family, or its cells)")
-    codes = [run_cell(cell, matrix, given, Path(args.work) / cell.id, record=args.record,
-                      folder=getattr(args, "matrix", None)) for cell in cells]
+    from ..reproduce.run import run_paired
+
+    codes = [(run_paired if cell.paired else run_cell)(
+        cell, matrix, given, Path(args.work) if cell.paired else Path(args.work) / cell.id, record=args.record,
+        folder=getattr(args, "matrix", None)) for cell in cells]
     return 1 if 1 in codes else (EXIT_RECORDED if EXIT_RECORDED in codes else 0)
 
 

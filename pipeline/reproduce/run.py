@@ -227,3 +227,71 @@ def data_args(pairs: list[str]) -> dict[str, str]:
             raise ConfigError(f"--data {p!r}: expected NAME=PATH (e.g. --data scifact=datasets/scifact)")
         out[name] = path
     return out
+
+
+def _evaluated_files(cell: Cell, values: dict[str, str]) -> tuple[str, str] | None:
+    """(run file, qrels) of the cell's `pipeline evaluate` step, as its arguments name them (None: not a run)."""
+    from ..effects.spec import fill, split_command
+
+    for c in reversed(cell.commands):
+        argv = fill(split_command(c, cell.id), values)
+        if len(argv) > 1 and argv[1] == "evaluate" and "--run" in argv and "--qrels" in argv:
+            return argv[argv.index("--run") + 1], argv[argv.index("--qrels") + 1]
+    return None
+
+
+def run_paired(cell: Cell, matrix: Matrix, given: dict[str, str], work_root: Path, record: bool = False,
+               folder=None, print_fn=print) -> int:
+    """A paired cell: its baseline cell and the cell itself run on the same data, then the difference of their
+    figures is judged against the paper's (`published_difference` ± the cell's tolerance), and a paired
+    randomization test over the queries both runs scored must agree on its sign (p < 0.05 in the published
+    direction). The verdict is written into the cell's result (`paired`) and decides the exit code."""
+    from ..eval.compare import paired_pvalue
+    from ..io_utils import write_json_atomic
+    from .status import results_dir
+
+    base = matrix.cells[cell.baseline]
+    figures = {}
+    for c in (base, cell):
+        run_cell(c, matrix, given, work_root / c.id, record=record, folder=folder, print_fn=print_fn)
+        figures[c.id] = json.loads((work_root / c.id / "result.json").read_text())
+    diff = figures[cell.id]["got"] - figures[base.id]["got"]
+    published = float(cell.published_difference)
+    within = abs(diff - published) <= cell.tolerance + 1e-12
+    p, sign = None, None
+    files = [_evaluated_files(c, {**figures[c.id]["data"]}) for c in (cell, base)]
+    from ..io_utils import sha256_file
+
+    same_qrels = all(files) and all(Path(f[1]).is_file() for f in files) and \
+        sha256_file(files[0][1]) == sha256_file(files[1][1])  # each cell judges with its own copy of one file
+    if same_qrels:
+        from ..config import EvalConfig
+        from ..data.readers import load_qrels
+        from ..eval.metrics import evaluate_run
+        from ..eval.runs import read_run
+
+        qrels = load_qrels(files[0][1])
+        cfg = EvalConfig(measures=(cell.metric["name"],), per_query=True)
+        per = [evaluate_run(read_run(f[0]), qrels, cfg)["per_query"] for f in files]
+        common = sorted(set(per[0]) & set(per[1]))
+        import numpy as np
+
+        m = np.array([per[0][q][cell.metric["name"]] for q in common])
+        b = np.array([per[1][q][cell.metric["name"]] for q in common])
+        p = paired_pvalue("randomization", m, b)
+        sign = float(np.sign(m.mean() - b.mean()))
+    agrees = p is not None and p < 0.05 and sign == (1.0 if published > 0 else -1.0 if published < 0 else 0.0)
+    passed = bool(within and agrees)
+    verdict = {"baseline": base.id, "method_figure": figures[cell.id]["got"], "baseline_figure": figures[base.id]["got"],
+               "difference": diff, "published_difference": published, "tolerance": cell.tolerance,
+               "within_tolerance": within, "p_randomization": p, "test_agrees_on_sign": agrees, "passed": passed}
+    result = {**figures[cell.id], "paired": verdict, "passed": passed}
+    write_json_atomic(work_root / cell.id / "result.json", result)
+    if record:
+        write_json_atomic(results_dir(folder) / f"{cell.id}.json", relative_record(result, dict(result["data"])))
+    print_fn(f"[reproduce] {cell.id}: difference to {base.id} {diff:+.4f} vs the paper's {published:+.4f} "
+             f"(tolerance ±{cell.tolerance:g}: {'within' if within else 'outside'}); paired test over queries "
+             + (f"p {p:.3f}, sign {'agrees' if agrees else 'does not agree'}" if p is not None
+                else "not possible (the two cells do not score runs on one qrels)")
+             + f": {'PASSED' if passed else 'MISSED'}", flush=True)
+    return 0 if passed else 1

@@ -135,6 +135,10 @@ def status_word(status: dict | None, cell: Cell) -> str:
         return "error"
     if status.get("_definition") != "current":
         return "stale"
+    if cell.paired:  # judged as the difference to its baseline (reproduce/run.run_paired), never alone
+        if not status.get("paired"):
+            return "recorded"
+        return "passed" if status["paired"].get("passed") else "missed"
     if cell.expected is None or circular(status, cell):
         return "recorded"
     return "passed" if judge(float(got), cell)[0] else "missed"

@@ -150,3 +150,37 @@ def test_a_work_folder_of_an_unknown_user_or_an_empty_data_folder_is_one_line(tm
                  "--work", str(tmp_path / "w")]) == 2
     assert "passages 0 (expected 5,183)" in capsys.readouterr().err and not (tmp_path / "w").exists()
 
+
+
+def test_a_paired_cell_passes_only_a_real_difference_and_fails_a_no_op(tmp_path, tiny_model_dir, capsys):
+    """A paired cell is judged as the difference to its baseline with a paired test over queries: a method whose
+    run is its baseline's (a no-op) misses; one that ranks every judged answer first passes."""
+    qrels = Path(__file__).resolve().parents[2] / "pipeline" / "resources" / "python_faq" / "qrels" / "test.tsv"
+    best = tmp_path / "best.trec"
+    lines = [ln.split("\t") for ln in qrels.read_text().splitlines()[1:] if ln.strip()]
+    best.write_text("".join(f"{q} Q0 {d} 1 10.0 best\n" for q, d, *_ in lines))
+    folder = _tiny_matrix(tmp_path, tiny_model_dir, expected=0.5)
+    doc = yaml.safe_load((folder / "tiny.yaml").read_text())
+    base = dict(doc["cells"][0], id="tiny-base", expected=0.8, tolerance=0.5)
+    doc["datasets"]["method"] = {"layout": "a TREC run", "get": "the test"}
+    method = dict(doc["cells"][0], id="tiny-method", data=["faq", "method"], expected=1.0, tolerance=0.02,
+                  baseline="tiny-base", paired=True)
+    method["commands"] = [c.replace("{run}", "{method}") for c in method["commands"]]
+    work = tmp_path / "w"
+    args = ["reproduce", "run", "tiny-method", "--matrix", str(folder), "--data", f"run={RUN}"]
+    method["published_difference"] = 0.1
+    doc["cells"] = [base, method]
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    # the published difference is what ranking every judged answer first gains over the baseline run
+    assert main(["reproduce", "run", "tiny-base", "--matrix", str(folder), "--data", f"run={RUN}",
+                 "--work", str(tmp_path / "probe")]) in (0, 1)
+    gain = 1.0 - json.loads((tmp_path / "probe" / "tiny-base" / "result.json").read_text())["got"]
+    method["published_difference"] = round(gain, 4)
+    doc["cells"] = [base, method]
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+    assert main(args + ["--data", f"method={best}", "--work", str(work)]) == 0
+    verdict = json.loads((work / "tiny-method" / "result.json").read_text())["paired"]
+    assert verdict["passed"] and verdict["p_randomization"] < 0.05 and verdict["difference"] == pytest.approx(gain)
+    assert main(args + ["--data", f"method={RUN}", "--work", str(tmp_path / "noop")]) == 1  # the no-op
+    verdict = json.loads((tmp_path / "noop" / "tiny-method" / "result.json").read_text())["paired"]
+    assert not verdict["passed"] and verdict["difference"] == 0 and "MISSED" in capsys.readouterr().out
