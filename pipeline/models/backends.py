@@ -100,6 +100,23 @@ class _Tower(torch.nn.Module):
         return self.model.encode_queries(batch) if self.side == "query" else self.model.encode_docs(batch)
 
 
+def cpu_hint(core, precision: str) -> str:
+    """OpenVINO's inference precision hint for `precision` on this CPU: bf16 or f16 only where the plugin lists it
+    among its OPTIMIZATION_CAPABILITIES (AVX512-BF16/AMX; AVX512-FP16/AMX-FP16), f32 elsewhere. On an AVX512 CPU
+    without BF16 the plugin accepts a bf16 hint, reports it back and still computes almost every op in f32
+    (measured: 1 of 7 ops of a matmul graph in bf16), so a bf16 hint there would be a wrong label, not a speed-up.
+    An f16 hint without native f16 runs bf16 where the CPU has that, as the plugin itself does."""
+    try:
+        caps = {str(c).upper() for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")}
+    except RuntimeError:
+        caps = set()
+    if precision == "bf16":
+        return "bf16" if "BF16" in caps else "f32"
+    if precision == "fp16":
+        return "f16" if "FP16" in caps else "bf16" if "BF16" in caps else "f32"
+    return "f32"
+
+
 class OpenVinoTower:
     """A tower compiled by OpenVINO for the CPU: numpy token batch in, float32 (B, D) vectors out.
     `precision` int8: the exported tower quantised by NNCF (post-training, transformer preset with
@@ -133,8 +150,8 @@ class OpenVinoTower:
             xml = Path("(in memory)")
             self.converted = True
         self.model_file = xml  # the IR compiled below (the export's, or an int8 entry's): its check is its own
-        self._hint = {"bf16": "bf16", "fp16": "f16"}.get(precision, "f32")
         self._core = ov.Core()
+        self._hint = cpu_hint(self._core, precision)
         written = False  # the graph is a RefreshableTower's, this step's weights written in
         if keep:
             converted = self._core.read_model(str(xml))
@@ -176,7 +193,7 @@ class OpenVinoTower:
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
             raise PipelineError(f"OpenVINO could not load the converted model at {xml.parent} "
                                 f"({first[:300]})") from None
-        # what the plugin will really compute in (a bf16 hint on a CPU without bf16 runs f32)
+        # what the plugin will really compute in (the hint was chosen from its capabilities: cpu_hint)
         used = str(self.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()  # e.g. <Type: 'bfloat16'>
         self.precision = "bf16" if "bfloat16" in used or "bf16" in used else (
             "fp16" if "float16" in used or "f16" in used else "fp32")
