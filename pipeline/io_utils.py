@@ -448,3 +448,39 @@ def remove_empty_dirs(created: list[Path]) -> None:
     for folder, _, _ in sorted(os.walk(created[-1]), key=lambda w: -len(Path(w[0]).parts)):
         with contextlib.suppress(OSError):
             Path(folder).rmdir()  # fails, and is kept, when it holds a file
+
+
+WORK_MARKER = ".reproduce-work"
+
+
+def claim_work_folder(path: Path, own: set[str], made_by: str = "`pipeline reproduce`"):
+    """A work folder this tool runs in, locked (fcntl) for the caller: new, or one it made before (its marker
+    `WORK_MARKER`) holding only the entries in `own`. Anything else there is refused, never touched. Returns the
+    lock's open file (closing it releases the lock)."""
+    import fcntl
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PipelineError(f"{path}: exists and is not a folder; choose another --work")
+    if path.exists() and any(path.iterdir()):
+        if not (path / WORK_MARKER).is_file():
+            raise PipelineError(f"{path}: exists and was not made by {made_by}; refusing to use it "
+                                "(choose another --work)")
+        foreign = sorted(e.name for e in path.iterdir() if e.name not in own | {WORK_MARKER, ".lock"})
+        if foreign:
+            raise PipelineError(f"{path}: holds {', '.join(foreign[:5])}" + (" ..." if len(foreign) > 5 else "")
+                                + f", which {made_by} did not make; nothing was run or removed (move them, or "
+                                "choose another --work)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = open(path / ".lock", "w")
+    except OSError as e:
+        raise PipelineError(f"{path}: cannot make or write the work folder ({e.strerror or e})") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise PipelineError(f"{path}: another {made_by} run is using this work folder; wait for it or choose "
+                            "another --work") from None
+    (path / WORK_MARKER).write_text(f"made by {made_by.strip('`')}\n")
+    return lock

@@ -18,7 +18,6 @@ not this command's is touched, and a work folder holding anything else is refuse
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,47 +28,22 @@ from ..provenance import repo_root
 from .spec import Arm, Experiment, fill
 from .stats import effect
 
-MARKER = ".reproduce-work"
-OWN_ENTRIES = {MARKER, ".lock", "prepare", "prepare.partial", "labeled-documents.txt", "arms", "result.json"}
+OWN_ENTRIES = {"prepare", "prepare.partial", "labeled-documents.txt", "arms", "result.json"}
 PARTS = ("all", "labeled", "unlabeled")
 
 
 class WorkFolder:
     """The experiment's folder: made with a marker, refused when it holds what this command did not make,
-    locked (fcntl) so that two runs of one experiment never share it."""
+    locked so that two runs of one experiment never share it (io_utils.claim_work_folder)."""
 
     def __init__(self, path: Path):
         self.path = path
         self._lock = None
 
     def open(self) -> "WorkFolder":
-        import fcntl
+        from ..io_utils import claim_work_folder
 
-        p = self.path
-        if p.exists() and not p.is_dir():
-            raise PipelineError(f"{p}: exists and is not a folder; choose another --work")
-        if p.exists() and any(p.iterdir()):
-            if not (p / MARKER).is_file():
-                raise PipelineError(f"{p}: exists and was not made by `pipeline reproduce`; refusing to use it "
-                                    "(choose another --work)")
-            foreign = sorted(e.name for e in p.iterdir() if e.name not in OWN_ENTRIES)
-            if foreign:
-                raise PipelineError(f"{p}: holds {', '.join(foreign[:5])}, which `pipeline reproduce` did not make; "
-                                    "nothing was run or removed (move them, or choose another --work)")
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise PipelineError(f"{p}: cannot make the work folder ({e.strerror or e})") from None
-        if not os.access(p, os.W_OK):
-            raise PipelineError(f"{p}: cannot write in the work folder (permission denied or read-only)")
-        (p / MARKER).write_text("made by pipeline reproduce\n")
-        self._lock = open(p / ".lock", "w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.close()
-            raise PipelineError(f"{p}: another `pipeline reproduce run` is using this work folder; wait for it or "
-                                "choose another --work") from None
+        self._lock = claim_work_folder(self.path, OWN_ENTRIES)
         return self
 
     def close(self) -> None:

@@ -27,8 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError, PipelineError
 from .matrix import Cell, Matrix
 
-MARKER = ".reproduce-work"
-OWN = {MARKER, ".lock", "result.json"}
+OWN = {"result.json"}
 EXIT_RECORDED = 3
 
 
@@ -92,36 +91,15 @@ def own_entries(cell: Cell) -> set[str]:
 
 
 def prepare_work(work: Path, cell: Cell):
-    """The cell's work folder, locked: new, or this command's own from an earlier run (see the module doc).
-    Returns the lock's open file (closing it releases the lock)."""
-    import fcntl
+    """The cell's work folder, locked: new, or this command's own from an earlier run (see the module doc), whose
+    earlier outputs are removed. Returns the lock's open file (closing it releases the lock)."""
     import shutil
 
-    if work.exists() and not work.is_dir():
-        raise PipelineError(f"{work}: exists and is not a folder; choose another --work")
-    if work.exists() and any(work.iterdir()):
-        if not (work / MARKER).is_file():
-            raise PipelineError(f"{work}: exists and was not made by `pipeline reproduce`; refusing to use it "
-                                "(choose another --work)")
-        foreign = sorted(e.name for e in work.iterdir() if e.name not in own_entries(cell))
-        if foreign:
-            raise PipelineError(f"{work}: holds {', '.join(foreign[:5])}" + (" ..." if len(foreign) > 5 else "")
-                                + ", which this cell's commands did not make; nothing was run or removed (move "
-                                "them, or choose another --work)")
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        lock = open(work / ".lock", "w")
-    except OSError as e:
-        raise PipelineError(f"{work}: cannot make or write the work folder ({e.strerror or e})") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.close()
-        raise PipelineError(f"{work}: another `pipeline reproduce run` of this cell is running; wait for it or "
-                            "choose another --work") from None
-    (work / MARKER).write_text("made by pipeline reproduce\n")
+    from ..io_utils import WORK_MARKER, claim_work_folder
+
+    lock = claim_work_folder(work, own_entries(cell), "this cell's commands")
     for e in work.iterdir():  # the earlier run's outputs: this cell's own (checked above)
-        if e.name in (MARKER, ".lock"):
+        if e.name in (WORK_MARKER, ".lock"):
             continue
         if e.is_dir() and not e.is_symlink():
             shutil.rmtree(e)
