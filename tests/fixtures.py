@@ -136,3 +136,23 @@ def files_holding(roots, secrets) -> list[str]:
             except OSError:
                 continue  # a socket, or a file removed meanwhile
     return found
+
+
+# a tower's probe texts and loaders, shared by the OpenVINO backend and export-cache tests
+TOWER_TEXTS = [f"passage {i} about " + "dense retrieval " * (i % 13) for i in range(40)]
+
+
+def tower_model(path, **kw):
+    """A BiEncoder of `path` in eval mode with documents cut at 64 tokens."""
+    from pipeline.config import ModelConfig
+    from pipeline.models import BiEncoder
+
+    return BiEncoder.load(ModelConfig(name_or_path=str(path), doc_max_length=64, **kw)).eval()
+
+
+def tower_tokens(model, texts=TOWER_TEXTS):
+    """`texts` tokenised as the model's document tower reads them (length-sorted batches)."""
+    from pipeline.models.tokens import tokenize_sorted
+
+    tok, prefix, max_len = model.token_spec("doc")
+    return tokenize_sorted(tok, texts, prefix, max_len)

@@ -16,20 +16,10 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.models import BiEncoder
 from pipeline.models import backends, export_cache, tower_check
 from pipeline.models.backends import OpenVinoTower, resolve_backend, tower_runner
-from pipeline.models.tokens import tokenize_sorted
 
 pytest.importorskip("openvino")
 
-TEXTS = [f"passage {i} about " + "dense retrieval " * (i % 13) for i in range(40)]
-
-
-def _model(path, **kw) -> BiEncoder:
-    return BiEncoder.load(ModelConfig(name_or_path=str(path), doc_max_length=64, **kw)).eval()
-
-
-def _tokens(model):
-    tok, prefix, max_len = model.token_spec("doc")
-    return tokenize_sorted(tok, TEXTS, prefix, max_len)
+from fixtures import TOWER_TEXTS as TEXTS, tower_model as _model, tower_tokens as _tokens  # noqa: E402
 
 
 def test_resolve_backend_rules():

@@ -11,25 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import ModelConfig
 from pipeline.errors import PipelineError
 from pipeline.models import BiEncoder, backends, export_cache, tower_check
 from pipeline.models.backends import OpenVinoTower, tower_runner
 from pipeline.models.heads import DenseLayer, Head
-from pipeline.models.tokens import tokenize_sorted
 
 pytest.importorskip("openvino")
 
-TEXTS = [f"passage {i} about " + "dense retrieval " * (i % 13) for i in range(40)]
-
-
-def _model(path, **kw) -> BiEncoder:
-    return BiEncoder.load(ModelConfig(name_or_path=str(path), doc_max_length=64, **kw)).eval()
-
-
-def _tokens(model):
-    tok, prefix, max_len = model.token_spec("doc")
-    return tokenize_sorted(tok, TEXTS, prefix, max_len)
+from fixtures import TOWER_TEXTS as TEXTS, tower_model as _model, tower_tokens as _tokens  # noqa: E402
 
 
 def _nudge(model, seed: int, scale: float = 0.05):
