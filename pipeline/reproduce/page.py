@@ -22,10 +22,10 @@ def render_report(matrix: Matrix, work_root: Path | None = None, folder: str | P
            "Each cell shows the one command that runs it and the commands that runs, with example paths filled in: "
            "`{work}` is the cell's work folder (`--work`, default `runs/reproduce/<cell>`), and each dataset's "
            "placeholder (`{scifact}`, ...) the folder or file given with `--data NAME=PATH` (here `datasets/<name>`; "
-           "the bundled FAQ is `pipeline/resources/python_faq`). A status names its date, machine and commit, how many "
-           "commits before HEAD that is, and whether the code the cells run changed since; \"recorded\" means the "
-           "run is where the cell's expected figure came from (or the cell has none): only a run on another commit or "
-           "machine can pass it.", "",
+           "the bundled FAQ is `pipeline/resources/python_faq`). A status names its date, machine and commit "
+           "(`pipeline reproduce status` adds how many commits before HEAD that is, and whether the code the cells "
+           "run changed since); \"recorded\" means the run is where the cell's expected figure came from (or the cell "
+           "has none): only a run on another commit or machine can pass it.", "",
            "| cell | figure | expected | tolerance | hardware | status |", "|---|---|---|---|---|---|"]
     for cell in matrix.cells.values():
         st = cell_status(cell, work_root, folder)
@@ -33,7 +33,7 @@ def render_report(matrix: Matrix, work_root: Path | None = None, folder: str | P
         out.append(f"| [`{cell.id}`](#{cell.id.replace('.', '')}) | {cell.metric['name']}"
                    + (" *(project)*" if cell.project else "")
                    + f" | {exp} | ±{cell.tolerance:g} | {cell.hardware.get('class')}, {cell.hardware.get('wall')} | "
-                   f"{_status_text(st, cell)} |")
+                   f"{_status_text(st, cell, relative=False)} |")
     for fam, info in matrix.families.items():
         out += ["", f"## {info['title']}", ""]
         if info.get("notes"):
@@ -55,7 +55,7 @@ def render_report(matrix: Matrix, work_root: Path | None = None, folder: str | P
                     f"- data: " + ", ".join(f"`{d}` ({matrix.datasets[d]['layout']})" for d in cell.data),
                     f"- hardware: {cell.hardware.get('class')}, {cell.hardware.get('wall')}"
                     + (" (measured)" if cell.hardware.get("wall_measured") else " (estimated)"),
-                    f"- status: {_status_text(st, cell)}"]
+                    f"- status: {_status_text(st, cell, relative=False)}"]
             if cell.deviations:
                 out.append("- deviations from the paper: " + "; ".join(cell.deviations))
             if cell.notes:

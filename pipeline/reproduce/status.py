@@ -144,14 +144,19 @@ def status_word(status: dict | None, cell: Cell) -> str:
     return "passed" if judge(float(got), cell)[0] else "missed"
 
 
-def _status_text(status: dict | None, cell: Cell) -> str:
+def _status_text(status: dict | None, cell: Cell, relative: bool = True) -> str:
+    """The status in words. `relative`: with how many commits before HEAD the result's commit is and whether the
+    cells' code changed since (the terminal's `reproduce status`); the committed page leaves that out, as it would
+    go stale with every commit."""
     what = status_word(status, cell)
     if status is None:
         if cell.known_failure:
             return f"{what}: {cell.known_failure}"
         return what + (f" ({cell.hardware.get('class', '?')})" if what == "not run here" else "")
     machine = (status.get("machine") or {}).get("cpu", "?")
-    where = f" ({str(status.get('date', ''))[:10]}, {machine}, {_age(status.get('commit'))})"
+    commit = status.get("commit")
+    where = f" ({str(status.get('date', ''))[:10]}, {machine}, " + (
+        _age(commit) if relative else (str(commit)[:10] if commit else "commit unknown")) + ")"
     if cell.experiment:
         d, iv, p = status.get("parts", {}).get("all", {}), None, None
         iv, p = d.get("interval"), d.get("p_randomization")

@@ -156,6 +156,22 @@ def test_the_committed_page_is_the_matrix_rendered(matrix):
     assert (ROOT / "docs" / "reproductions.md").read_text() == REPORT_MARK + "\n" + render_report(matrix, None)
 
 
+def test_the_page_does_not_go_stale_with_the_next_commit(matrix, monkeypatch):
+    """The committed page names a result's commit, never its distance from HEAD (which every commit changes, so a
+    clone would render another page); `reproduce status` in the terminal says that distance."""
+    from pipeline import provenance
+    from pipeline.reproduce import status as status_mod
+
+    pages = []
+    for n in (3, 8):
+        status_mod._age.cache_clear()
+        monkeypatch.setattr(provenance, "commits_since", lambda sha, n=n: n)
+        monkeypatch.setattr(provenance, "changed_since", lambda sha, paths, n=n: n > 5)
+        pages.append(render_report(matrix, None))
+    status_mod._age.cache_clear()
+    assert pages[0] == pages[1] and "before HEAD," not in pages[0]
+
+
 def test_an_empty_or_missing_matrix_folder_is_one_error(tmp_path, capsys):
     assert main(["reproduce", "list", "--matrix", str(tmp_path)]) == 2
     assert main(["reproduce", "list", "--matrix", str(tmp_path / "nope")]) == 2
