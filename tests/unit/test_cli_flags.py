@@ -34,6 +34,8 @@ def record(monkeypatch):
 
 def _gpu(monkeypatch, present: bool):
     monkeypatch.setattr("pipeline.device.gpu_here", lambda: present)
+    # no Ray in this process (an earlier integration test may have left one up, which would decide instead)
+    monkeypatch.setattr("pipeline.train.runner_choice._ray_running", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
