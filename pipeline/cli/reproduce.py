@@ -235,8 +235,11 @@ def cmd_record(args) -> None:
                 continue
             if r.get("experiment") != exp.family or r.get("dataset") != d:
                 raise PipelineError(f"{work / 'result.json'}: not a result of {exp.family} on {d}")
-            if r.get("changed_vars") or list(r.get("arms_run") or []) != list(exp.arms) \
-                    or list(r.get("seeds") or []) != list(exp.seeds):
+            # its vars as defined, and arms and seeds among the defined ones: a run of --arms/--seeds is a part
+            # of the experiment (recorded as incomplete, each row with its seeds; an arm not run shows "not run")
+            arms_run, seeds = list(r.get("arms_run") or []), list(r.get("seeds") or [])
+            if r.get("changed_vars") or not arms_run or not seeds or not set(arms_run) <= set(exp.arms) \
+                    or not set(seeds) <= set(exp.seeds):
                 raise PipelineError(f"{work / 'result.json'}: a run with other arms, seeds or vars than the experiment "
                                     "defines is never recorded (run it as defined, or keep it local)")
             out = results_dir(folder) / f"{exp.family}-{d}.json"

@@ -128,6 +128,40 @@ def test_the_shipped_experiment_loads_with_every_arm_and_comparison():
             assert cell.experiment == "effects" and cell.baseline == exp.comparisons[c].baseline
 
 
+@pytest.mark.parametrize("arms, seeds, changed, recorded", [
+    (["zero-shot", "dpr", "dar"], [0, 1, 2], {}, True),       # a part of the experiment as defined
+    (["zero-shot", "dpr", "nope"], [0, 1], {}, False),        # an arm it does not define
+    (["zero-shot", "dpr"], [0, 7], {}, False),                # a seed it does not define
+    (["zero-shot", "dpr"], [0, 1], {"max_steps": 2}, False),  # its vars changed
+])
+def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, changed, recorded, tmp_path,
+                                                                   capsys):
+    """`reproduce record --family`: a run of some of the defined arms and seeds with the defined vars is
+    recorded (as incomplete); other arms, seeds or vars never are, and nothing is written then."""
+    import json
+    import shutil
+
+    from pipeline.cli import main
+    from pipeline.reproduce.matrix import matrix_dir
+
+    folder = tmp_path / "repro"
+    shutil.copytree(matrix_dir(), folder, ignore=shutil.ignore_patterns("results"))
+    work = tmp_path / "work" / "effects-nfcorpus"
+    work.mkdir(parents=True)
+    result = {"experiment": "effects", "dataset": "nfcorpus", "arms_run": arms, "seeds": seeds,
+              "changed_vars": changed, "complete": False, "runs_finished": 3, "runs_planned": 7,
+              "data": str(tmp_path / "nfcorpus"), "comparisons": {}}
+    (work / "result.json").write_text(json.dumps(result))
+    rc = main(["reproduce", "record", "--family", "effects", "--on", "nfcorpus", "--matrix", str(folder),
+               "--work", str(tmp_path / "work")])
+    out = capsys.readouterr()
+    written = folder / "results" / "effects-nfcorpus.json"
+    if recorded:
+        assert rc == 0 and "(incomplete)" in out.out and json.loads(written.read_text())["data"] == "{nfcorpus}"
+    else:
+        assert rc == 2 and "never recorded" in out.err and not written.exists()
+
+
 # ------------------------------------------------------------------ training pairs' positives
 
 def test_positives_per_query_keeps_the_highest_grades_and_draws_ties_by_seed_and_query():
