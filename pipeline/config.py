@@ -244,6 +244,8 @@ class EvalConfig(Section):
     # Minimum relevance grade that counts as relevant for binary measures (TREC DL: 2).
     rel_level: NonNegInt = 1
     qa_ks: tuple[PosInt, ...] = (1, 5, 20, 100)
+    # Depth of --qa's answer-based MRR and MAP (DAR's appendix A: over the top 100 passages).
+    qa_rank_depth: PosInt = 100
     # DPR answer matching for --qa: "string" (token sequence, DPR's has_answer) or "regex"
     # (answers are regular expressions, as DPR evaluates CuratedTREC).
     qa_match: Literal["string", "regex"] = "string"

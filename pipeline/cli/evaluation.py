@@ -56,7 +56,8 @@ def cmd_evaluate(args) -> None:
     if bool(args.qrels) == bool(args.qa):
         raise PipelineError("evaluate needs exactly one of --qrels (TREC/BEIR qrels) or --qa (DPR QA file, with --corpus)")
     if args.qa and args.measures:
-        raise PipelineError("--measures applies to --qrels; --qa reports DPR top-k accuracy at eval.qa_ks")
+        raise PipelineError("--measures applies to --qrels; --qa reports DPR top-k accuracy at eval.qa_ks and answer-based "
+                            "MRR and MAP over eval.qa_rank_depth")
     if args.qrels and args.match:
         raise PipelineError("--match applies to --qa (DPR answer matching), not to --qrels")
     if args.split_by and not args.qrels:
@@ -72,7 +73,8 @@ def cmd_evaluate(args) -> None:
 
         qa = resolve(args.qa)  # dpr-w100/natural-questions/dev: questions + answers, qids 0..N-1 as DPR's files
         qa_path = queries_file(qa.id, "dpr-qa") if getattr(qa, "id", None) else args.qa
-        result = qa_accuracy(read_run(args.run), qa_path, args.corpus, cfg.qa_ks, cfg.qa_match)
+        result = qa_accuracy(read_run(args.run), qa_path, args.corpus, cfg.qa_ks, cfg.qa_match, cfg.qa_rank_depth,
+                             per_query=cfg.per_query)
         if getattr(qa, "id", None):
             result["qa"] = qa.id
     meta_path = Path(str(args.run) + ".meta.json")
@@ -203,7 +205,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--run", help="a TREC run file (or the second positional)")
     p.add_argument("--qrels", help="TREC/BEIR qrels file, or an ir_datasets identifier (e.g. beir/scifact/test); or "
                                    "the first positional")
-    p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy, or an ir_datasets identifier "
+    p.add_argument("--qa", help="DPR QA file (question\\t[answers]) for top-k accuracy and answer-based MRR@100 and "
+                                "MAP@100 (DAR's), or an ir_datasets identifier "
                                 "with answers (dpr-w100/natural-questions/dev)")
     p.add_argument("--corpus", help="ingested corpus folder (for --qa)")
     p.add_argument("--per-query", action="store_true", help="also print (and write to --json) every query's values")

@@ -16,6 +16,14 @@ decided as DPR's `has_answer` (dpr/data/qa_validation.py) decides it:
 One deliberate difference: an answer with no tokens (empty or only whitespace) matches
 nothing here, where DPR's loop would count it as found in every passage.
 Only the passage text is searched, not its title (DPR's `check_answer`).
+
+Beside top-k accuracy, the answer-based ranking measures of the DAR paper (appendix A, "Metrics";
+its Table 6) over the top `rank_depth` (100) passages, a passage being correct when it holds an answer:
+* `MRR@100`: the reciprocal rank of the first correct passage (0 when none is in the top 100);
+* `MAP@100`: the mean, over the correct passages in the top 100, of the precision at each one's rank
+  (0 when none is): average precision whose relevant set is the correct passages retrieved, since a
+  QA file names no passage as relevant.
+Both are averaged over every question of the file, as top-k accuracy is.
 """
 
 from __future__ import annotations
@@ -79,13 +87,25 @@ def has_answer(passage: str, answers: list[str], match_type: str = "string") -> 
     raise PipelineError(f"answer match type {match_type!r} is not one of {list(MATCH_TYPES)}")
 
 
+def answer_ranks_measures(hits: list[int], depth: int = 100) -> tuple[float, float]:
+    """(reciprocal rank, average precision) of one question whose correct passages sit at the 1-based
+    ranks `hits` (ascending), both over the top `depth`: RR = 1/first rank; AP = mean over the correct
+    passages of (correct passages up to its rank) / its rank; (0, 0) when none is in the top `depth`."""
+    hits = [r for r in hits if r <= depth]
+    if not hits:
+        return 0.0, 0.0
+    return 1.0 / hits[0], sum(i / r for i, r in enumerate(hits, 1)) / len(hits)
+
+
 def qa_accuracy(run: dict[str, dict[str, float]], qa_path: str | Path, corpus_dir: str | Path,
-                ks: tuple[int, ...] = (1, 5, 20, 100), match_type: str = "string") -> dict:
-    """Top-k accuracy for a run whose qids are the DPR QA file's 0-based row indices.
+                ks: tuple[int, ...] = (1, 5, 20, 100), match_type: str = "string", rank_depth: int = 100,
+                per_query: bool = False) -> dict:
+    """Top-k accuracy, MRR@rank_depth and MAP@rank_depth for a run whose qids are the DPR QA file's
+    0-based row indices.
 
     Averages over every question of the QA file (a question missing from the run counts
     as unanswered, as in DPR). A run that holds no results, or none for this file's
-    questions, is an error.
+    questions, is an error. `per_query`: also every question's values (`per_query`, by qid).
     """
     if match_type not in MATCH_TYPES:
         raise PipelineError(f"answer match type {match_type!r} is not one of {list(MATCH_TYPES)}")
@@ -102,22 +122,28 @@ def qa_accuracy(run: dict[str, dict[str, float]], qa_path: str | Path, corpus_di
     # trec_eval's order: score descending, ties by docid descending
     ranked = {q: [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)]
               for q, docs in run.items()}
-    kmax = max(ks)
-    needed = {d for q in questions for d in ranked.get(q, [])[:kmax]}
+    depth = max(max(ks), rank_depth)
+    needed = {d for q in questions for d in ranked.get(q, [])[:depth]}
     texts = fetch_passages(corpus_dir, needed, join="none")  # DPR's has_answer: passage text, no title
-    first_hit: dict[str, int | None] = {}
+    hits: dict[str, list[int]] = {}  # every question's ranks (1-based, ascending) of passages holding an answer
     for qid, q in questions.items():
-        first_hit[qid] = None
-        for rank, pid in enumerate(ranked.get(qid, [])[:kmax], 1):
-            if has_answer(texts.get(pid, ""), q["answers"], match_type):
-                first_hit[qid] = rank
-                break
+        hits[qid] = [rank for rank, pid in enumerate(ranked.get(qid, [])[:depth], 1)
+                     if has_answer(texts.get(pid, ""), q["answers"], match_type)]
     n = len(questions)
-    metrics = {f"Top-{k}": sum(1 for r in first_hit.values() if r is not None and r <= k) / n for k in ks}
+    per: dict[str, dict[str, float]] = {}
+    for qid, h in hits.items():
+        rr, ap = answer_ranks_measures(h, rank_depth)
+        per[qid] = {**{f"Top-{k}": float(bool(h) and h[0] <= k) for k in ks},
+                    f"MRR@{rank_depth}": rr, f"MAP@{rank_depth}": ap}
+    names = [f"Top-{k}" for k in ks] + [f"MRR@{rank_depth}", f"MAP@{rank_depth}"]
+    metrics = {m: sum(v[m] for v in per.values()) / n for m in names}
     queries = {"questions": n, "in_run": len(in_run)}
     if match_type == "regex":
         queries["answers_not_compiling"] = sum(compile_answer_regex(a) is None
                                                for q in questions.values() for a in q["answers"])
     else:
         queries["answers_without_tokens"] = sum(not dpr_tokens(a) for q in questions.values() for a in q["answers"])
-    return {"metrics": metrics, "queries": queries, "match": match_type}
+    result = {"metrics": metrics, "queries": queries, "match": match_type, "rank_depth": rank_depth}
+    if per_query:
+        result["per_query"] = per
+    return result

@@ -207,15 +207,53 @@ def data_args(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _evaluated_files(cell: Cell, values: dict[str, str]) -> tuple[str, str] | None:
-    """(run file, qrels) of the cell's `pipeline evaluate` step, as its arguments name them (None: not a run)."""
+def _evaluated_files(cell: Cell, values: dict[str, str]) -> tuple[str, str, str] | None:
+    """(run file, judgements, "qrels" or "qa") of the cell's `pipeline evaluate` step, as its arguments name
+    them (None: no evaluate step with --run and --qrels or --qa)."""
     from ..effects.spec import fill, split_command
 
     for c in reversed(cell.commands):
         argv = fill(split_command(c, cell.id), values)
-        if len(argv) > 1 and argv[1] == "evaluate" and "--run" in argv and "--qrels" in argv:
-            return argv[argv.index("--run") + 1], argv[argv.index("--qrels") + 1]
+        if len(argv) > 1 and argv[1] == "evaluate" and "--run" in argv:
+            for flag in ("--qrels", "--qa"):
+                if flag in argv:
+                    return argv[argv.index("--run") + 1], argv[argv.index(flag) + 1], flag[2:]
     return None
+
+
+def _same_judgements(files: list) -> bool:
+    """Both cells judge with one qrels or QA file (each may hold its own copy: compared by content), or name
+    the same ir_datasets identifier."""
+    from ..io_utils import sha256_file
+
+    if not all(files) or files[0][2] != files[1][2]:
+        return False
+    paths = [Path(f[1]) for f in files]
+    if all(p.is_file() for p in paths):
+        return sha256_file(paths[0]) == sha256_file(paths[1])
+    return files[0][1] == files[1][1] and not any(p.exists() for p in paths)
+
+
+def _per_query(cell: Cell, files: tuple[str, str, str], work: Path) -> dict[str, float] | None:
+    """Every query's value of the cell's metric: from its run and qrels (ir-measures), or, for a QA cell, from
+    the per-question values its `evaluate --qa --per-query` step wrote into the metric file (None: not there)."""
+    name = cell.metric["name"]
+    if files[2] == "qrels":
+        from ..config import EvalConfig
+        from ..data.readers import load_qrels
+        from ..eval.metrics import evaluate_run
+        from ..eval.runs import read_run
+
+        per = evaluate_run(read_run(files[0]), load_qrels(files[1]), EvalConfig(measures=(name,), per_query=True))
+        return {q: v[name] for q, v in per["per_query"].items()}
+    try:
+        per = json.loads((work / cell.metric["file"]).read_text(encoding="utf-8")).get("per_query")
+    except (OSError, ValueError):
+        return None
+    key = cell.metric["key"].rsplit(".", 1)[-1]
+    if not isinstance(per, dict) or not all(isinstance(v, dict) and key in v for v in per.values()):
+        return None
+    return {q: float(v[key]) for q, v in per.items()}
 
 
 def run_paired(cell: Cell, matrix: Matrix, given: dict[str, str], work_root: Path, record: bool = False,
@@ -238,26 +276,20 @@ def run_paired(cell: Cell, matrix: Matrix, given: dict[str, str], work_root: Pat
     within = abs(diff - published) <= cell.tolerance + 1e-12
     p, sign = None, None
     files = [_evaluated_files(c, {**figures[c.id]["data"]}) for c in (cell, base)]
-    from ..io_utils import sha256_file
+    why_no_test = "the two cells do not score runs on one qrels or QA file"
+    if _same_judgements(files):
+        per = [_per_query(c, f, work_root / c.id) for c, f in zip((cell, base), files)]
+        common = sorted(set(per[0]) & set(per[1])) if all(per) else []
+        if common:
+            import numpy as np
 
-    same_qrels = all(files) and all(Path(f[1]).is_file() for f in files) and \
-        sha256_file(files[0][1]) == sha256_file(files[1][1])  # each cell judges with its own copy of one file
-    if same_qrels:
-        from ..config import EvalConfig
-        from ..data.readers import load_qrels
-        from ..eval.metrics import evaluate_run
-        from ..eval.runs import read_run
-
-        qrels = load_qrels(files[0][1])
-        cfg = EvalConfig(measures=(cell.metric["name"],), per_query=True)
-        per = [evaluate_run(read_run(f[0]), qrels, cfg)["per_query"] for f in files]
-        common = sorted(set(per[0]) & set(per[1]))
-        import numpy as np
-
-        m = np.array([per[0][q][cell.metric["name"]] for q in common])
-        b = np.array([per[1][q][cell.metric["name"]] for q in common])
-        p = paired_pvalue("randomization", m, b)
-        sign = float(np.sign(m.mean() - b.mean()))
+            m = np.array([per[0][q] for q in common])
+            b = np.array([per[1][q] for q in common])
+            p = paired_pvalue("randomization", m, b)
+            sign = float(np.sign(m.mean() - b.mean()))
+        else:
+            why_no_test = ("the cells' metric files hold no per-question values of the metric (evaluate --qa "
+                           "--per-query writes them)" if files[0][2] == "qa" else "the two runs share no query")
     agrees = p is not None and p < 0.05 and sign == (1.0 if published > 0 else -1.0 if published < 0 else 0.0)
     passed = bool(within and agrees)
     verdict = {"baseline": base.id, "method_figure": figures[cell.id]["got"], "baseline_figure": figures[base.id]["got"],
@@ -270,6 +302,6 @@ def run_paired(cell: Cell, matrix: Matrix, given: dict[str, str], work_root: Pat
     print_fn(f"[reproduce] {cell.id}: difference to {base.id} {diff:+.4f} vs the paper's {published:+.4f} "
              f"(tolerance ±{cell.tolerance:g}: {'within' if within else 'outside'}); paired test over queries "
              + (f"p {p:.3f}, sign {'agrees' if agrees else 'does not agree'}" if p is not None
-                else "not possible (the two cells do not score runs on one qrels)")
+                else f"not possible ({why_no_test})")
              + f": {'PASSED' if passed else 'MISSED'}", flush=True)
     return 0 if passed else 1

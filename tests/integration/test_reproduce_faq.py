@@ -184,3 +184,56 @@ def test_a_paired_cell_passes_only_a_real_difference_and_fails_a_no_op(tmp_path,
     assert main(args + ["--data", f"method={RUN}", "--work", str(tmp_path / "noop")]) == 1  # the no-op
     verdict = json.loads((tmp_path / "noop" / "tiny-method" / "result.json").read_text())["paired"]
     assert not verdict["passed"] and verdict["difference"] == 0 and "MISSED" in capsys.readouterr().out
+
+
+def test_a_paired_qa_cell_is_tested_over_questions(tmp_path, capsys):
+    """A paired cell scored by `evaluate --qa` (DAR's Table 6: answer-based MRR over the top 100) is tested over
+    the per-question values its evaluate step writes (eval.per_query=true): a method that ranks each question's
+    answer passage first passes, a no-op (the baseline's own run) misses with a difference of 0."""
+    n = 30
+    coll = tmp_path / "collection.tsv"
+    coll.write_text("".join(f"p{i}\tpassage {i} mentions answerword{i} once.\n" for i in range(n)), encoding="utf-8")
+    qa = tmp_path / "qa.csv"
+    qa.write_text("".join(f"question {i}\t[\"answerword{i}\"]\n" for i in range(n)), encoding="utf-8")
+
+    def run(rank: int, path: Path) -> Path:  # question i's answer passage at `rank`, four others around it
+        rows = []
+        for i in range(n):
+            others = [f"p{(i + j) % n}" for j in range(1, 5)]
+            docs = others[:rank - 1] + [f"p{i}"] + others[rank - 1:]
+            rows += [f"{i} Q0 {d} {r} {10 - r} t\n" for r, d in enumerate(docs, 1)]
+        path.write_text("".join(rows))
+        return path
+
+    base_run, best_run = run(5, tmp_path / "base.trec"), run(1, tmp_path / "best.trec")
+    folder = tmp_path / "matrix"
+    folder.mkdir()
+    cell = {"title": "a QA run", "data": ["coll", "qa", "run"],
+            "commands": ["pipeline ingest {coll} --format msmarco --variant custom --out {work}/c",
+                         "pipeline evaluate --run {run} --qa {qa} --corpus {work}/c --json {work}/m.json "
+                         "eval.per_query=true"],
+            "metric": {"name": "MRR@100", "file": "m.json", "key": "metrics.MRR@100"},
+            "tolerance": 0.01, "tolerance_why": "test", "source": "test",
+            "hardware": {"class": "2-core CPU", "wall": "1 min"}}
+    doc = {"family": "tinyqa", "title": "tiny QA",
+           "datasets": {k: {"layout": k, "get": "the test"} for k in ("coll", "qa", "run", "method")},
+           "cells": [dict(cell, id="qa-base", expected=0.2),
+                     dict(cell, id="qa-method", data=["coll", "qa", "method"], expected=1.0, baseline="qa-base",
+                          paired=True, published_difference=0.8,
+                          commands=[c.replace("{run}", "{method}") for c in cell["commands"]])]}
+    (folder / "tinyqa.yaml").write_text(yaml.safe_dump(doc))
+    args = ["reproduce", "run", "qa-method", "--matrix", str(folder), "--data", f"coll={coll}", "--data", f"qa={qa}",
+            "--data", f"run={base_run}"]
+    assert main(args + ["--data", f"method={best_run}", "--work", str(tmp_path / "w")]) == 0
+    verdict = json.loads((tmp_path / "w" / "qa-method" / "result.json").read_text())["paired"]
+    assert verdict["difference"] == pytest.approx(0.8) and verdict["p_randomization"] < 0.05 and verdict["passed"]
+    assert main(args + ["--data", f"method={base_run}", "--work", str(tmp_path / "noop")]) == 1
+    verdict = json.loads((tmp_path / "noop" / "qa-method" / "result.json").read_text())["paired"]
+    assert verdict["difference"] == 0 and not verdict["test_agrees_on_sign"] and not verdict["passed"]
+    capsys.readouterr()
+    # without per-question values the test is not possible, and the cell says why
+    for c in doc["cells"]:
+        c["commands"][1] = c["commands"][1].replace(" eval.per_query=true", "")
+    (folder / "tinyqa.yaml").write_text(yaml.safe_dump(doc))
+    assert main(args + ["--data", f"method={best_run}", "--work", str(tmp_path / "w2")]) == 1
+    assert "evaluate --qa --per-query writes them" in capsys.readouterr().out

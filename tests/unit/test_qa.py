@@ -149,11 +149,53 @@ def test_qa_accuracy(tiny_corpus):
     assert res["match"] == "string"
 
 
+def test_answer_based_mrr_and_map_by_hand(tiny_corpus, tmp_path):
+    """DAR's appendix A: MRR = 1/rank of the first passage holding an answer in the top 100; MAP = the mean
+    of the precision at each such passage's rank. Computed by hand for each question."""
+    out, _ = tiny_corpus
+    qa = tmp_path / "qa2.csv"
+    qa.write_text("which cities are capitals\t[\"capital\"]\n"        # q0: p0 and p2 say 'capital'
+                  "when was the eiffel tower completed\t['1889']\n"      # q1: p1
+                  "which animal sat on the mat\t[\"cat\"]\n"            # q2: p4 (not 'concatenate')
+                  "how tall is everest\t[\"8,849 metres\"]\n"          # q3: no passage
+                  "what is the capital of spain\t[\"Madrid\"]\n",      # q4: not in the run
+                  encoding="utf-8")
+    run = {
+        "0": {"p0": 0.9, "p1": 0.5, "p2": 0.1},                                 # ranks 1 and 3
+        "1": {"p0": 0.9, "p1": 0.8, "p5": 0.1},                                 # rank 2
+        "2": {"p3": 6.0, "p0": 5.0, "p1": 4.0, "p2": 3.0, "p5": 2.0, "p4": 1.0},  # rank 6
+        "3": {"p5": 1.0},                                                       # none
+    }
+    res = qa_accuracy(run, qa, out, ks=(1,), per_query=True)
+    rr = [1.0, 1 / 2, 1 / 6, 0.0, 0.0]
+    ap = [(1 / 1 + 2 / 3) / 2, 1 / 2, 1 / 6, 0.0, 0.0]
+    assert res["metrics"]["MRR@100"] == pytest.approx(sum(rr) / 5)
+    assert res["metrics"]["MAP@100"] == pytest.approx(sum(ap) / 5)
+    assert [res["per_query"][q]["MRR@100"] for q in "01234"] == pytest.approx(rr)
+    assert [res["per_query"][q]["MAP@100"] for q in "01234"] == pytest.approx(ap)
+    assert [res["per_query"][q]["Top-1"] for q in "01234"] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # a shallower depth cuts both: at depth 2, q0 keeps only rank 1, q1 its rank 2, q2's rank 6 is gone
+    res2 = qa_accuracy(run, qa, out, ks=(1,), rank_depth=2)
+    assert res2["metrics"]["MRR@2"] == pytest.approx((1 + 1 / 2) / 5)
+    assert res2["metrics"]["MAP@2"] == pytest.approx((1 + 1 / 2) / 5)
+    assert "per_query" not in res2
+
+
+def test_answer_ranks_measures():
+    from pipeline.eval.qa import answer_ranks_measures
+
+    assert answer_ranks_measures([]) == (0.0, 0.0)
+    assert answer_ranks_measures([2, 4, 101], depth=100) == pytest.approx((0.5, (1 / 2 + 2 / 4) / 2))
+    assert answer_ranks_measures([1, 2, 3]) == (1.0, 1.0)
+
+
 def test_qa_accuracy_depth_limited_by_k(tiny_corpus):
     out, qa = tiny_corpus
     run = {"2": {"p3": 6.0, "p0": 5.0, "p1": 4.0, "p2": 3.0, "p5": 2.0, "p4": 1.0}}
     res = qa_accuracy(run, qa, out, ks=(1, 5))
-    assert res["metrics"] == {"Top-1": 0.0, "Top-5": 0.0}
+    assert {k: res["metrics"][k] for k in ("Top-1", "Top-5")} == {"Top-1": 0.0, "Top-5": 0.0}
+    # MRR and MAP look at the top 100 whatever the top-k cut-offs: q2's real cat at rank 6, over 5 questions
+    assert res["metrics"]["MRR@100"] == pytest.approx(1 / 6 / 5) and res["metrics"]["MAP@100"] == pytest.approx(1 / 6 / 5)
 
 
 def test_qa_accuracy_regex_mode(tiny_corpus, tmp_path):
@@ -165,10 +207,11 @@ def test_qa_accuracy_regex_mode(tiny_corpus, tmp_path):
                   encoding="utf-8")
     run = {"0": {"p0": 1.0}, "1": {"p5": 1.0}, "2": {"p3": 2.0, "p4": 1.0}}
     res = qa_accuracy(run, qa, out, ks=(1,), match_type="regex")
-    assert res["metrics"] == {"Top-1": 1.0}
+    assert res["metrics"]["Top-1"] == 1.0
     assert res["queries"]["answers_not_compiling"] == 1 and res["match"] == "regex"
     # the same file in string mode: q0 and q1 are patterns, not text; q2 'cat' is no token of rank 1
-    assert qa_accuracy(run, qa, out, ks=(1, 2))["metrics"] == {"Top-1": 0.0, "Top-2": pytest.approx(1 / 3)}
+    m = qa_accuracy(run, qa, out, ks=(1, 2))["metrics"]
+    assert (m["Top-1"], m["Top-2"]) == (0.0, pytest.approx(1 / 3))
 
 
 def test_qa_accuracy_refuses_an_empty_run_or_one_matching_no_question(tiny_corpus):
