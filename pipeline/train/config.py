@@ -103,6 +103,13 @@ class TrainConfig(Section):
     # resume with another value is refused). 0 = one padded batch per tower (the plain way)
     length_group_rows: NonNegInt = 16
     log_batches: bool = False               # write every step's example ids (resume audits)
+    # Attention regularizers of the RCL paper's Tables 1-3 (train/regularizers.py), training mode only:
+    # attention_dropout = the rate of dropout on every self-attention layer's attention probabilities
+    # (None: the model's config.json decides, 0.1 for BERT and MiniLM); drophead = the probability that an
+    # example drops a whole attention head of a layer (the kept heads scaled by heads / kept). Both are part
+    # of the run's identity.
+    attention_dropout: OpenFraction | None = None
+    drophead: OpenFraction = 0.0
     # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps.
     negatives_poll_every: PosInt = 100
     fail_at_step: NonNegInt = 0                   # testing: raise in the worker at this step

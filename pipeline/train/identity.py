@@ -32,7 +32,8 @@ def run_identity(job, meta: dict, digest: str, world: int, spe: int, amp: str | 
     out = {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
            "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
            "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed,
-           "length_group_rows": job.train.length_group_rows}
+           "length_group_rows": job.train.length_group_rows,
+           "attention_regularizers": {"attention_dropout": job.train.attention_dropout, "drophead": job.train.drophead}}
     if amp is not None:
         out["amp"] = amp
     return out
@@ -44,6 +45,8 @@ def stored_identity(ckpt, state: dict) -> dict | None:
       length_group_rows  the value in its config.yaml; a config.yaml without the key predates
                          train.length_group_rows, when each tower's batch was one padded batch (= 0);
                          an unreadable config.yaml leaves it unknown (absent), which a diff refuses
+      attention_regularizers  none (train.attention_dropout / drophead came later: such a run trained
+                         without them)
       amp                its state.json's `precision` (what the loop trained in); a checkpoint without
                          that records no precision, so the precision it trained in is unknown and
                          any train.amp is accepted (MAY_BE_UNKNOWN)
@@ -56,6 +59,8 @@ def stored_identity(ckpt, state: dict) -> dict | None:
         rows = _recorded_length_group_rows(ckpt)
         if rows is not None:
             then["length_group_rows"] = rows
+    if "attention_regularizers" not in then:  # made before train.attention_dropout / drophead: trained without
+        then["attention_regularizers"] = {"attention_dropout": None, "drophead": 0.0}
     if "amp" not in then and state.get("precision") in PRECISIONS:
         then["amp"] = state["precision"]
     return then
@@ -87,6 +92,10 @@ def describe_diff(diff: dict) -> str:
             text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
         elif k == "length_group_rows" and a is not None:
             text += f"; train.length_group_rows={a} computes as the checkpoint did"
+        elif k == "attention_regularizers" and isinstance(a, dict):
+            text += ("; train.attention_dropout=" + ("null" if a.get("attention_dropout") is None
+                                                     else f"{a['attention_dropout']:g}")
+                     + f" train.drophead={a.get('drophead', 0.0):g} trains as the checkpoint did")
         parts.append(text)
     return "; ".join(parts)
 
@@ -102,4 +111,4 @@ def check_identity(resume, identity: dict) -> None:
         raise PipelineError(
             f"cannot resume from {resume}: this run differs in " + describe_diff(diff)
             + ". Resuming needs the same method, loss settings, examples, workers, batch size, precision "
-              "(train.amp as resolved) and train.length_group_rows; use another train.name for a new run")
+              "(train.amp as resolved), train.length_group_rows and the attention regularizers; use another train.name for a new run")

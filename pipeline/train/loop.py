@@ -275,6 +275,9 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         if train_state is not None and train_state.get("heads") is not None:
             model.heads.load_state_dict(train_state["heads"])
     model.length_group_rows = tc.length_group_rows
+    from .regularizers import apply_attention_regularizers
+
+    apply_attention_regularizers([model.doc_encoder, model.query_encoder], tc.attention_dropout, tc.drophead)
     model.to(device)
     ddp = session.prepare(model)
     optimizer = build_optimizer(model.named_parameters(), job.optim)
