@@ -238,12 +238,13 @@ def test_cli_evaluate_qa_match(tmp_path, capsys):
     run.write_text("0 Q0 p1 1 2.0 t\n0 Q0 p0 2 1.0 t\n")
     base = ["evaluate", "--run", str(run), "--qa", str(qa), "--corpus", str(tmp_path / "corpus"), "eval.qa_ks=[1,2]"]
     assert main(base) == 0
-    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["0.0000", "1.0000"]  # 'who is the president' is no hit
+    # Top-1, Top-2, MRR@100, MAP@100: 'who is the president' is no hit, the answer is at rank 2
+    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["0.0000", "1.0000", "0.5000", "0.5000"]
     assert main(base + ["--match", "regex"]) == 0  # regex "The Who" matches only p0 too (case-insensitive search)
-    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["0.0000", "1.0000"]
+    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["0.0000", "1.0000", "0.5000", "0.5000"]
     qa.write_text("which band\t[\"who\"]\n")
     assert main(base + ["--match", "regex"]) == 0
-    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["1.0000", "1.0000"]
+    assert capsys.readouterr().out.splitlines()[2].split()[1:] == ["1.0000", "1.0000", "1.0000", "1.0000"]
 
 
 def test_cli_evaluate_flags_of_the_other_mode_are_refused(tmp_path, capsys):
