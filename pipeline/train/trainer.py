@@ -40,6 +40,13 @@ from .runner_choice import check_device, resolve_runner
 DATA_TASK_CPUS = 0.1
 
 
+
+def _regularizers_text(tc) -> str:
+    """The attention regularizers a run trains with, for its first line ('' when none)."""
+    parts = ([f"attention dropout {tc.attention_dropout:g}"] if tc.attention_dropout is not None else []) \
+        + ([f"DropHead {tc.drophead:g}"] if tc.drophead else [])
+    return "".join(", " + p for p in parts)
+
 def _datasets(examples_dir, world: int, key: str, digest: str | None = None) -> dict:
     """One streamed dataset per worker: examples with key % world == rank, file order preserved, in
     the texts form (an ids-form batch gets its texts from the store's mapped passages in the task)."""
@@ -448,7 +455,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
               f" ({'held in memory' if materialize else 'streamed by Ray Data' if ray_data else 'read from files'}),"
               f" {world} worker(s) x batch {B} "
               f"(global {world * B}), {spe} steps/epoch, {total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
-              + (f", resuming from {resume.name}" if resume else ""), flush=True)
+              + _regularizers_text(tc) + (f", resuming from {resume.name}" if resume else ""), flush=True)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
                 "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
@@ -538,7 +545,7 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
     if progress:
         print(f"[train] {tc.name}: {method.name}, {n:,} examples ({'held in memory' if materialize else 'read from files'}), "
               f"1 worker in this process (train.runner=local, no Ray) x batch {tc.batch_size}, {spe} steps/epoch, "
-              f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
+              f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}" + _regularizers_text(tc)
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
     session = LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n,

@@ -126,14 +126,15 @@ def test_the_regularizers_are_part_of_the_identity(tmp_path):
         check_identity(old, run_identity(other, META, DIGEST, 1, 10, "fp32"))
 
 
-def test_a_run_trains_with_both_and_saves_the_model_as_it_was(tiny_model_dir, faq, tmp_path):
+def test_a_run_trains_with_both_and_saves_the_model_as_it_was(tiny_model_dir, faq, tmp_path, capsys):
     """`pipeline train` with train.attention_dropout and train.drophead (local runner, 3 steps): the run
     finishes, its identity records them, and its model's config.json keeps the base's dropout."""
     from pipeline.train.trainer import train
 
     job = dpr_job(tiny_model_dir, faq, tmp_path / "runs", "reg", "train.num_workers=1", "train.max_steps=3",
                   "train.runner=local", "train.attention_dropout=0.2", "train.drophead=0.3")
-    train(job, progress=False)
+    train(job, progress=True)
+    assert ", attention dropout 0.2, DropHead 0.3" in capsys.readouterr().out  # the run's first line says so
     run = tmp_path / "runs" / "reg"
     base = json.loads((tiny_model_dir / "config.json").read_text())["attention_probs_dropout_prob"]
     saved = json.loads(next(run.rglob("model/config.json")).read_text())["attention_probs_dropout_prob"]
