@@ -28,6 +28,7 @@ import io
 import json
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -183,6 +184,22 @@ def remove_shard(emb_dir: str | Path, name: str) -> None:
     emb_dir = location(emb_dir)
     for suffix in (".done", ".npy", ".pids.txt"):
         (emb_dir / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def remove_stray(path: Location) -> None:
+    """Remove one of `stray_files`: a file, or a folder (`atomic_path` writes a marker inside a
+    `.tmp-…` folder). An encoder actor of a killed run may still be finishing its shard and remove
+    or rename the temporary at the same moment: what is already gone is not an error."""
+    if isinstance(path, RemotePath):
+        if path.is_dir():
+            path.rmtree()
+        else:
+            path.unlink(missing_ok=True)
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Location]:

@@ -96,6 +96,9 @@ def test_resume_after_kill(ray_session, tiny_model_dir, corpus, tmp_path, monkey
     # a writer killed mid-shard: vectors on disk, no ids, no .done marker; and a stray temporary
     np.save(out / "shard-00007-000000000.npy", np.zeros((5, 32), np.float32))
     (out / ".tmp-shard-00007-000000000.pids.txt-dead").write_text("x\n")
+    # an actor killed inside `atomic_path` while writing a marker leaves a temporary folder
+    (out / ".tmp-shard-00007-000000000.done-999999-0badc0de").mkdir()
+    (out / ".tmp-shard-00007-000000000.done-999999-0badc0de" / "shard-00007-000000000.done").write_text("{")
     assert not json.loads((out / "embeddings.json").read_text())["complete"]
     with pytest.raises(Exception):
         list(iter_shards(out))  # an incomplete encoding is never read as complete

@@ -19,7 +19,7 @@ from pipeline.errors import ResourceError
 from pipeline.index.encode import resolve_shape, resolve_tokenize
 from pipeline.index.encode_workers import ShardEncoder, TokenizeSpec, tokenize_shards
 from pipeline.index.shards import (completed_shards, iter_shards, load_meta, location, npy_shape, plan_part, remove_shard,
-                                   shard_shapes, stray_files, verify_shards, write_json, write_shard)
+                                   remove_stray, shard_shapes, stray_files, verify_shards, write_json, write_shard)
 from pipeline.models import BiEncoder
 from pipeline.models.tokens import padded_batch, tokenize_sorted
 
@@ -202,6 +202,15 @@ def test_shards_on_an_object_store_are_complete_or_absent(tmp_path):
     assert stray_files(out, keep) == []
     (location(out) / "shard-00000-000000004.npy").write_bytes(b"half")
     assert [p.name for p in stray_files(out, keep)] == ["shard-00000-000000004.npy"]
+    # a marker's writer killed inside `atomic_path` leaves a folder; removing what is already gone is no error
+    tmp_dir = location(out) / ".tmp-shard-00000-000000004.done-999999-0badc0de"
+    tmp_dir.mkdir()
+    (tmp_dir / "shard-00000-000000004.done").write_text("{")
+    strays = stray_files(out, keep)
+    assert sorted(p.name for p in strays) == [tmp_dir.name, "shard-00000-000000004.npy"]
+    for p in strays + strays:
+        remove_stray(p)
+    assert stray_files(out, keep) == [] and set(completed_shards(out)) == keep
 
 
 def test_shards_on_a_file_uri_are_a_local_folder(tmp_path):
@@ -212,6 +221,15 @@ def test_shards_on_a_file_uri_are_a_local_folder(tmp_path):
     assert sorted(p.name for p in (tmp_path / "emb").glob("*.done")) == [f"{s['name']}.done" for s in specs]
     assert npy_shape(tmp_path / "emb" / f"{specs[0]['name']}.npy") == (4, 2)
     assert not list((tmp_path / "emb").glob(".tmp-*"))
+    # a killed marker writer's temporary folder, on a local folder too
+    stray = tmp_path / "emb" / f".tmp-{specs[0]['name']}.done-999999-0badc0de"
+    stray.mkdir()
+    (stray / f"{specs[0]['name']}.done").write_text("{")
+    found = stray_files(tmp_path / "emb", {s["name"] for s in specs})
+    assert found == [stray]
+    remove_stray(found[0])
+    remove_stray(found[0])
+    assert not stray.exists() and set(completed_shards(tmp_path / "emb")) == {s["name"] for s in specs}
 
 
 def test_an_encoder_built_outside_ray_starts_no_ray(tiny_dir, tmp_path):
