@@ -179,7 +179,11 @@ def _run_family(args, matrix, given: dict, arms: list[str] | None = None) -> int
         if result.get("failed"):
             raise PipelineError(f"{len(result['failed'])} run(s) of {exp.family} on {d} failed (each said above, "
                                 f"its output in its logs/); re-run the same command to try them again")
-        worst = max(worst, 0 if result["complete"] else 1)
+        if not result["complete"]:
+            run.say(f"the experiment as defined: {result['runs_finished']} of {result['runs_planned']} runs finished; "
+                    "the same command without --arms/--seeds runs the rest")
+        # this command's exit status says whether what it was asked to run finished
+        worst = max(worst, 0 if result["this_invocation"]["complete"] else 1)
     return worst
 
 
@@ -237,7 +241,7 @@ def cmd_record(args) -> None:
                 raise PipelineError(f"{work / 'result.json'}: not a result of {exp.family} on {d}")
             # its vars as defined, and arms and seeds among the defined ones: a run of --arms/--seeds is a part
             # of the experiment (recorded as incomplete, each row with its seeds; an arm not run shows "not run")
-            arms_run, seeds = list(r.get("arms_run") or []), list(r.get("seeds") or [])
+            arms_run, seeds = list(r.get("arms_run") or []), list(r.get("seeds_run", r.get("seeds")) or [])
             if r.get("changed_vars") or not arms_run or not seeds or not set(arms_run) <= set(exp.arms) \
                     or not set(seeds) <= set(exp.seeds):
                 raise PipelineError(f"{work / 'result.json'}: a run with other arms, seeds or vars than the experiment "

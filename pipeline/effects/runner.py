@@ -74,11 +74,40 @@ def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str,
 
 
 def _done(folder: Path, commands: list[list[str]]) -> dict | None:
+    """The run's marker when it finished with these commands. The checkout they name (`{repo}`) may differ:
+    the same experiment run from another clone (or a worktree kept fixed for a long run) is the same run."""
     try:
         done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return done if done.get("commands") == commands else None
+    theirs = done.get("commands")
+    if not isinstance(theirs, list):
+        return None
+    repo = str(repo_root())
+    their_repo = done.get("repo") or _their_repo(commands, theirs, repo) or repo
+    return done if _in_repo_terms(commands, repo) == _in_repo_terms(theirs, their_repo) else None
+
+
+def _in_repo_terms(commands: list, repo: str | None) -> list:
+    if not repo:
+        return commands
+    return [[a.replace(repo, "{repo}") if isinstance(a, str) else a for a in c] if isinstance(c, list) else c
+            for c in commands]
+
+
+def _their_repo(ours: list, theirs: list, repo: str) -> str | None:
+    """For a marker that did not record its checkout: the path standing where ours has `repo` in the first
+    argument that differs (the rest must then agree, which the caller checks)."""
+    for c, t in zip(ours, theirs):
+        if not (isinstance(c, list) and isinstance(t, list)):
+            continue
+        for a, b in zip(c, t):
+            if a != b and isinstance(a, str) and isinstance(b, str) and repo in a:
+                head, tail = a.split(repo, 1)
+                if b.startswith(head) and b.endswith(tail) and len(b) > len(head) + len(tail):
+                    return b[len(head):len(b) - len(tail)]
+                return None
+    return None
 
 
 class ExperimentRun:
@@ -238,7 +267,8 @@ class ExperimentRun:
             scores = self.score(folder, labeled)
             write_json_atomic(folder / "scores.json", scores)
             wall = round(time.time() - t0, 1)
-            write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "seconds": seconds,
+            write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "repo": self.base["repo"],
+                                                     "seconds": seconds,
                                                      "wall_seconds": wall, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                      "code_digest": self.code})
             spent.append(wall)
@@ -304,12 +334,19 @@ class ExperimentRun:
             else:
                 row["verdict"] = "not run"
             comparisons[c.id] = row
-        planned = len(self._plan())
-        finished = sum(len(v) for a, v in runs.items() if a in self.arm_ids)
+        # the experiment as defined (every arm, every seed it names): what the page and a record say of it;
+        # this invocation's part (--arms, --seeds) is counted apart, so a run of two arms never reads as the whole
+        planned = sum(len(self.exp.seeds) if a.seeded else 1 for a in self.exp.arms.values())
+        finished = sum(len(v) for v in runs.values())
+        mine = self._plan()
+        mine_finished = sum(1 for a, s in mine if s in runs.get(a.id, {}))
         return {"experiment": self.exp.family, "dataset": self.dataset, "data": self.data_path,
-                "metric": self.exp.metric, "seeds": self.seeds, "arms_run": self.arm_ids, "vars": self.vars,
+                "metric": self.exp.metric, "seeds": list(self.exp.seeds), "seeds_run": self.seeds,
+                "arms_run": self.arm_ids, "vars": self.vars,
                 "changed_vars": self.changed_vars, "labeled_documents": len(labeled),
                 "complete": finished >= planned, "runs_finished": finished, "runs_planned": planned,
+                "this_invocation": {"runs_planned": len(mine), "runs_finished": mine_finished,
+                                    "complete": mine_finished >= len(mine)},
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "versions": library_versions(),
                 "commit": commit(), "code_digest": code_digest(),
                 "code_digests_of_runs": sorted({str(r.get("code_digest")) for v in runs.values() for r in v.values()}),

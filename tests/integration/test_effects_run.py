@@ -23,7 +23,11 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     out = capsys.readouterr().out
     root = work / "effects-python_faq"
     result = json.loads((root / "result.json").read_text())
-    assert result["complete"] and result["runs_finished"] == 5 and result["changed_vars"]["max_steps"] == 2
+    # this command's part finished; the experiment as defined (every arm, five seeds) did not, and says so
+    assert result["this_invocation"] == {"runs_planned": 5, "runs_finished": 5, "complete": True}
+    assert not result["complete"] and result["runs_finished"] == 5 and result["runs_planned"] == 56  # 11 seeded arms x 5 seeds + zero-shot once
+    assert result["seeds"] == [0, 1, 2, 3, 4] and result["seeds_run"] == [0, 1]
+    assert result["changed_vars"]["max_steps"] == 2
     assert set(result["arms"]) == {"zero-shot", "dpr", "dar"}
     assert set(result["arms"]["dpr"]["seeds"]) == {"0", "1"} and set(result["arms"]["zero-shot"]["seeds"]) == {"once"}
     row = result["comparisons"]["dar-vs-dpr"]
@@ -36,7 +40,7 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     for seed in ("seed-0", "seed-1"):  # each run kept its commands' output in its own logs
         assert (root / "arms" / "dpr" / seed / "logs" / "train.log").is_file()
         assert json.loads((root / "arms" / "dpr" / seed / "done.json").read_text())["commands"][0][1] == "train"
-    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out
+    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "5 of 56 runs finished" in out
     # the same command again: nothing runs
     assert main(args) == 0
     assert "5 runs (5 done before)" in capsys.readouterr().out

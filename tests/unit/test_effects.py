@@ -148,8 +148,8 @@ def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, 
     shutil.copytree(matrix_dir(), folder, ignore=shutil.ignore_patterns("results"))
     work = tmp_path / "work" / "effects-nfcorpus"
     work.mkdir(parents=True)
-    result = {"experiment": "effects", "dataset": "nfcorpus", "arms_run": arms, "seeds": seeds,
-              "changed_vars": changed, "complete": False, "runs_finished": 3, "runs_planned": 7,
+    result = {"experiment": "effects", "dataset": "nfcorpus", "arms_run": arms, "seeds": [0, 1, 2, 3, 4],
+              "seeds_run": seeds, "changed_vars": changed, "complete": False, "runs_finished": 3, "runs_planned": 51,
               "data": str(tmp_path / "nfcorpus"), "comparisons": {}}
     (work / "result.json").write_text(json.dumps(result))
     rc = main(["reproduce", "record", "--family", "effects", "--on", "nfcorpus", "--matrix", str(folder),
@@ -330,3 +330,30 @@ def test_retrieve_searches_only_the_queries_a_qrels_file_judges(faq, tiny_model_
     bad.write_text("nope 0 x 1\n")
     assert main(["retrieve", "--index", str(index), "--queries", str(faq / "queries.tsv"), "--qrels", str(bad),
                  "--out", str(tmp_path / "r2.trec")]) == 2
+
+
+def test_a_finished_run_is_found_from_another_checkout_and_nothing_else_passes_for_it(tmp_path):
+    """A run's marker names the checkout its commands read (`--config <repo>/jobs/...`): the same run from
+    another clone or a worktree is finished (with or without the marker's recorded `repo`); any other
+    difference is not."""
+    import json
+
+    from pipeline.effects.runner import _done
+    from pipeline.provenance import repo_root
+
+    repo = str(repo_root())
+    ours = [["pipeline", "train", "--config", f"{repo}/jobs/configs/effects.yaml", "train.seed=0"],
+            ["pipeline", "encode", "--out", "/w/emb"]]
+
+    def marker(commands, **extra):
+        (tmp_path / "done.json").write_text(json.dumps({"commands": commands, "wall_seconds": 600.0, **extra}))
+        return _done(tmp_path, ours)
+
+    elsewhere = [["pipeline", "train", "--config", "/elsewhere/clone/jobs/configs/effects.yaml", "train.seed=0"],
+                 ours[1]]
+    assert marker(ours)["wall_seconds"] == 600.0
+    assert marker(elsewhere) is not None and marker(elsewhere, repo="/elsewhere/clone") is not None
+    assert marker([elsewhere[0][:-1] + ["train.seed=1"], ours[1]]) is None          # another seed
+    assert marker([elsewhere[0], ["pipeline", "encode", "--out", "/w/other"]]) is None  # another output
+    assert marker([elsewhere[0][:3] + ["/elsewhere/clone/jobs/configs/dpr.yaml", "train.seed=0"], ours[1]]) is None
+    assert marker(elsewhere, repo="/third") is None
