@@ -9,8 +9,9 @@ each finished run.
         arms/<arm>/once/                  an arm without training (zero-shot): one run for every seed
         result.json                       per arm and seed the figures, per comparison the effect (stats.py)
 
-A run whose done.json records the same commands is not run again (a killed experiment re-run goes on where it
-stopped: a killed training resumes from its checkpoint, encode from its shards; index and retrieve are redone).
+A run whose done.json records the same commands (the checkout they name may differ) is not run again (a killed
+experiment re-run goes on where it stopped: a killed training resumes from its checkpoint, encode from its
+shards; index and retrieve are redone).
 A folder of an earlier prepare that did not finish is this command's own and is made again; nothing that is
 not this command's is touched, and a work folder holding anything else is refused.
 """
