@@ -60,7 +60,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove(p: Path) -> None:
+def remove_path(p: Path) -> None:
+    """Remove a local file or folder; what is already gone is no error."""
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
@@ -95,7 +96,7 @@ def recover_stale(path: str | os.PathLike, report: bool = True) -> list[str]:
             actions.append(f"restored the previous output from {olds[0].name}")
             stale = [(k, p) for k, p in stale if p != olds[0]]
     for _, p in stale:
-        _remove(p)
+        remove_path(p)
     if stale:
         actions.append(f"removed {len(stale)} stale temporar{'y' if len(stale) == 1 else 'ies'} of a killed run "
                        f"({', '.join(sorted(p.name for _, p in stale))})")
@@ -129,7 +130,7 @@ def _exchange(a: Path, b: Path) -> bool:
 def _replace_dir(new: Path, path: Path) -> None:
     """Put directory `new` at `path`, where a directory already is; old content removed after."""
     if _exchange(new, path):
-        _remove(new)  # `new` now holds the old content
+        remove_path(new)  # `new` now holds the old content
         return
     old = path.with_name(_temp_name("old", path.name))
     os.replace(path, old)
@@ -138,7 +139,7 @@ def _replace_dir(new: Path, path: Path) -> None:
     except BaseException:
         os.replace(old, path)  # undo: the old output goes back
         raise
-    _remove(old)
+    remove_path(old)
 
 
 @contextlib.contextmanager

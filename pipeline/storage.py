@@ -14,7 +14,7 @@ Each concern is a module of its own, its names re-exported here (`from pipeline.
 
     remote_path.py     `resolve`, `RemotePath` (the part of `pathlib.Path` the pipeline uses, on a pyarrow
                        filesystem), `Location`, `is_uri`, `from_filesystem`, `ray_storage`
-    storage_io.py      complete-or-absent writes (`write_*_atomic`), `read_json`, `rmtree`, folder copies
+    storage_io.py      complete-or-absent writes (`write_*_atomic`), `read_json`, `remove`, `rmtree`, folder copies
                        (`upload_dir` with a marker last, `download_dir`, `copy_dir`), `staging_dir`
     storage_checks.py  the write check: `check_writable` (a probe written, read back and deleted, bounded
                        by $PIPELINE_STORAGE_TIMEOUT_S) and `check_writable_on_nodes` (on every Ray node)
@@ -32,5 +32,5 @@ from .remote_path import (OBJECT_STORES, Location, RemotePath, error_reason, fro
 from .remote_path import error_reason as _reason  # noqa: F401
 from .storage_checks import (CHECK_NOTICE_S, CHECK_TIMEOUT_S, _bounded, _probe_task, check_writable,  # noqa: F401
                              check_writable_on_nodes)
-from .storage_io import (copy_dir, download_dir, read_json, rmtree, staging_dir, upload_dir,  # noqa: F401
+from .storage_io import (copy_dir, download_dir, read_json, remove, rmtree, staging_dir, upload_dir,  # noqa: F401
                          write_bytes_atomic, write_json_atomic, write_text_atomic)

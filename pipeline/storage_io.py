@@ -44,6 +44,20 @@ def write_json_atomic(location: Location, obj) -> None:
     write_text_atomic(location, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def remove(location: Location) -> None:
+    """Remove a file or a folder at either kind of location. What is already gone is no error: a killed
+    writer's temporary may vanish while it is removed (its writer, still dying, finishing or cleaning up)."""
+    if isinstance(location, RemotePath):
+        if location.is_dir():
+            location.rmtree()
+        else:
+            location.unlink(missing_ok=True)
+        return
+    from .io_utils import remove_path
+
+    remove_path(location)
+
+
 def rmtree(location: Location) -> None:
     if isinstance(location, RemotePath):
         location.rmtree()

@@ -82,32 +82,26 @@ def _done(folder: Path, commands: list[list[str]]) -> dict | None:
     except (OSError, ValueError):
         return None
     theirs = done.get("commands")
-    if not isinstance(theirs, list):
-        return None
+    if not (isinstance(theirs, list) and all(isinstance(c, list) and all(isinstance(a, str) for a in c)
+                                             for c in theirs)):
+        return None  # not a marker this runner wrote: the run is made again
     repo = str(repo_root())
     their_repo = done.get("repo") or _their_repo(commands, theirs, repo) or repo
     return done if _in_repo_terms(commands, repo) == _in_repo_terms(theirs, their_repo) else None
 
 
-def _in_repo_terms(commands: list, repo: str | None) -> list:
-    if not repo:
-        return commands
-    return [[a.replace(repo, "{repo}") if isinstance(a, str) else a for a in c] if isinstance(c, list) else c
-            for c in commands]
+def _in_repo_terms(commands: list[list[str]], repo: str) -> list[list[str]]:
+    return [[a.replace(repo + "/", "{repo}/") for a in c] for c in commands]
 
 
-def _their_repo(ours: list, theirs: list, repo: str) -> str | None:
-    """For a marker that did not record its checkout: the path standing where ours has `repo` in the first
-    argument that differs (the rest must then agree, which the caller checks)."""
-    for c, t in zip(ours, theirs):
-        if not (isinstance(c, list) and isinstance(t, list)):
-            continue
-        for a, b in zip(c, t):
-            if a != b and isinstance(a, str) and isinstance(b, str) and repo in a:
-                head, tail = a.split(repo, 1)
-                if b.startswith(head) and b.endswith(tail) and len(b) > len(head) + len(tail):
-                    return b[len(head):len(b) - len(tail)]
-                return None
+def _their_repo(ours: list[list[str]], theirs: list[list[str]], repo: str) -> str | None:
+    """For a marker written before markers recorded their checkout: the path standing where ours has
+    `repo/` in the first argument that differs (the rest must then agree, which the caller checks)."""
+    for a, b in ((a, b) for c, t in zip(ours, theirs) for a, b in zip(c, t) if a != b):
+        head, sep, tail = a.partition(repo + "/")
+        if sep and b.startswith(head) and b.endswith("/" + tail) and len(b) > len(head) + len(tail) + 1:
+            return b[len(head):len(b) - len(tail) - 1]
+        return None
     return None
 
 

@@ -39,11 +39,11 @@ from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
 from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
 from ..io_utils import missing_dirs, remove_empty_dirs
-from ..storage import RemotePath
+from ..storage import RemotePath, remove
 from .encode_output import LOCK_NAME, check_embeddings_output, output_lock  # noqa: F401 (LOCK_NAME: re-exported)
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, first_bad_row, layout_matches, location, plan_part,
-                     remove_shard, remove_stray, shard_problem, stray_files, vectors_problem, verify_shards, write_json)
+                     remove_shard, shard_problem, stray_files, vectors_problem, verify_shards, write_json)
 
 def model_identity(model_cfg: ModelConfig) -> dict:
     """What makes two embedding sets comparable, and finds the model again on another machine: its
@@ -259,7 +259,7 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
         for name in set(done) - reused:
             remove_shard(out_dir, name)
         for stray in stray_files(out_dir, keep=reused):
-            remove_stray(stray)
+            remove(stray)  # a file, or a killed actor's temporary folder
         if todo and runner == "local":
             _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe,
                        calibration)

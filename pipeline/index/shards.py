@@ -28,7 +28,6 @@ import io
 import json
 import os
 import re
-import shutil
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -186,24 +185,9 @@ def remove_shard(emb_dir: str | Path, name: str) -> None:
         (emb_dir / f"{name}{suffix}").unlink(missing_ok=True)
 
 
-def remove_stray(path: Location) -> None:
-    """Remove one of `stray_files`: a file, or a folder (`atomic_path` writes a marker inside a
-    `.tmp-…` folder). An encoder actor of a killed run may still be finishing its shard and remove
-    or rename the temporary at the same moment: what is already gone is not an error."""
-    if isinstance(path, RemotePath):
-        if path.is_dir():
-            path.rmtree()
-        else:
-            path.unlink(missing_ok=True)
-        return
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def stray_files(emb_dir: str | Path, keep: set[str]) -> list[Location]:
-    """Shard files not belonging to a shard in `keep`, and temporaries of killed writers."""
+    """Shard files not belonging to a shard in `keep`, and temporaries of killed writers (files, or the
+    `.tmp-…` folder `atomic_path` writes a marker in: remove each with `storage_io.remove`)."""
     out = []
     for p in location(emb_dir).iterdir():
         if p.name.startswith(".tmp-shard-"):

@@ -40,12 +40,12 @@ from .runner_choice import check_device, resolve_runner
 DATA_TASK_CPUS = 0.1
 
 
-
 def _regularizers_text(tc) -> str:
     """The attention regularizers a run trains with, for its first line ('' when none)."""
     parts = ([f"attention dropout {tc.attention_dropout:g}"] if tc.attention_dropout is not None else []) \
         + ([f"DropHead {tc.drophead:g}"] if tc.drophead else [])
     return "".join(", " + p for p in parts)
+
 
 def _datasets(examples_dir, world: int, key: str, digest: str | None = None) -> dict:
     """One streamed dataset per worker: examples with key % world == rank, file order preserved, in

@@ -19,9 +19,10 @@ from pipeline.errors import ResourceError
 from pipeline.index.encode import resolve_shape, resolve_tokenize
 from pipeline.index.encode_workers import ShardEncoder, TokenizeSpec, tokenize_shards
 from pipeline.index.shards import (completed_shards, iter_shards, load_meta, location, npy_shape, plan_part, remove_shard,
-                                   remove_stray, shard_shapes, stray_files, verify_shards, write_json, write_shard)
+                                   shard_shapes, stray_files, verify_shards, write_json, write_shard)
 from pipeline.models import BiEncoder
 from pipeline.models.tokens import padded_batch, tokenize_sorted
+from pipeline.storage_io import remove
 
 WORDS = "list dict tuple set loop class module import thread memory".split()
 
@@ -209,7 +210,7 @@ def test_shards_on_an_object_store_are_complete_or_absent(tmp_path):
     strays = stray_files(out, keep)
     assert sorted(p.name for p in strays) == [tmp_dir.name, "shard-00000-000000004.npy"]
     for p in strays + strays:
-        remove_stray(p)
+        remove(p)
     assert stray_files(out, keep) == [] and set(completed_shards(out)) == keep
 
 
@@ -227,8 +228,8 @@ def test_shards_on_a_file_uri_are_a_local_folder(tmp_path):
     (stray / f"{specs[0]['name']}.done").write_text("{")
     found = stray_files(tmp_path / "emb", {s["name"] for s in specs})
     assert found == [stray]
-    remove_stray(found[0])
-    remove_stray(found[0])
+    remove(found[0])
+    remove(found[0])
     assert not stray.exists() and set(completed_shards(tmp_path / "emb")) == {s["name"] for s in specs}
 
 

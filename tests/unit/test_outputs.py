@@ -376,9 +376,9 @@ KILLER = textwrap.dedent("""
         return real(a, b)
     io_utils.os.replace = dying
     if mode == "after":          # killed after the swap, before the old copy is removed
-        io_utils._remove = lambda p: os._exit(9)
+        io_utils.remove_path = lambda p: os._exit(9)
     if mode == "exchange":
-        io_utils._remove = lambda p: os._exit(9)
+        io_utils.remove_path = lambda p: os._exit(9)
     with io_utils.atomic_path(Path(sys.argv[1])) as tmp:
         tmp.mkdir()
         (tmp / "a.txt").write_text("new")
