@@ -193,7 +193,8 @@ def read_examples_table(examples_dir) -> pa.Table:
 
 
 def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: dict, part_rows: int = 50_000,
-                   skipped: dict | None = None, passages: str | Path | None = None) -> dict:
+                   skipped: dict | None = None, passages: str | Path | None = None,
+                   counts: dict | None = None) -> dict:
     """Write examples as Parquet parts with a running `idx`; the meta file marks completion.
     Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part;
     an Arrow table among the examples (columns qid, query, positive, negatives) is one row group.
@@ -262,6 +263,7 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
         # what the store is, file by file: checked (sizes and the passages' ids cheaply by every reader,
         # every byte by the driver when a run starts or resumes), so an altered store is refused
         extra["files"] = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files}
-        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), "digest": digest, **extra}
+        meta = {**meta, "examples": n, "parts": parts, "skipped": dict(skipped or {}), **dict(counts or {}),
+                "digest": digest, **extra}
         (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta

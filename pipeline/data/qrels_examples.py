@@ -1,6 +1,8 @@
 """Training examples from qrels: an ingested corpus (BEIR, MS MARCO), its queries and a qrels split,
 one example per (query, relevant passage), optionally capped per query (`pick_positives`); hard
-negatives from a TREC run with every judged-relevant passage removed (`run_negatives`).
+negatives from a TREC run with every judged-relevant passage removed (`run_negatives`); a query the run
+names no unjudged passage for is left out (counted), or given unjudged passages drawn at random from the
+corpus (`random_negatives`), so that every query trains.
 
 The examples come as Arrow tables in the ids form (rows of the store's `passages.arrow`, which
 `qrels_example_tables` fills from the corpus) or the texts form; `examples_store` has both forms.
@@ -41,9 +43,14 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
                          max_negatives: int = 30, skipped: dict | None = None,
                          need_negatives: bool = False, scratch: str | Path | None = None,
                          batch: int = 2_000, store_path: str | Path | None = None, per_query: int = 0,
-                         positives_seed: int = 0) -> Iterator[pa.Table]:
+                         positives_seed: int = 0, missing_negatives: str = "skip",
+                         drawn: dict | None = None) -> Iterator[pa.Table]:
     """The examples of `qrels_examples` as Arrow tables of `batch` rows, in qid order. With `per_query` > 0
-    each query keeps that many of its positives (`pick_positives`).
+    each query keeps that many of its positives (`pick_positives`). With `need_negatives`, a query whose
+    run lines are all judged (or that the run lacks) is left out and counted in `skipped["no_negatives"]`
+    (`missing_negatives="skip"`), or takes `max_negatives` unjudged passages drawn at random from the corpus
+    (`"random"`, seeded by `positives_seed` and the query id): their examples are counted in
+    `drawn["random_negatives"]`.
 
     With `store_path`, the ids form: the texts of every positive and negative are copied once into
     the Arrow file `store_path` (kept: the caller's), and the tables carry rows of that file
@@ -77,6 +84,12 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
         del grades
     # per query, its negatives' ids as one tab-joined string (a tenth of a list of strings' memory)
     negs = run_negatives(negatives_run, positives, judged, depth, max_negatives) if negatives_run else {}
+    if need_negatives and missing_negatives == "random":
+        lacking = [q for q in positives if not negs.get(q)]
+        if lacking:
+            negs.update(random_negatives(corpus_dir, lacking, judged, max_negatives, positives_seed))
+            if drawn is not None:
+                drawn["random_negatives"] = sum(len(positives[q]) for q in lacking if negs.get(q))
     del judged
 
     def needed():
@@ -134,6 +147,45 @@ def qrels_example_tables(corpus_dir: str | Path, queries: str | Path, qrels: str
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def random_negatives(corpus_dir: str | Path, qids: list[str], judged: dict[str, tuple[str, ...]], k: int,
+                     seed: int) -> dict[str, str]:
+    """{qid: tab-joined ids} of `k` passages drawn at random from the corpus, none judged for the query (the
+    DPR paper's "random" negatives): a draw seeded by (`seed`, the query id), so it depends neither on the
+    order of the queries nor on which other queries lack negatives. Reads the corpus's pid column once."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    from .manifest import load_manifest
+
+    manifest = load_manifest(corpus_dir)
+    pids = pa.concat_arrays([pq.read_table(Path(corpus_dir) / part["file"], columns=["pid"])["pid"].combine_chunks()
+                             for part in manifest["parts"]] or [pa.array([], pa.string())])
+    out = {}
+    for q in qids:
+        out_of = set(judged.get(q, ()))
+        free = len(pids) - len(out_of)
+        if free <= 0:
+            continue  # every passage is judged for it: nothing to draw (left out as before)
+        digest = hashlib.sha256(f"random-negatives\0{seed}\0{q}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        want = min(k, free)
+        picked: list[str] = []
+        seen: set[int] = set()
+        while len(picked) < want:  # judged passages are few against a corpus: a draw rarely repeats
+            for i in rng.integers(0, len(pids), size=2 * (want - len(picked)) + len(out_of)).tolist():
+                if i in seen:
+                    continue
+                seen.add(i)
+                pid = pids[i].as_py()
+                if pid not in out_of:
+                    picked.append(pid)
+                    if len(picked) == want:
+                        break
+        out[q] = "\t".join(picked)
+    return out
 
 
 def pick_positives(positives: dict[str, tuple[str, ...]], grades: dict[str, tuple[int, ...]], per_query: int,

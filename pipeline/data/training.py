@@ -107,6 +107,9 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             meta.update(positives_per_query=data_cfg.positives_per_query, positives_seed=data_cfg.positives_seed,
                         positives_rule="highest grade first, ties drawn by (positives_seed, qid)")
     meta["need_negatives"] = data_cfg.hard_negatives > 0
+    if data_cfg.source == "qrels" and data_cfg.missing_negatives != "skip" and data_cfg.hard_negatives > 0:
+        # absent for skip: examples built before the key existed stay reusable
+        meta.update(missing_negatives=data_cfg.missing_negatives, negatives_seed=data_cfg.positives_seed)
     meta["sources_sha256"] = {str(s): sha256_file(s) for s in sources if Path(s).exists()}
     meta_path = out / EXAMPLES_META
     if meta_path.exists():
@@ -127,11 +130,13 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         scratch = Path(tempfile.mkdtemp(prefix=".passages-", dir=out.parent))
         try:
             store = scratch / PASSAGES_FILE
+            drawn: dict = {}
             examples = _read_ahead(qrels_example_tables(
                 data_cfg.corpus, queries, qrels, data_cfg.negatives_run, data_cfg.negatives_depth, data_cfg.rel_level,
                 skipped=skipped, need_negatives=data_cfg.hard_negatives > 0, store_path=store,
-                per_query=data_cfg.positives_per_query, positives_seed=data_cfg.positives_seed))
-            result = write_examples(examples, out, meta, skipped=skipped, passages=store)
+                per_query=data_cfg.positives_per_query, positives_seed=data_cfg.positives_seed,
+                missing_negatives=data_cfg.missing_negatives, drawn=drawn))
+            result = write_examples(examples, out, meta, skipped=skipped, passages=store, counts=drawn)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if progress:
@@ -140,7 +145,11 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
                     + (f"{data_cfg.positives_per_query} per query (highest grade, ties drawn with positives_seed "
                        f"{data_cfg.positives_seed})" if data_cfg.positives_per_query else "every one")
                     + (f"; hard negatives: top {data_cfg.negatives_depth} of {data_cfg.negatives_run} minus judged"
+                       + (", drawn at random from the corpus for a query the run has none for"
+                          if data_cfg.missing_negatives == "random" and data_cfg.hard_negatives else "")
                        if data_cfg.negatives_run else "; no hard negatives"))
+            if drawn.get("random_negatives"):
+                skip += f", {drawn['random_negatives']:,} with random negatives (the run has none for their query)"
             print(f"[train-data] {result['examples']:,} examples from {meta['source']} ({rule}){skip} "
                   f"naming {result['passages_rows']:,} distinct passages -> {out}", flush=True)
         return result

@@ -4,14 +4,17 @@ each finished run.
     <work>/<family>-<dataset>/            made by this command (marker .reproduce-work), locked while it runs
         prepare/                          the prepare commands' outputs (corpus, BM25 run), done.json last
         labeled-documents.txt             the training pairs' positives (DAR's "labeled" documents)
-        arms/<arm>/seed-<s>/              one trained run: train/ (the trainer's run), emb/, index/, run.trec,
-                                          logs/<step>.log (each command's own output), scores.json, done.json last
+        arms/<arm>/seed-<s>/              one trained run: started.json first (its commands), train/ (the
+                                          trainer's run), emb/, index/, run.trec, logs/<step>.log (each command's
+                                          own output), scores.json, done.json last
         arms/<arm>/once/                  an arm without training (zero-shot): one run for every seed
         result.json                       per arm and seed the figures, per comparison the effect (stats.py)
 
 A run whose done.json records the same commands (the checkout they name may differ) is not run again (a killed
 experiment re-run goes on where it stopped: a killed training resumes from its checkpoint, encode from its
-shards; index and retrieve are redone).
+shards; index and retrieve are redone). A run finished or started with other commands (the arm's definition
+changed) is set aside whole as `seed-<s>.replaced-<time>` (said, never removed: its figures are no longer the
+arm's) and the run is made again.
 A folder of an earlier prepare that did not finish is this command's own and is made again; nothing that is
 not this command's is touched, and a work folder holding anything else is refused.
 """
@@ -77,17 +80,32 @@ def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str,
 def _done(folder: Path, commands: list[list[str]]) -> dict | None:
     """The run's marker when it finished with these commands. The checkout they name (`{repo}`) may differ:
     the same experiment run from another clone (or a worktree kept fixed for a long run) is the same run."""
+    return _marker(folder / "done.json", commands)
+
+
+def _marker(path: Path, commands: list[list[str]]) -> dict | None:
+    """The marker file's content when it records these commands (from this checkout or another), else None."""
     try:
-        done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
+        done = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    theirs = done.get("commands")
+    theirs = done.get("commands") if isinstance(done, dict) else None
     if not (isinstance(theirs, list) and all(isinstance(c, list) and all(isinstance(a, str) for a in c)
                                              for c in theirs)):
         return None  # not a marker this runner wrote: the run is made again
     repo = str(repo_root())
     their_repo = done.get("repo") or _their_repo(commands, theirs, repo) or repo
     return done if _in_repo_terms(commands, repo) == _in_repo_terms(theirs, their_repo) else None
+
+
+def _started_otherwise(folder: Path, commands: list[list[str]]) -> str | None:
+    """"finished" or "started" when the folder holds a run of other commands than these (its done.json, or the
+    started.json a run writes first), else None (nothing there, the same commands, or a folder with neither
+    marker: a killed run of the same commands resumes)."""
+    for name, said in (("done.json", "finished"), ("started.json", "started")):
+        if (folder / name).exists():
+            return None if _marker(folder / name, commands) else said
+    return None
 
 
 def _in_repo_terms(commands: list[list[str]], repo: str) -> list[list[str]]:
@@ -252,6 +270,14 @@ class ExperimentRun:
             folder = self.run_folder(arm, seed)
             steps = self.commands(arm, seed, folder)
             what = f"{arm.id}" + ("" if seed is None else f" seed {seed}")
+            earlier = _started_otherwise(folder, [c for _, c in steps])
+            if earlier:  # finished or started with other commands: the arm is defined otherwise now
+                kept = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+                folder.rename(kept)
+                self.say(f"{what}: {earlier} earlier with other commands (the arm's definition changed): kept at "
+                         f"{kept}, run again")
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(folder / "started.json", {"commands": [c for _, c in steps], "repo": self.base["repo"]})
             t0 = time.time()
             try:
                 seconds = _run_steps(steps, folder / "logs", lambda s, w=what: self.say(f"{w}: {s}"))

@@ -24,6 +24,11 @@ class TrainDataConfig(Section):
     qrels: str | None = None                # qrels: default <corpus>/qrels/train.trec
     negatives_run: str | None = None        # qrels: TREC run to mine hard negatives from
     negatives_depth: PosInt = 100
+    # qrels + hard_negatives: a query the run names no unjudged passage for (BM25 matched none of its words, or
+    # judged all it found): skip = left out of training (counted in the [train-data] line); random = unjudged
+    # passages drawn at random from the corpus (DPR's "random" negatives, seeded by positives_seed and the
+    # query id), so that a run with hard negatives trains on the same queries as one without
+    missing_negatives: Literal["skip", "random"] = "skip"
     rel_level: NonNegInt = 1                # qrels: the lowest grade that makes a judged passage a positive
     # qrels: how many positives each query keeps (one example each): 0 = every judged passage at rel_level or
     # above; n = the n of highest grade, ties drawn with positives_seed (a BEIR training split judges ~43

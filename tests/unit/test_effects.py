@@ -357,3 +357,63 @@ def test_a_finished_run_is_found_from_another_checkout_and_nothing_else_passes_f
     assert marker([elsewhere[0], ["pipeline", "encode", "--out", "/w/other"]]) is None  # another output
     assert marker([elsewhere[0][:3] + ["/elsewhere/clone/jobs/configs/dpr.yaml", "train.seed=0"], ours[1]]) is None
     assert marker(elsewhere, repo="/third") is None
+
+
+def test_a_finished_run_of_an_arm_defined_otherwise_now_is_set_aside_and_run_again(tmp_path, monkeypatch):
+    """The arm's commands changed since a seed finished: that seed's folder is kept whole under another name
+    (its figures are no longer the arm's), the run is made again, and a run whose commands agree is kept."""
+    import json
+
+    from pipeline.effects import runner as R
+
+    ran = []
+
+    def fake_steps(steps, logs, say):
+        ran.append(steps[0][1])
+        logs.mkdir(parents=True, exist_ok=True)
+        return {name: 1.0 for name, _ in steps}
+
+    monkeypatch.setattr(R, "_run_steps", fake_steps)
+    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
+    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
+    part = {"mean": 0.5, "per_query": {"q1": 0.5}}
+    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
+    said = []
+    exp = load_experiment(_raw(), "fx", "f.yaml", {"d": {}})
+    run = R.ExperimentRun(exp, "d", "/data", tmp_path / "w", arms=["dpr"], seeds=[0, 1],
+                          print_fn=lambda text, **kw: said.append(text))
+    run.run()
+    assert len(ran) == 2
+    for s in (0, 1):
+        assert (tmp_path / "w" / "arms" / "dpr" / f"seed-{s}" / "done.json").exists()
+    # seed 0's marker now records other commands (as after a change of the arm's overrides)
+    marker = tmp_path / "w" / "arms" / "dpr" / "seed-0" / "done.json"
+    old = json.loads(marker.read_text())
+    old["commands"][0] = old["commands"][0] + ["data.hard_negatives=1"]
+    marker.write_text(json.dumps(old))
+    (marker.parent / "keep-me.txt").write_text("the earlier run's own file")
+    ran.clear()
+    run.run()
+    assert len(ran) == 1 and "train.seed=0" in ran[0]
+    kept = list((tmp_path / "w" / "arms" / "dpr").glob("seed-0.replaced-*"))
+    assert len(kept) == 1 and (kept[0] / "keep-me.txt").read_text() == "the earlier run's own file"
+    assert json.loads((kept[0] / "done.json").read_text()) == old
+    assert any("definition changed" in t and str(kept[0]) in t for t in said)
+    assert not (tmp_path / "w" / "arms" / "dpr" / "seed-0" / "keep-me.txt").exists()
+    # killed runs (started.json, no done.json): one of the same commands resumes where it is, one of other
+    # commands is set aside as "started"
+    seed1 = tmp_path / "w" / "arms" / "dpr" / "seed-1"
+    (seed1 / "done.json").unlink()
+    (seed1 / "checkpoint").write_text("a killed run's own")
+    ran.clear()
+    run.run()
+    assert len(ran) == 1 and (seed1 / "checkpoint").exists() and not list(seed1.parent.glob("seed-1.replaced-*"))
+    started = json.loads((seed1 / "started.json").read_text())
+    started["commands"][0] = started["commands"][0] + ["loss.name=dar"]
+    (seed1 / "started.json").write_text(json.dumps(started))
+    (seed1 / "done.json").unlink()
+    ran.clear()
+    run.run()
+    kept = list(seed1.parent.glob("seed-1.replaced-*"))
+    assert len(ran) == 1 and len(kept) == 1 and (kept[0] / "checkpoint").exists()
+    assert any("seed 1: started earlier with other commands" in t for t in said)

@@ -498,3 +498,38 @@ def test_an_altered_training_store_is_refused_by_name(faq, tmp_path, alteration)
     else:
         with pytest.raises(PipelineError, match="the training examples store was altered"):
             open_passages(out)
+
+
+def test_a_query_the_run_has_no_negative_for_is_skipped_or_given_random_unjudged_passages(corpus, tmp_path, capsys):
+    # q1's run lines are all judged (p3 rel 0, p1 a positive); q2 is not in the run at all (BM25 matched none
+    # of its words): with hard negatives both are left out by default, or drawn at random from the corpus
+    run = _write(tmp_path / "thin.trec", "q1 Q0 p3 1 9.0 bm25\nq1 Q0 p1 2 8.0 bm25\n")
+    cfg = TrainDataConfig(source="qrels", corpus=str(corpus["dir"]), negatives_run=str(run), hard_negatives=1)
+    with pytest.raises(Exception, match="no training examples"):
+        build_examples(cfg, tmp_path / "skip", progress=False)
+
+    cfg = replace(cfg, missing_negatives="random")
+    meta = build_examples(cfg, tmp_path / "random", progress=True)
+    assert "3 with random negatives" in capsys.readouterr().out
+    assert meta["examples"] == 3 and meta["skipped"] == {} and meta["random_negatives"] == 3
+    assert meta["missing_negatives"] == "random"
+    rows = _rows(tmp_path / "random")
+    judged = {"q1": {"p1", "p2", "p3"}, "q2": {"p4"}}
+    text_to_pid = {t: p for p, t in CORPUS.items()}
+    for r in rows:
+        pids = [text_to_pid[t] for t in r["negatives"]]
+        assert len(pids) == len(set(pids)) == min(30, len(CORPUS) - len(judged[r["qid"]]))  # every unjudged one
+        assert not set(pids) & judged[r["qid"]]
+    # seeded by positives_seed and the query: the same draw again, another with another seed
+    from pipeline.data.qrels_examples import random_negatives
+    j = {q: tuple(v) for q, v in judged.items()}
+    assert random_negatives(corpus["dir"], ["q2"], j, 3, 0)["q2"] == random_negatives(corpus["dir"], ["q1", "q2"], j, 3,
+                                                                                     0)["q2"]
+    draws = {random_negatives(corpus["dir"], ["q2"], j, 3, s)["q2"] for s in range(6)}
+    assert len(draws) > 1 and all(len(d.split("\t")) == 3 and "p4" not in d.split("\t") for d in draws)
+    # a query the run does name negatives for keeps the run's: only the missing ones are drawn
+    mixed = _write(tmp_path / "mixed.trec", "q1 Q0 p5 1 9.0 bm25\n")
+    meta = build_examples(replace(cfg, negatives_run=str(mixed)), tmp_path / "mixed", progress=False)
+    rows = _rows(tmp_path / "mixed")
+    assert meta["random_negatives"] == 1
+    assert [r["negatives"] for r in rows if r["qid"] == "q1"] == [[CORPUS["p5"]], [CORPUS["p5"]]]
