@@ -48,6 +48,10 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
         if not rows:
             continue
         out += [f"On {PART_NAMES[part]}:", "", head, sep, *rows, ""]
+    odd = [f"* **{cid} is not comparable**: {row['not_comparable']}; the difference is not the method's effect."
+           for cid, row in result["comparisons"].items() if row.get("not_comparable")]
+    if odd:
+        out += odd + [""]
     if figure:
         out += [f"![each seed's difference (dots), the mean and its 95 % interval]({figure})", ""]
     arms = result.get("arms") or {}

@@ -108,6 +108,20 @@ def _started_otherwise(folder: Path, commands: list[list[str]]) -> str | None:
     return None
 
 
+def _training_differs(method: str, m_runs: dict, baseline: str, b_runs: dict) -> str | None:
+    """Why two trained arms' runs are not the same training (examples, steps or global batch of some seed
+    against the baseline's), or None; an arm without training (zero-shot) is compared with nothing."""
+    m = {s: r.get("training") for s, r in m_runs.items()}
+    b = {s: r.get("training") for s, r in b_runs.items()}
+    if None in b and len(b) == 1:
+        return None  # the baseline has no training (runs once for every seed)
+    for s in sorted(set(m) & set(b), key=str):
+        if m[s] and b[s] and m[s] != b[s]:
+            diff = ", ".join(f"{k} {m[s][k]:,} against {b[s][k]:,}" for k in m[s] if m[s][k] != b[s].get(k))
+            return f"seed {s}: {method} trained on {diff} ({baseline})"
+    return None
+
+
 def _in_repo_terms(commands: list[list[str]], repo: str) -> list[list[str]]:
     return [[a.replace(repo + "/", "{repo}/") for a in c] for c in commands]
 
@@ -321,8 +335,22 @@ class ExperimentRun:
                 except (OSError, ValueError):
                     continue
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
-                                                  "date": done.get("date"), "code_digest": done.get("code_digest")}
+                                                  "date": done.get("date"), "code_digest": done.get("code_digest"),
+                                                  "training": self.training(a, seed, folder)}
         return out
+
+    def training(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
+        """What the run trained on, from the trainer's summary beside the evaluated model: the examples, the
+        steps and the global batch (None for an arm without training, or a summary that cannot be read)."""
+        if arm.train is None:
+            return None
+        values = {**self.base, "run": str(folder), "seed": "" if seed is None else seed}
+        try:
+            summary = json.loads((Path(arm.model_path.format(**values)).parent / "summary.json")
+                                 .read_text(encoding="utf-8"))
+            return {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def result(self, labeled: set[str], seconds: float) -> dict:
         """The experiment's result file: per arm its figures by seed, per comparison its effect on every part."""
@@ -337,6 +365,9 @@ class ExperimentRun:
                                                          "code_digest": r.get("code_digest")}
                      for s, r in by_seed.items()}
             walls = [r["wall_seconds"] for r in by_seed.values() if r["wall_seconds"] is not None]
+            for s, r in by_seed.items():
+                if r.get("training"):
+                    seeds["once" if s is None else str(s)]["training"] = r["training"]
             arms[a] = {"title": self.exp.arms[a].title, "seeds": seeds,
                        "wall_seconds_mean": round(sum(walls) / len(walls), 1) if walls else None}
         comparisons = {}
@@ -352,6 +383,12 @@ class ExperimentRun:
                     row["parts"][part] = effect(method, base, c.direction)
                 row["verdict"] = row["parts"]["all"]["verdict"]
                 row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
+                differs = _training_differs(c.method, runs[c.method], c.baseline, runs[c.baseline])
+                if differs:  # not the same pairs, steps or batch: the difference is not the method's effect
+                    row["not_comparable"] = differs
+                    row["verdict"] = "not comparable"
+                    for e in row["parts"].values():
+                        e["verdict"] = "not comparable"
             else:
                 row["verdict"] = "not run"
             comparisons[c.id] = row

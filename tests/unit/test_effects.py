@@ -417,3 +417,50 @@ def test_a_finished_run_of_an_arm_defined_otherwise_now_is_set_aside_and_run_aga
     kept = list(seed1.parent.glob("seed-1.replaced-*"))
     assert len(ran) == 1 and len(kept) == 1 and (kept[0] / "checkpoint").exists()
     assert any("seed 1: started earlier with other commands" in t for t in said)
+
+
+def test_a_comparison_of_arms_trained_on_other_pairs_or_steps_is_not_comparable(tmp_path, monkeypatch):
+    """The hard-negative arm that left out the queries BM25 had nothing for trained on fewer pairs and steps
+    than DPR: its difference is not the method's effect, and the result, the page and the verdict say so."""
+    import json
+
+    from pipeline.effects import report
+    from pipeline.effects import runner as R
+
+    def fake_steps(steps, logs, say):
+        from pathlib import Path
+
+        train = steps[0][1]
+        if train[1] != "train":
+            return {name: 1.0 for name, _ in steps}
+        run = Path(next(a for a in train if a.startswith("train.storage_path=")).split("=", 1)[1])
+        fewer = "data.hard_negatives=1" in train and "data.missing_negatives=random" not in train
+        (run / "model").mkdir(parents=True, exist_ok=True)
+        (run / "model" / "summary.json").write_text(json.dumps(
+            {"examples": 2386 if fewer else 2590, "steps": 74 if fewer else 80, "global_batch": 32}))
+        return {name: 1.0 for name, _ in steps}
+
+    monkeypatch.setattr(R, "_run_steps", fake_steps)
+    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
+    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
+    part = {"mean": 0.5, "per_query": {"q1": 0.5, "q2": 0.4}}
+    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
+    train = "pipeline train --config {repo}/c.yaml train.storage_path={run} train.seed={seed} model.name_or_path={model}"
+    arms = [{"id": "zero", "title": "zero", "train": None}, {"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]},
+            {"id": "hn", "title": "hn", "train": ["loss.name=dpr", "data.hard_negatives=1"]},
+            {"id": "hn-all", "title": "hn", "train": ["loss.name=dpr", "data.hard_negatives=1",
+                                                      "data.missing_negatives=random"]}]
+    comps = [{"id": f"{a}-vs-{b}", "method": a, "baseline": b, "direction": 1, "claim": "c", "source": "s"}
+             for a, b in (("dpr", "zero"), ("hn", "dpr"), ("hn-all", "dpr"))]
+    exp = load_experiment(_raw(train=train, arms=arms, comparisons=comps), "fx", "f.yaml", {"d": {}})
+    result = R.ExperimentRun(exp, "d", "/data", tmp_path / "w", print_fn=lambda *a, **k: None).run()
+    rows = result["comparisons"]
+    assert rows["hn-vs-dpr"]["verdict"] == "not comparable"
+    assert rows["hn-vs-dpr"]["not_comparable"] == ("seed 0: hn trained on examples 2,386 against 2,590, "
+                                                   "steps 74 against 80 (dpr)")
+    assert all(e["verdict"] == "not comparable" for e in rows["hn-vs-dpr"]["parts"].values())
+    assert rows["hn-all-vs-dpr"]["verdict"] != "not comparable" and "not_comparable" not in rows["hn-all-vs-dpr"]
+    assert rows["dpr-vs-zero"]["verdict"] != "not comparable"  # a baseline without training compares with any
+    assert result["arms"]["hn"]["seeds"]["0"]["training"] == {"examples": 2386, "steps": 74, "global_batch": 32}
+    page = "\n".join(report.markdown(result))
+    assert "**hn-vs-dpr is not comparable**: seed 0: hn trained on examples 2,386" in page
