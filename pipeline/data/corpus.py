@@ -31,6 +31,15 @@ def fetch_passages(corpus_dir: str | Path, pids, join: str | None = "none") -> d
     return out
 
 
+def corpus_pids(corpus_dir: str | Path) -> pa.Array:
+    """Every pid of an ingested corpus, in its parts' order, as one Arrow string array (no Python string per
+    passage)."""
+    manifest = load_manifest(corpus_dir)
+    return pa.concat_arrays([pq.read_table(Path(corpus_dir) / part["file"], columns=["pid"])["pid"]
+                             .combine_chunks().cast(pa.string()) for part in manifest["parts"]]
+                            or [pa.array([], pa.string())])
+
+
 class PassageStore:
     """The texts of many passages (e.g. every positive and hard negative of 500k training examples),
     copied from the corpus parts in one pass into an Arrow file at `path` and read back memory-mapped:

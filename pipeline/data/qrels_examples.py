@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputError, PipelineError
-from .corpus import PassageStore
+from .corpus import PassageStore, corpus_pids
 from .examples_store import PASSAGES_FILE, resolve_examples
 from .readers import load_queries, read_qrels
 from .run_negatives import run_negatives
@@ -156,13 +156,7 @@ def random_negatives(corpus_dir: str | Path, qids: list[str], judged: dict[str, 
     order of the queries nor on which other queries lack negatives. Reads the corpus's pid column once."""
     import hashlib
 
-    import pyarrow.parquet as pq
-
-    from .manifest import load_manifest
-
-    manifest = load_manifest(corpus_dir)
-    pids = pa.concat_arrays([pq.read_table(Path(corpus_dir) / part["file"], columns=["pid"])["pid"].combine_chunks()
-                             for part in manifest["parts"]] or [pa.array([], pa.string())])
+    pids = corpus_pids(corpus_dir)
     out = {}
     for q in qids:
         out_of = set(judged.get(q, ()))

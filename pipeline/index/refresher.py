@@ -159,12 +159,9 @@ class Refresh:
         self.dev = dev_queries(cfg)  # the dev queries come from their own file, never from the training queries
         # the corpus's pids as one Arrow array (no Python string per passage); the texts are read part
         # by part at each refresh, never held
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from ..data.corpus import corpus_pids
 
-        self.pids = pa.concat_arrays([pq.read_table(self.corpus_dir / part["file"], columns=["pid"])["pid"]
-                                      .combine_chunks().cast(pa.string()) for part in self.manifest["parts"]]
-                                     or [pa.array([], pa.string())])
+        self.pids = corpus_pids(self.corpus_dir)
         if cfg.top_k > len(self.pids):
             raise PipelineError(f"ance.top_k={cfg.top_k} is more than the corpus's {len(self.pids)} passages")
         versions = list_versions(self.root)

@@ -533,3 +533,26 @@ def test_a_query_the_run_has_no_negative_for_is_skipped_or_given_random_unjudged
     rows = _rows(tmp_path / "mixed")
     assert meta["random_negatives"] == 1
     assert [r["negatives"] for r in rows if r["qid"] == "q1"] == [[CORPUS["p5"]], [CORPUS["p5"]]]
+
+
+def test_hard_negative_overlap_counts_negatives_judged_for_a_near_duplicate_query(tmp_path, capsys):
+    """scripts/hard_negative_overlap.py: q1 and q2 share 2 of their 3 judged passages (Jaccard 2/3), q3 shares
+    none; q1's one hard negative (p4) is q2's positive, q3's (p1) is nobody's near-duplicate's."""
+    import importlib.util
+
+    corpus = {f"p{i}": f"text {i}" for i in range(1, 9)}
+    src = _write(tmp_path / "collection.tsv", "".join(f"{p}\t{t}\n" for p, t in corpus.items()))
+    queries = _write(tmp_path / "queries.tsv", "q1\tone\nq2\ttwo\nq3\tthree\n")
+    qrels = _write(tmp_path / "train.trec", "q1 0 p1 1\nq1 0 p2 1\nq2 0 p1 1\nq2 0 p2 1\nq2 0 p4 1\nq3 0 p8 1\n")
+    out = tmp_path / "corpus"
+    ingest([src], "msmarco", out, variant="custom", queries=queries, qrels={"train": qrels}, progress=False)
+    run = _write(tmp_path / "bm25.trec", "q1 Q0 p2 1 9 x\nq1 Q0 p4 2 8 x\nq3 Q0 p1 1 5 x\n")
+    spec = importlib.util.spec_from_file_location("hno", Path(__file__).resolve().parents[2] / "scripts"
+                                                  / "hard_negative_overlap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--corpus", str(out), "--run", str(run), "--overlap", "0.6", "0.7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("overlap >= 0.6: 2 of 3 training queries have a near-duplicate; of their hard "
+                               "negatives 1.000 are judged relevant to one (1 negatives)")
+    assert lines[1].startswith("overlap >= 0.7: 0 of 3")
