@@ -219,7 +219,8 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     `validate_fn(model) -> {"val_…": …}` and `negatives_provider` (see data/negatives.py) are
     handed down from above, so `train/` never imports `index/`. `callbacks` are Ray Train
     callbacks for its RunConfig (e.g. Tune's `TuneReportCallback`). A run whose newest checkpoint
-    already reached the last step is not started again: its summary and model are rebuilt.
+    already reached the last step is not started again: its summary and model are rebuilt (the
+    summary keeps the wall time of the call that trained it).
     """
     tc = job.train
     from .. import storage as st
@@ -298,6 +299,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     if final is None:
         raise PipelineError(f"training finished without a complete checkpoint in {run_dir}")
     state = read_state(final)
+    earlier = _earlier_summary(run_dir, final) if complete else None
     if remote:  # downloaded, then uploaded; summary.json (written last) vouches for the model
         with atomic_path(work / "model") as tmp:
             st.download_dir(final / "model", tmp)
@@ -328,6 +330,8 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
         summary["time_split"] = {"start-up": round(startup, 1), "training": round(training, 1),
                                  "validation": round(val, 1), "checkpoints": round(ckpt, 1),
                                  "export": round(time.time() - t_fit_end, 1)}
+    if earlier:  # a finished run called again trains nothing: its wall time stays the one that trained it
+        summary.update({k: earlier[k] for k in ("wall_seconds", "time_split", "resumed_from") if k in earlier})
     if remote:
         summary["model_local"] = str(work / "model")
     (st.write_json_atomic if remote else write_json_atomic)(run_dir / "summary.json", summary)
@@ -342,6 +346,17 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
               + (f", {', '.join(f'{k} {v:.4f}' for k, v in val.items())}" if val else "")
               + f", {summary['wall_seconds']:.0f}s ({wall_split(summary)}) -> {run_dir / 'model'}", flush=True)
     return summary
+
+
+def _earlier_summary(run_dir, final) -> dict | None:
+    """The summary a finished run wrote when it trained, if it names the same final checkpoint."""
+    from .. import storage as st
+
+    try:
+        earlier = st.read_json(run_dir / "summary.json")
+    except (OSError, ValueError):
+        return None
+    return earlier if isinstance(earlier, dict) and earlier.get("checkpoint") == str(final) else None
 
 
 def wall_split(summary: dict) -> str:

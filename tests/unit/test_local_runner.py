@@ -154,3 +154,18 @@ def test_checkpoints_written_before_the_keys_joined_the_identity_still_resume(tm
                                         META, DIGEST, 1, 10, "bf16"))
     with pytest.raises(PipelineError, match=r"length_group_rows \(0 in the checkpoint, 16 now\)"):
         check_identity(before, now)
+
+
+def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):
+    """`pipeline train` again on a finished run trains nothing; its summary (what `pipeline info` shows) said
+    the no-op call's 0.4 s as the run's wall time and lost the split of the call that trained."""
+    import json
+
+    monkey_job = _job(tiny_model_dir, faq, tmp_path, "train.runner=local")
+    first = train(monkey_job, progress=False)
+    assert first["time_split"]["training"] >= 0 and first["wall_seconds"] > 0
+    first_file = json.loads((tmp_path / "run" / "summary.json").read_text())
+    again = train(monkey_job, progress=True)
+    assert "already complete" in capsys.readouterr().out
+    assert again["wall_seconds"] == first["wall_seconds"] and again["time_split"] == first["time_split"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {**first_file, "versions": again["versions"]}
