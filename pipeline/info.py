@@ -310,7 +310,17 @@ def _trec_file(p: Path) -> dict | None:
                            + (f" ({min(per_q.values())} at least)" if per_q else "")}
         meta = _json(Path(str(p) + ".meta.json"))
         if isinstance(meta, dict):
-            fields["index"] = meta.get("index")
+            model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
+            if meta.get("index") or model.get("name") != "bm25":
+                fields["index"] = meta.get("index")
+            else:  # a BM25 run (pipeline bm25): no index, its scorer instead
+                fields["scored by"] = (f"BM25 ({model.get('library')}, {model.get('method')}, k1 {model.get('k1')}, "
+                                       f"b {model.get('b')})")
+            searched = meta.get("n_queries")
+            if isinstance(searched, int) and searched > len(per_q):
+                fields["queries"] += f" of {_n(searched)} searched ({_n(searched - len(per_q))} with no hit)"
+            if meta.get("qrels"):
+                fields["queries judged in"] = meta.get("qrels")
             fields["queries from"] = meta.get("queries")
             fields["corpus"] = f"{meta.get('variant')} (fingerprint {meta.get('corpus_fingerprint')})"
         return {"kind": "run", "fields": fields}

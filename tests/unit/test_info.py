@@ -106,3 +106,16 @@ def test_unknown_folder_says_what_it_looked_for(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "looked for a corpus (manifest.json)" in err and "index.json" in err
     assert main(["info", str(tmp_path / "nope")]) == 2
+
+
+def test_a_bm25_run_says_its_scorer_and_the_queries_it_found_nothing_for(project, tmp_path):
+    """A BM25 run has no index ("index None" was shown): its scorer, the judgements whose queries it searched,
+    and how many of them got no hit at all (a word no passage holds), from what `pipeline bm25` writes."""
+    (tmp_path / "qrels.tsv").write_text("1 0 3 1\n2 0 4 1\n")
+    (tmp_path / "q.tsv").write_text("1\tpassage number three\n2\tzebra\n")
+    out = tmp_path / "bm25.trec"
+    assert main(["bm25", "--corpus", str(project), "--queries", str(tmp_path / "q.tsv"), "--qrels",
+                 str(tmp_path / "qrels.tsv"), "--out", str(out), "--top-k", "5"]) == 0
+    f = describe(out)[0]["fields"]
+    assert f["queries"] == "1 of 2 searched (1 with no hit)" and "index" not in f
+    assert f["scored by"].startswith("BM25 (bm25s ") and f["queries judged in"] == str(tmp_path / "qrels.tsv")
