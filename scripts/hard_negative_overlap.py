@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.data.corpus import corpus_pids  # noqa: E402
-from pipeline.data.readers import read_qrels, read_run_file  # noqa: E402
+from pipeline.data.readers import read_qrels  # noqa: E402
+from pipeline.data.run_negatives import run_negatives  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,12 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         judged[r["qid"]].add(r["docid"])
         if r["rel"] >= args.rel_level:
             relevant[r["qid"]].add(r["docid"])
-    ranked: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for r in read_run_file(args.run):
-        if r["qid"] in relevant:
-            ranked[r["qid"]].append((-r["score"], r["docid"]))
-    negatives = {q: [d for _, d in sorted(lst)[:args.depth] if d not in judged[q]][:args.keep]
-                 for q, lst in ranked.items()}
+    # the negatives the trainer keeps (data.negatives_run): the same selection, by the same function
+    negatives = {q: ids.split("\t") for q, ids in run_negatives(
+        args.run, {q: tuple(v) for q, v in relevant.items()}, {q: tuple(v) for q, v in judged.items()},
+        args.depth, args.keep).items() if ids}
     pids = corpus_pids(args.corpus).to_pylist()
     by_doc: dict[str, set[str]] = defaultdict(set)
     for q, docs in relevant.items():

@@ -112,9 +112,7 @@ def _training_differs(method: str, m_runs: dict, baseline: str, b_runs: dict) ->
     """Why two trained arms' runs are not the same training (examples, steps or global batch of some seed
     against the baseline's), or None; an arm without training (zero-shot) is compared with nothing."""
     m = {s: r.get("training") for s, r in m_runs.items()}
-    b = {s: r.get("training") for s, r in b_runs.items()}
-    if None in b and len(b) == 1:
-        return None  # the baseline has no training (runs once for every seed)
+    b = {s: r.get("training") for s, r in b_runs.items()}  # zero-shot: {None: None}, no seed in common
     for s in sorted(set(m) & set(b), key=str):
         if m[s] and b[s] and m[s] != b[s]:
             diff = ", ".join(f"{k} {m[s][k]:,} against {b[s][k]:,}" for k in m[s] if m[s][k] != b[s].get(k))
