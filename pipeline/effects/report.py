@@ -82,7 +82,8 @@ def figure(result: dict, path: Path) -> bool:
     for y, (cid, e) in enumerate(reversed(rows)):
         ax.scatter(e["per_seed"], [y] * len(e["per_seed"]), s=14, color="0.45", zorder=3)
         iv = e.get("interval")
-        color = {"holds beyond noise": "tab:green", "opposite beyond noise": "tab:red"}.get(e["verdict"], "tab:blue")
+        color = {"holds beyond noise": "tab:green", "opposite beyond noise": "tab:red",
+                 "no difference": "tab:gray"}.get(e["verdict"], "tab:blue")
         if iv:
             ax.plot(iv, [y, y], color=color, linewidth=3, alpha=0.6, zorder=2)
         ax.scatter([e["difference"]], [y], marker="D", s=36, color=color, zorder=4)

@@ -14,7 +14,9 @@ Only queries every run scored are used.
   the verdict needs;
 - the verdict, given the direction the method's paper claims (+1 or -1): "holds beyond noise" when the
   interval excludes 0 on that side and the randomization test gives p < 0.05; "opposite beyond noise" when both
-  say the other side; else "inconclusive" (fewer than 2 seeds always are).
+  say the other side; "no difference" when the method scored every query exactly as its baseline did in every
+  seed (a method that changes nothing, e.g. an arm that trains as its baseline does); else "inconclusive" (fewer
+  than 2 seeds always are).
 """
 
 from __future__ import annotations
@@ -80,15 +82,18 @@ def effect(method: dict, baseline: dict, direction: int = 1, resamples: int = 10
     out["mde_queries"] = float(stats.norm.ppf(1 - ALPHA / 2) + stats.norm.ppf(POWER)) * sd_q / math.sqrt(len(dq))
     mdes = [x for x in (out["mde_seeds"], out["mde_queries"]) if x is not None]
     out["mde"] = max(mdes) if mdes else None
+    out["identical"] = bool(np.array_equal(m, b))
     out["direction"] = direction
     out["verdict"] = verdict(out, direction)
     return out
 
 
 def verdict(e: dict, direction: int) -> str:
-    """'holds beyond noise', 'opposite beyond noise' or 'inconclusive' (see the module doc)."""
+    """'holds beyond noise', 'opposite beyond noise', 'no difference' or 'inconclusive' (see the module doc)."""
     if e.get("n_seeds", 0) < 2 or e.get("interval") is None:
         return "inconclusive"
+    if e.get("identical"):
+        return "no difference"
     lo, hi = e["interval"]
     p = e.get("p_randomization")
     significant = p is not None and p < ALPHA

@@ -58,9 +58,14 @@ def test_the_verdict_follows_the_interval_and_the_paired_test():
     same, base2 = _scores(rng, 200, shift=0.0)
     e = effect(same, {None: {f"q{i}": float(v) for i, v in enumerate(base2)}}, direction=1)
     assert e["verdict"] == "inconclusive" and e["mde"] > 0
-    # a method that is its baseline: no effect, p = 1, never "holds"
+    # a method that is its baseline (a planted no-op): no effect, p = 1, said as such, never "holds"
     e = effect({0: baseline[None], 1: baseline[None]}, baseline)
-    assert e["difference"] == 0 and e["p_randomization"] == 1.0 and e["verdict"] == "inconclusive"
+    assert e["difference"] == 0 and e["p_randomization"] == 1.0 and e["verdict"] == "no difference"
+    assert e["identical"] and e["interval"] == [0.0, 0.0]
+    # one query moved by a hair in one seed is a difference, and too small to be anything but inconclusive
+    nudged = dict(baseline[None], q0=baseline[None]["q0"] + 1e-6)
+    e = effect({0: baseline[None], 1: nudged}, baseline)
+    assert not e["identical"] and e["verdict"] == "inconclusive"
 
 
 def test_one_seed_is_always_inconclusive():
