@@ -1,56 +1,83 @@
-"""The effects experiment's machinery end to end on the bundled FAQ with the tests' tiny BERT, two seeds, three
+"""The effects experiment's machinery end to end on the bundled FAQ with the tests' tiny BERT, two seeds, four
 arms and two steps each (CI keeps the machinery honest; the figures are the NFCorpus run's, not asserted here):
-every arm and seed runs, the result holds each comparison's statistics on every part, a re-run runs nothing that
-finished, a run whose marker is gone runs again alone, and the page renders the table."""
+every arm and seed runs, the result holds each comparison's statistics on every part, a planted no-op method is
+reported as no difference, a re-run runs nothing that finished, a run whose marker is gone runs again alone,
+and the page renders the table."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.cli import main
 
 pytestmark = pytest.mark.integration
 
 
+def _matrix_with_a_no_op(tmp_path: Path) -> Path:
+    """The shipped matrix plus a planted no-op method: an arm that trains exactly as DPR does, under another
+    name, compared with DPR (as a reviewer would plant one)."""
+    matrix = tmp_path / "repro"
+    matrix.mkdir()
+    for f in (Path(__file__).resolve().parents[2] / "repro").glob("*.yaml"):
+        shutil.copy(f, matrix / f.name)
+    spec = yaml.safe_load((matrix / "effects.yaml").read_text())
+    spec["experiment"]["arms"].append({"id": "no-op", "title": "DPR under another name", "train": ["loss.name=dpr"]})
+    spec["experiment"]["comparisons"].append({"id": "no-op-vs-dpr", "method": "no-op", "baseline": "dpr",
+                                              "direction": 1, "claim": "a planted no-op", "source": "this test"})
+    (matrix / "effects.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return matrix
+
+
 def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model_dir, capsys):
     work = tmp_path / "work"
-    args = ["reproduce", "run", "--family", "effects", "--on", "python_faq", "--seeds", "0,1",
-            "--arms", "zero-shot,dpr,dar", "--set", "max_steps=2", "--set", f"model={tiny_model_dir}",
-            "--work", str(work)]
+    args = ["reproduce", "run", "--matrix", str(_matrix_with_a_no_op(tmp_path)), "--family", "effects",
+            "--on", "python_faq", "--seeds", "0,1", "--arms", "zero-shot,dpr,dar,no-op", "--set", "max_steps=2",
+            "--set", f"model={tiny_model_dir}", "--work", str(work)]
     assert main(args) == 0
     out = capsys.readouterr().out
     root = work / "effects-python_faq"
     result = json.loads((root / "result.json").read_text())
     # this command's part finished; the experiment as defined (every arm, five seeds) did not, and says so
-    assert result["this_invocation"] == {"runs_planned": 5, "runs_finished": 5, "complete": True}
-    assert not result["complete"] and result["runs_finished"] == 5 and result["runs_planned"] == 56  # 11 seeded arms x 5 seeds + zero-shot once
+    assert result["this_invocation"] == {"runs_planned": 7, "runs_finished": 7, "complete": True}
+    # 11 seeded arms and the no-op x 5 seeds + zero-shot once
+    assert not result["complete"] and result["runs_finished"] == 7 and result["runs_planned"] == 61
     assert result["seeds"] == [0, 1, 2, 3, 4] and result["seeds_run"] == [0, 1]
     assert result["changed_vars"]["max_steps"] == 2
-    assert set(result["arms"]) == {"zero-shot", "dpr", "dar"}
+    assert set(result["arms"]) == {"zero-shot", "dpr", "dar", "no-op"}
     assert set(result["arms"]["dpr"]["seeds"]) == {"0", "1"} and set(result["arms"]["zero-shot"]["seeds"]) == {"once"}
     row = result["comparisons"]["dar-vs-dpr"]
     e = row["parts"]["all"]
     assert e["n_seeds"] == 2 and len(e["per_seed"]) == 2 and e["queries"] == 70
     assert e["difference"] == pytest.approx(sum(e["per_seed"]) / 2)
     assert e["interval"][0] <= e["difference"] <= e["interval"][1] and 0 <= e["p_randomization"] <= 1
-    assert row["verdict"] in ("holds beyond noise", "opposite beyond noise", "inconclusive")
+    assert row["verdict"] in ("holds beyond noise", "opposite beyond noise", "no difference", "inconclusive")
     assert result["comparisons"]["ance-vs-dpr"]["verdict"] == "not run"
+    # the planted no-op: the same seeds give the same model and rankings (a run's training depends on its commands
+    # and seed, not on its folder or arm), so its cell says "no difference", never "holds"
+    noop = result["comparisons"]["no-op-vs-dpr"]
+    assert noop["verdict"] == "no difference"
+    assert noop["parts"]["all"]["per_seed"] == [0.0, 0.0] and noop["parts"]["all"]["interval"] == [0.0, 0.0]
     for seed in ("seed-0", "seed-1"):  # each run kept its commands' output in its own logs
         assert (root / "arms" / "dpr" / seed / "logs" / "train.log").is_file()
         assert json.loads((root / "arms" / "dpr" / seed / "done.json").read_text())["commands"][0][1] == "train"
-    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "5 of 56 runs finished" in out
+    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "7 of 61 runs finished" in out
+    assert "no-op-vs-dpr: +0.0000 [+0.0000, +0.0000], p 1.000, 2 seed(s): no difference" in out
     # the same command again: nothing runs
     assert main(args) == 0
-    assert "5 runs (5 done before)" in capsys.readouterr().out
+    assert "7 runs (7 done before)" in capsys.readouterr().out
     # a run without its marker (killed before it finished) runs again, alone
     (root / "arms" / "dar" / "seed-1" / "done.json").unlink()
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "5 runs (4 done before)" in out and "dar seed 1: train" in out and "dpr seed 0: train" not in out
+    assert "7 runs (6 done before)" in out and "dar seed 1: train" in out and "dpr seed 0: train" not in out
     # a run with other vars, arms or seeds than the experiment defines is never recorded into the matrix
-    assert main(["reproduce", "record", "--family", "effects", "--on", "python_faq", "--work", str(work)]) == 2
+    assert main(["reproduce", "record", "--matrix", args[3], "--family", "effects", "--on", "python_faq",
+                 "--work", str(work)]) == 2
     assert "never recorded" in capsys.readouterr().err
     # the work folder is this command's: a user's file in it is refused, never deleted
     (root / "notes.txt").write_text("mine")
@@ -66,3 +93,4 @@ def test_an_experiment_never_records_a_changed_run(tmp_path, capsys):
     assert main(["reproduce", "run", "--family", "effects", "--on", "python_faq", "--set", "nope=1",
                  "--work", str(tmp_path)]) == 2
     assert "not a var of the experiment" in capsys.readouterr().err
+
