@@ -65,7 +65,7 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     for seed in ("seed-0", "seed-1"):  # each run kept its commands' output in its own logs
         assert (root / "arms" / "dpr" / seed / "logs" / "train.log").is_file()
         assert json.loads((root / "arms" / "dpr" / seed / "done.json").read_text())["commands"][0][1] == "train"
-    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "7 of 61 runs finished" in out
+    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "7 of 66 runs finished" in out
     assert "no-op-vs-dpr: +0.0000 [+0.0000, +0.0000], p 1.000, 2 seed(s): no difference" in out
     # the same command again: nothing runs
     assert main(args) == 0

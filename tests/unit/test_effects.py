@@ -124,7 +124,7 @@ def test_the_shipped_experiment_loads_with_every_arm_and_comparison():
 
     m = load_matrix()
     exp = m.experiments["effects"]
-    assert {"zero-shot", "dpr", "dar", "dar-interpolation", "dar-perturbation", "dpr-hn", "dar-hn", "ance",
+    assert {"zero-shot", "dpr", "dar", "dar-interpolation", "dar-perturbation", "dpr-hn", "dar-hn", "ance", "ance-in-batch",
             "ance-dar"} <= set(exp.arms)
     assert len(exp.seeds) >= 5 and {"nfcorpus", "scifact-train"} <= set(exp.datasets)
     for d in exp.datasets:
