@@ -18,7 +18,8 @@ Config keys: the `ance:` section (data/negatives.RefresherConfig: refresh_every,
 corpus, queries, qrels, dev_qrels, dev_metric, top_k, negatives, factory, nprobe, batch_size,
 precision, keep_versions, poll_seconds, cpus, gpus, max_restarts, refresh_retries, retry_backoff_s,
 max_missed_refreshes, on_refresher_failure, heartbeat_timeout_s, start_refresher), plus
-`train.*` (checkpoint_every defaults to ance.refresh_every), `data.*` and `loss.*`
+`train.*` (checkpoint_every defaults to ance.refresh_every; negatives_poll_every is lowered to the
+refresh interval when above it, since a longer one only skips versions), `data.*` and `loss.*`
 (losses/ance.py). The trainer and the refresher share only formats: the checkpoint format
 (trainer -> refresher) and the version format (refresher -> trainer); `train/` and `index/`
 never import each other. ANCE never degrades silently, whether the refresher runs beside training
@@ -107,6 +108,19 @@ def check_ance_inputs(job) -> None:
     dev_queries(s)
 
 
+def refresh_schedule(job):
+    """The job with ANCE's schedule settled: a checkpoint (and so a refresh) every `ance.refresh_every` steps
+    unless `train.checkpoint_every` says otherwise, and the trainer looking for a new version at least that
+    often. Looking less often than versions can come only skips them (a run shorter than the poll interval
+    never switches at all), and a look is a folder listing, cheap beside the checkpoint each interval writes."""
+    tc = job.train
+    if tc.checkpoint_every == 0:
+        tc = replace(tc, checkpoint_every=job.section("ance").refresh_every)
+    if tc.negatives_poll_every > tc.checkpoint_every:
+        tc = replace(tc, negatives_poll_every=tc.checkpoint_every)
+    return job if tc is job.train else replace(job, train=tc)
+
+
 def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, callbacks: list | None = None) -> dict:
     """Train with concurrently refreshed ANN negatives; returns the training summary (+ refresher record).
 
@@ -119,10 +133,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
 
     check_ance_inputs(job)
     s = job.section("ance")
+    job = refresh_schedule(job)
     tc = job.train
-    if tc.checkpoint_every == 0:
-        job = replace(job, train=replace(tc, checkpoint_every=s.refresh_every))
-        tc = job.train
     corpus = s.corpus or job.data.corpus
     if not corpus:
         raise ConfigError("ANCE needs a corpus to refresh over: data.corpus (data.source=qrels) or ance.corpus")
@@ -175,8 +187,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
         thread.start()
         if progress:
             print(f"[ance] index refresher started ({s.cpus:g} CPU, {s.gpus:g} GPU): newest checkpoint every "
-                  f"{tc.checkpoint_every} steps -> top {s.top_k}, {s.negatives} negatives/query -> {versions}",
-                  flush=True)
+                  f"{tc.checkpoint_every} steps -> top {s.top_k}, {s.negatives} negatives/query -> {versions}; "
+                  f"the trainer looks for a new version every {tc.negatives_poll_every} step(s)", flush=True)
     stop_announcing = threading.Event()
     if progress:
         threading.Thread(target=_announce, args=(versions, stop_announcing, max(s.poll_seconds, 1.0)),

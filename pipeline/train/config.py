@@ -115,7 +115,8 @@ class TrainConfig(Section):
     # of the run's identity.
     attention_dropout: OpenFraction | None = None
     drophead: OpenFraction = 0.0
-    # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps.
+    # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps (ANCE lowers
+    # it to the refresh interval when above it).
     negatives_poll_every: PosInt = 100
     fail_at_step: NonNegInt = 0                   # testing: raise in the worker at this step
     fail_after_checkpoint: NonNegInt = 0          # testing: raise right after the checkpoint of this step

@@ -421,3 +421,22 @@ def test_dev_qrels_naming_queries_the_dev_queries_lack_is_one_line_before_anythi
     assert len(err) == 1 and "queries are not in ance.dev_queries" in err[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr and "raylet" not in r.stdout + r.stderr
     assert not store.exists()
+
+
+def test_refresh_schedule_never_polls_less_often_than_versions_come():
+    """A poll interval above the refresh interval only skips versions: an 80-step run with the default poll
+    of 100 never looked at all (the effects experiment's first ANCE seeds trained on BM25's negatives
+    throughout). It is lowered to the refresh interval; one at or below it is kept."""
+    from pipeline.recipes.ance import refresh_schedule
+    from pipeline.train.config import load_train_config
+
+    job = refresh_schedule(load_train_config(None, ["loss.name=ance", "ance.refresh_every=40"]))
+    assert (job.train.checkpoint_every, job.train.negatives_poll_every) == (40, 40)
+    job = refresh_schedule(load_train_config(None, ["loss.name=ance", "ance.refresh_every=40",
+                                                    "train.negatives_poll_every=1"]))
+    assert (job.train.checkpoint_every, job.train.negatives_poll_every) == (40, 1)
+    job = refresh_schedule(load_train_config(None, ["loss.name=ance", "ance.refresh_every=40",
+                                                    "train.checkpoint_every=500"]))
+    assert (job.train.checkpoint_every, job.train.negatives_poll_every) == (500, 100)
+    shipped = load_train_config("jobs/configs/ance.yaml", [])
+    assert refresh_schedule(shipped).train.negatives_poll_every == 3
