@@ -40,10 +40,11 @@ def spread(emb_dir: Path, pairs: int, seed: int) -> dict:
 
 
 def effects_folders(work: Path) -> list[tuple[str, Path]]:
-    """(arm/seed, its emb folder) for every finished run of an effects work folder, arms in name order."""
+    """(arm/seed, its emb folder) for every finished run of an effects work folder, arms in name order; runs
+    set aside when an arm changed (`seed-<s>.replaced-<time>`) are not the experiment's and are left out."""
     found = []
     for run in sorted((work / "arms").glob("*/*")):
-        if (run / "done.json").is_file() and (run / "emb").is_dir():
+        if ".replaced-" not in run.name and (run / "done.json").is_file() and (run / "emb").is_dir():
             found.append((f"{run.parent.name}/{run.name}", run / "emb"))
     return found
 

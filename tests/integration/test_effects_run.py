@@ -44,7 +44,7 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     result = json.loads((root / "result.json").read_text())
     # this command's part finished; the experiment as defined (every arm, five seeds) did not, and says so
     assert result["this_invocation"] == {"runs_planned": 7, "runs_finished": 7, "complete": True}
-    # 11 seeded arms and the no-op x 5 seeds + zero-shot once
+    # 12 seeded arms and the no-op x 5 seeds + zero-shot once
     assert not result["complete"] and result["runs_finished"] == 7 and result["runs_planned"] == 66
     assert result["seeds"] == [0, 1, 2, 3, 4] and result["seeds_run"] == [0, 1]
     assert result["changed_vars"]["max_steps"] == 2

@@ -49,7 +49,8 @@ def test_orthogonal_passages_spread_evenly_and_identical_ones_coincide(tmp_path,
 def test_effects_folder_measures_finished_runs_only_and_a_missing_set_is_one_error_line(tmp_path, capsys):
     mod = _script()
     work = tmp_path / "effects-x"
-    for arm, seed, done in (("dpr", 0, True), ("dpr", 1, False), ("zero-shot", "once", True)):
+    for arm, seed, done in (("dpr", 0, True), ("dpr", 1, False), ("dpr", "0.replaced-20261129-151514", True),
+                            ("zero-shot", "once", True)):
         run = work / "arms" / arm / f"seed-{seed}" if seed != "once" else work / "arms" / arm / "once"
         _embeddings(run / "emb", np.eye(3, dtype=np.float32))
         if done:
