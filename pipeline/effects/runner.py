@@ -120,6 +120,19 @@ def _training_differs(method: str, m_runs: dict, baseline: str, b_runs: dict) ->
     return None
 
 
+_UNREFRESHED = ("the trainer used no refreshed negatives version (its refresher ran, but training kept its first "
+                "negatives throughout), so the run is not {arm}")
+
+
+def _unrefreshed(arm: str, runs: dict) -> str | None:
+    """Why an arm whose runs had an index refresher beside training did not train as ANCE: a seed whose trainer
+    took no refreshed version (it trained on its first negatives throughout), or None."""
+    for s in sorted(runs, key=str):
+        if runs[s].get("refreshed") == []:
+            return f"seed {s}: " + _UNREFRESHED.format(arm=arm)
+    return None
+
+
 def _in_repo_terms(commands: list[list[str]], repo: str) -> list[list[str]]:
     return [[a.replace(repo + "/", "{repo}/") for a in c] for c in commands]
 
@@ -311,6 +324,9 @@ class ExperimentRun:
             parts = ", ".join(f"{p} {scores[p]['mean']:.4f}" for p in ("labeled", "unlabeled")
                               if scores[p]["mean"] is not None)
             self.say(f"{what}: {self.exp.metric} {m:.4f} ({parts}) in {wall / 60:.1f} min [{i}/{len(todo)}{eta}]")
+            if self.refreshed(arm, seed, folder) == []:
+                self.say(f"{what}: WARNING: {_UNREFRESHED.format(arm=arm.id)}; every cell comparing {arm.id} "
+                         f"reads 'not comparable' until a run of it takes one (logs/train.log)")
             write_json_atomic(self.root / "result.json", self.result(labeled, time.time() - t_start))
         result = self.result(labeled, time.time() - t_start)
         result["failed"] = list(self.failed)
@@ -334,21 +350,41 @@ class ExperimentRun:
                     continue
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
                                                   "date": done.get("date"), "code_digest": done.get("code_digest"),
-                                                  "training": self.training(a, seed, folder)}
+                                                  "training": self.training(a, seed, folder),
+                                                  "refreshed": self.refreshed(a, seed, folder)}
         return out
 
-    def training(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
-        """What the run trained on, from the trainer's summary beside the evaluated model: the examples, the
-        steps and the global batch (None for an arm without training, or a summary that cannot be read)."""
+    def _summary(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
+        """The trainer's summary.json beside the evaluated model (None for an arm without training, or a
+        summary that cannot be read)."""
         if arm.train is None:
             return None
         values = {**self.base, "run": str(folder), "seed": "" if seed is None else seed}
         try:
             summary = json.loads((Path(arm.model_path.format(**values)).parent / "summary.json")
                                  .read_text(encoding="utf-8"))
-            return {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
             return None
+        return summary if isinstance(summary, dict) else None
+
+    def training(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
+        """What the run trained on, from the trainer's summary: the examples, the steps and the global batch
+        (None for an arm without training, or a summary that cannot be read)."""
+        try:
+            summary = self._summary(arm, seed, folder)
+            return None if summary is None else {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def refreshed(self, arm: Arm, seed: int | None, folder: Path) -> list[dict] | None:
+        """For a run with an index refresher beside training (ANCE): the refreshed negatives versions the
+        trainer trained on, each with the step it switched at ([] when it took none: the run trained on its
+        first negatives throughout, which is not ANCE). None for a run without a refresher."""
+        summary = self._summary(arm, seed, folder)
+        if summary is None or "refresher" not in summary:
+            return None
+        used = summary.get("negatives_versions") or []
+        return [{"version": v.get("version"), "at_step": v.get("at_step")} for v in used if isinstance(v, dict)]
 
     def result(self, labeled: set[str], seconds: float) -> dict:
         """The experiment's result file: per arm its figures by seed, per comparison its effect on every part."""
@@ -366,6 +402,8 @@ class ExperimentRun:
             for s, r in by_seed.items():
                 if r.get("training"):
                     seeds["once" if s is None else str(s)]["training"] = r["training"]
+                if r.get("refreshed") is not None:
+                    seeds["once" if s is None else str(s)]["refreshed_versions"] = r["refreshed"]
             arms[a] = {"title": self.exp.arms[a].title, "seeds": seeds,
                        "wall_seconds_mean": round(sum(walls) / len(walls), 1) if walls else None}
         comparisons = {}
@@ -381,8 +419,10 @@ class ExperimentRun:
                     row["parts"][part] = effect(method, base, c.direction)
                 row["verdict"] = row["parts"]["all"]["verdict"]
                 row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
-                differs = _training_differs(c.method, runs[c.method], c.baseline, runs[c.baseline])
-                if differs:  # not the same pairs, steps or batch: the difference is not the method's effect
+                differs = (_training_differs(c.method, runs[c.method], c.baseline, runs[c.baseline])
+                           or _unrefreshed(c.method, runs[c.method]) or _unrefreshed(c.baseline, runs[c.baseline]))
+                if differs:  # not the same pairs, steps or batch, or an ANCE run that never took a refreshed
+                    # version: the difference is not the method's effect
                     row["not_comparable"] = differs
                     row["verdict"] = "not comparable"
                     for e in row["parts"].values():

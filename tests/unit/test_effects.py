@@ -469,3 +469,63 @@ def test_a_comparison_of_arms_trained_on_other_pairs_or_steps_is_not_comparable(
     assert result["arms"]["hn"]["seeds"]["0"]["training"] == {"examples": 2386, "steps": 74, "global_batch": 32}
     page = "\n".join(report.markdown(result))
     assert "**hn-vs-dpr is not comparable**: seed 0: hn trained on examples 2,386" in page
+
+
+def test_an_ance_run_whose_trainer_took_no_refreshed_version_is_not_comparable(tmp_path, monkeypatch):
+    """An ANCE run whose refresher ran but whose trainer never switched to a refreshed version trained on its
+    first (BM25) negatives throughout: it is DPR with hard negatives, not ANCE. The run says so when it ends,
+    and every cell comparing that arm (as method or as baseline) reads "not comparable", with the seed and the
+    reason; an ANCE arm whose trainer switched is compared as usual, with the versions it took recorded."""
+    import json
+
+    from pipeline.effects import report
+    from pipeline.effects import runner as R
+
+    def fake_steps(steps, logs, say):
+        from pathlib import Path
+
+        train = steps[0][1]
+        if train[1] != "train":
+            return {name: 1.0 for name, _ in steps}
+        run = Path(next(a for a in train if a.startswith("train.storage_path=")).split("=", 1)[1])
+        summary = {"examples": 2590, "steps": 80, "global_batch": 32, "negatives_versions": []}
+        if "loss.name=ance" in train:
+            summary["refresher"] = {"settings": {}}
+            if "ance.refresh_every=10" in train:  # the schedule that lets the trainer switch
+                summary["negatives_versions"] = [{"version": 1, "at_step": 42, "checkpoint_step": 10}]
+        (run / "model").mkdir(parents=True, exist_ok=True)
+        (run / "model" / "summary.json").write_text(json.dumps(summary))
+        return {name: 1.0 for name, _ in steps}
+
+    said = []
+    monkeypatch.setattr(R, "_run_steps", fake_steps)
+    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
+    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
+    part = {"mean": 0.5, "per_query": {"q1": 0.5, "q2": 0.4}}
+    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
+    train = "pipeline train --config {repo}/c.yaml train.storage_path={run} train.seed={seed} model.name_or_path={model}"
+    arms = [{"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]},
+            {"id": "stuck", "title": "ance", "train": ["loss.name=ance", "ance.refresh_every=40"]},
+            {"id": "ance", "title": "ance", "train": ["loss.name=ance", "ance.refresh_every=10"]},
+            {"id": "ance-dar", "title": "ance+dar", "train": ["loss.name=ance_dar", "ance.refresh_every=10"]}]
+    comps = [{"id": f"{a}-vs-{b}", "method": a, "baseline": b, "direction": 1, "claim": "c", "source": "s"}
+             for a, b in (("stuck", "dpr"), ("ance", "dpr"), ("ance-dar", "stuck"))]
+    exp = load_experiment(_raw(train=train, arms=arms, comparisons=comps), "fx", "f.yaml", {"d": {}})
+    result = R.ExperimentRun(exp, "d", "/data", tmp_path / "w", print_fn=lambda *a, **k: said.append(a[0])).run()
+    rows = result["comparisons"]
+    reason = ("seed 0: the trainer used no refreshed negatives version (its refresher ran, but training kept its "
+              "first negatives throughout), so the run is not stuck")
+    assert rows["stuck-vs-dpr"]["verdict"] == "not comparable" and rows["stuck-vs-dpr"]["not_comparable"] == reason
+    assert rows["ance-dar-vs-stuck"]["verdict"] == "not comparable"  # the unrefreshed arm as the baseline too
+    assert rows["ance-dar-vs-stuck"]["not_comparable"] == reason
+    assert all(e["verdict"] == "not comparable" for e in rows["stuck-vs-dpr"]["parts"].values())
+    assert rows["ance-vs-dpr"]["verdict"] != "not comparable" and "not_comparable" not in rows["ance-vs-dpr"]
+    seeds = result["arms"]
+    assert seeds["ance"]["seeds"]["0"]["refreshed_versions"] == [{"version": 1, "at_step": 42}]
+    assert seeds["stuck"]["seeds"]["1"]["refreshed_versions"] == []
+    assert "refreshed_versions" not in seeds["dpr"]["seeds"]["0"]  # no refresher: nothing to say
+    warnings = [t for t in said if "WARNING" in t]
+    assert len(warnings) == 2 and all("stuck seed" in t for t in warnings)  # both seeds of the stuck arm, said once each
+    assert "so the run is not stuck; every cell comparing stuck reads 'not comparable'" in warnings[0]
+    page = "\n".join(report.markdown(result))
+    assert "**stuck-vs-dpr is not comparable**: " + reason in page
