@@ -221,7 +221,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
 
 def refresher_summary_line(status: dict, used: list[dict], job) -> str:
     """The line printed when an ANCE run ends: what the refresher made, and which versions the trainer
-    trained on from which step (or, when none reached it, what it trained on instead)."""
+    trained on from which step (or, when none reached it, a WARNING saying what it trained on instead and
+    what to change)."""
     vs = status.get("versions", [])
     line = (f"[ance] refresher: {len(vs)} version(s) this run"
             + (f", {sum(v['seconds'] for v in vs) / len(vs):.1f}s each" if vs else "")
@@ -230,8 +231,12 @@ def refresher_summary_line(status: dict, used: list[dict], job) -> str:
         return line + "trainer used " + ", ".join(f"v{v['version']} from step {v['at_step']}" for v in used)
     data = job.data
     in_batch = data.hard_negatives == 0 or (not data.negatives_run and data.source == "qrels")
-    return line + ("the trainer used no refreshed version: it trained on "
-                   + ("in-batch negatives only" if in_batch else "the examples' own hard negatives") + " throughout")
+    why = ("no version came before training ended: give the refresher more CPUs or a GPU, or refresh more often "
+           "(ance.refresh_every)" if not vs else "none came before the trainer's last look: refresh more often "
+           "(ance.refresh_every) or lower train.negatives_poll_every")
+    return ("[ance] WARNING: " + line.removeprefix("[ance] ") + "the trainer used no refreshed version: it trained "
+            "on " + ("in-batch negatives only" if in_batch else "the examples' own hard negatives")
+            + f" throughout, so this run is not ANCE ({why})")
 
 
 def refresh_command(run_dir: str | Path, job, once: bool = False, idle_exit_s: float = 600.0) -> list[dict]:

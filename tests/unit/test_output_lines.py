@@ -32,10 +32,14 @@ def test_ance_summary_line_says_what_the_trainer_used_even_when_no_version_reach
     used = refresher_summary_line(status, [{"version": 1, "at_step": 40}], job)
     assert used.endswith("trainer used v1 from step 40") and "1 version(s) this run, 3.0s each" in used
     none = refresher_summary_line({}, [], job)
-    assert none.endswith("the trainer used no refreshed version: it trained on in-batch negatives only throughout")
-    own = refresher_summary_line({}, [], load_train_config(None, ["loss.name=ance", "data.negatives_run=bm25.trec",
-                                                                  "data.hard_negatives=1"]))
-    assert own.endswith("trained on the examples' own hard negatives throughout")
+    assert none.startswith("[ance] WARNING: refresher: 0 version(s) this run")
+    assert ("the trainer used no refreshed version: it trained on in-batch negatives only throughout, so this run "
+            "is not ANCE (no version came before training ended: give the refresher more CPUs") in none
+    own = refresher_summary_line(status, [], load_train_config(None, ["loss.name=ance", "data.negatives_run=bm25.trec",
+                                                                      "data.hard_negatives=1"]))
+    assert "trained on the examples' own hard negatives throughout, so this run is not ANCE" in own
+    assert own.endswith("(none came before the trainer's last look: refresh more often (ance.refresh_every) or "
+                        "lower train.negatives_poll_every)")
 
 
 def _lines(make) -> list[str]:
