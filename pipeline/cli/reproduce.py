@@ -207,6 +207,9 @@ def _print_effects(result: dict, say) -> None:
         e = (row.get("parts") or {}).get("all")
         if not e or e.get("n_seeds", 0) == 0:
             continue
+        if row.get("not_comparable"):  # the difference is not the method's effect: no figure, the reason
+            say(f"{cid}: not comparable: {row['not_comparable']}")
+            continue
         iv = e.get("interval")
         say(f"{cid}: {e['difference']:+.4f}" + (f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "")
             + (f", p {e['p_randomization']:.3f}" if e.get("p_randomization") is not None else "")

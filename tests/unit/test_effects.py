@@ -529,3 +529,20 @@ def test_an_ance_run_whose_trainer_took_no_refreshed_version_is_not_comparable(t
     assert "so the run is not stuck; every cell comparing stuck reads 'not comparable'" in warnings[0]
     page = "\n".join(report.markdown(result))
     assert "**stuck-vs-dpr is not comparable**: " + reason in page
+
+
+def test_the_run_summary_gives_a_not_comparable_cell_its_reason_and_no_figure():
+    from pipeline.cli.reproduce import _print_effects
+
+    part = {"difference": -0.2445, "interval": None, "p_randomization": 0.0, "n_seeds": 1, "mde": 0.0436}
+    ok = {"difference": 0.0016, "interval": [0.001, 0.0021], "p_randomization": 0.047, "n_seeds": 4, "mde": 0.0022}
+    result = {"comparisons": {
+        "ance-vs-dpr": {"parts": {"all": part}, "verdict": "not comparable",
+                        "not_comparable": "seed 0: the trainer used no refreshed negatives version"},
+        "a-vs-b": {"parts": {"all": ok}, "verdict": "holds beyond noise"},
+        "c-vs-d": {"verdict": "not run"}}}
+    said = []
+    _print_effects(result, said.append)
+    assert said == ["ance-vs-dpr: not comparable: seed 0: the trainer used no refreshed negatives version",
+                    "a-vs-b: +0.0016 [+0.0010, +0.0021], p 0.047, 4 seed(s): holds beyond noise "
+                    "(smallest detectable 0.0022)"]
