@@ -67,10 +67,16 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
     return out
 
 
+def plotted(result: dict) -> list[tuple[str, dict]]:
+    """The comparisons the figure shows: those with a seed run, less those not comparable (their difference is
+    not the method's effect, and the table says why)."""
+    return [(cid, row["parts"]["all"]) for cid, row in result["comparisons"].items()
+            if (row.get("parts") or {}).get("all", {}).get("n_seeds") and not row.get("not_comparable")]
+
+
 def figure(result: dict, path: Path) -> bool:
     """Each comparison's per-seed differences as dots, mean and 95 % interval as a bar; False when nothing ran."""
-    rows = [(cid, row["parts"]["all"]) for cid, row in result["comparisons"].items()
-            if (row.get("parts") or {}).get("all", {}).get("n_seeds")]
+    rows = plotted(result)
     if not rows:
         return False
     import matplotlib

@@ -529,6 +529,7 @@ def test_an_ance_run_whose_trainer_took_no_refreshed_version_is_not_comparable(t
     assert "so the run is not stuck; every cell comparing stuck reads 'not comparable'" in warnings[0]
     page = "\n".join(report.markdown(result))
     assert "**stuck-vs-dpr is not comparable**: " + reason in page
+    assert [cid for cid, _ in report.plotted(result)] == ["ance-vs-dpr"]  # the figure shows no non-effect
 
 
 def test_the_run_summary_gives_a_not_comparable_cell_its_reason_and_no_figure():
