@@ -424,6 +424,17 @@ def test_a_finished_run_of_an_arm_defined_otherwise_now_is_set_aside_and_run_aga
     assert any("seed 1: started earlier with other commands" in t for t in said)
 
 
+def _summaries_only(monkeypatch, R, fake_steps) -> str:
+    """The runner with its steps replaced by `fake_steps` (which writes the trainer's summary), nothing
+    prepared, and every query scoring the same; returns the experiment's train command template."""
+    monkeypatch.setattr(R, "_run_steps", fake_steps)
+    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
+    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
+    part = {"mean": 0.5, "per_query": {"q1": 0.5, "q2": 0.4}}
+    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
+    return "pipeline train --config {repo}/c.yaml train.storage_path={run} train.seed={seed} model.name_or_path={model}"
+
+
 def test_a_comparison_of_arms_trained_on_other_pairs_or_steps_is_not_comparable(tmp_path, monkeypatch):
     """The hard-negative arm that left out the queries BM25 had nothing for trained on fewer pairs and steps
     than DPR: its difference is not the method's effect, and the result, the page and the verdict say so."""
@@ -445,12 +456,7 @@ def test_a_comparison_of_arms_trained_on_other_pairs_or_steps_is_not_comparable(
             {"examples": 2386 if fewer else 2590, "steps": 74 if fewer else 80, "global_batch": 32}))
         return {name: 1.0 for name, _ in steps}
 
-    monkeypatch.setattr(R, "_run_steps", fake_steps)
-    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
-    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
-    part = {"mean": 0.5, "per_query": {"q1": 0.5, "q2": 0.4}}
-    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
-    train = "pipeline train --config {repo}/c.yaml train.storage_path={run} train.seed={seed} model.name_or_path={model}"
+    train = _summaries_only(monkeypatch, R, fake_steps)
     arms = [{"id": "zero", "title": "zero", "train": None}, {"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]},
             {"id": "hn", "title": "hn", "train": ["loss.name=dpr", "data.hard_negatives=1"]},
             {"id": "hn-all", "title": "hn", "train": ["loss.name=dpr", "data.hard_negatives=1",
@@ -498,12 +504,7 @@ def test_an_ance_run_whose_trainer_took_no_refreshed_version_is_not_comparable(t
         return {name: 1.0 for name, _ in steps}
 
     said = []
-    monkeypatch.setattr(R, "_run_steps", fake_steps)
-    monkeypatch.setattr(R.ExperimentRun, "prepare", lambda self: None)
-    monkeypatch.setattr(R.ExperimentRun, "labeled_documents", lambda self: set())
-    part = {"mean": 0.5, "per_query": {"q1": 0.5, "q2": 0.4}}
-    monkeypatch.setattr(R.ExperimentRun, "score", lambda self, folder, labeled: {p: part for p in R.PARTS})
-    train = "pipeline train --config {repo}/c.yaml train.storage_path={run} train.seed={seed} model.name_or_path={model}"
+    train = _summaries_only(monkeypatch, R, fake_steps)
     arms = [{"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]},
             {"id": "stuck", "title": "ance", "train": ["loss.name=ance", "ance.refresh_every=40"]},
             {"id": "ance", "title": "ance", "train": ["loss.name=ance", "ance.refresh_every=10"]},
