@@ -133,6 +133,25 @@ def _unrefreshed(arm: str, runs: dict) -> str | None:
     return None
 
 
+def _training(summary: dict | None) -> dict | None:
+    """What a run trained on, from the trainer's summary: the examples, the steps and the global batch (None
+    for an arm without training, or a summary that cannot be read)."""
+    try:
+        return None if summary is None else {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _refreshed(summary: dict | None) -> list[dict] | None:
+    """For a run with an index refresher beside training (ANCE): the refreshed negatives versions the trainer
+    trained on, each with the step it switched at ([] when it took none: the run trained on its first
+    negatives throughout, which is not ANCE). None for a run without a refresher."""
+    if summary is None or "refresher" not in summary:
+        return None
+    used = summary.get("negatives_versions") or []
+    return [{"version": v.get("version"), "at_step": v.get("at_step")} for v in used if isinstance(v, dict)]
+
+
 def _in_repo_terms(commands: list[list[str]], repo: str) -> list[list[str]]:
     return [[a.replace(repo + "/", "{repo}/") for a in c] for c in commands]
 
@@ -324,7 +343,7 @@ class ExperimentRun:
             parts = ", ".join(f"{p} {scores[p]['mean']:.4f}" for p in ("labeled", "unlabeled")
                               if scores[p]["mean"] is not None)
             self.say(f"{what}: {self.exp.metric} {m:.4f} ({parts}) in {wall / 60:.1f} min [{i}/{len(todo)}{eta}]")
-            if self.refreshed(arm, seed, folder) == []:
+            if _refreshed(self._summary(arm, seed, folder)) == []:
                 self.say(f"{what}: WARNING: {_UNREFRESHED.format(arm=arm.id)}; every cell comparing {arm.id} "
                          f"reads 'not comparable' until a run of it takes one (logs/train.log)")
             write_json_atomic(self.root / "result.json", self.result(labeled, time.time() - t_start))
@@ -348,10 +367,10 @@ class ExperimentRun:
                     scores = json.loads((folder / "scores.json").read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     continue
+                summary = self._summary(a, seed, folder)  # read once: what it trained on, which versions
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
                                                   "date": done.get("date"), "code_digest": done.get("code_digest"),
-                                                  "training": self.training(a, seed, folder),
-                                                  "refreshed": self.refreshed(a, seed, folder)}
+                                                  "training": _training(summary), "refreshed": _refreshed(summary)}
         return out
 
     def _summary(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
@@ -366,25 +385,6 @@ class ExperimentRun:
         except (OSError, ValueError):
             return None
         return summary if isinstance(summary, dict) else None
-
-    def training(self, arm: Arm, seed: int | None, folder: Path) -> dict | None:
-        """What the run trained on, from the trainer's summary: the examples, the steps and the global batch
-        (None for an arm without training, or a summary that cannot be read)."""
-        try:
-            summary = self._summary(arm, seed, folder)
-            return None if summary is None else {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def refreshed(self, arm: Arm, seed: int | None, folder: Path) -> list[dict] | None:
-        """For a run with an index refresher beside training (ANCE): the refreshed negatives versions the
-        trainer trained on, each with the step it switched at ([] when it took none: the run trained on its
-        first negatives throughout, which is not ANCE). None for a run without a refresher."""
-        summary = self._summary(arm, seed, folder)
-        if summary is None or "refresher" not in summary:
-            return None
-        used = summary.get("negatives_versions") or []
-        return [{"version": v.get("version"), "at_step": v.get("at_step")} for v in used if isinstance(v, dict)]
 
     def result(self, labeled: set[str], seconds: float) -> dict:
         """The experiment's result file: per arm its figures by seed, per comparison its effect on every part."""
