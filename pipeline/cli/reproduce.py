@@ -169,12 +169,7 @@ def _run_family(args, matrix, given: dict, arms: list[str] | None = None) -> int
                               "--arms, --seeds or --on")
         result = run.run()
         if args.record:
-            from ..io_utils import write_json_atomic
-            from ..reproduce import results_dir
-            from ..reproduce.run import relative_record
-
-            write_json_atomic(results_dir(getattr(args, "matrix", None)) / f"{exp.family}-{d}.json",
-                              relative_record(result, {d: loc, "work": str(work.resolve())}))
+            _keep_family_record(exp, d, result, getattr(args, "matrix", None), work, run.say)
         _print_effects(result, run.say)
         if result.get("failed"):
             raise PipelineError(f"{len(result['failed'])} run(s) of {exp.family} on {d} failed (each said above, "
@@ -217,6 +212,33 @@ def _print_effects(result: dict, say) -> None:
             + (f" (smallest detectable {e['mde']:.4f})" if e.get("mde") is not None else ""))
 
 
+def _keep_family_record(exp, d: str, r: dict, folder, work: Path, say) -> None:
+    """Write an experiment's result into the matrix's results/: merged with the record already there (its runs
+    kept, this result's where both hold an arm and seed; effects/record.py), so that seeds run in another work
+    folder, session or machine add to the record instead of replacing it."""
+    from ..effects.record import merge
+    from ..io_utils import write_json_atomic
+    from ..reproduce import results_dir
+    from ..reproduce.run import relative_record
+    from ..reproduce.status import read_result
+
+    out = results_dir(folder) / f"{exp.family}-{d}.json"
+    new = relative_record(r, {d: r.get("data") or "", "work": str(work.resolve())})
+    earlier = read_result(out) if out.exists() else None
+    if out.exists() and earlier is None:
+        raise PipelineError(f"{out}: not a readable result, so not replaced; move it away to record here")
+    if earlier is not None:
+        try:
+            new, notes = merge(exp, earlier, new)
+        except PipelineError as e:
+            raise PipelineError(f"{out}: {e}; record into another matrix (--matrix), or move that file away first")
+        for line in notes:
+            say(line)
+    write_json_atomic(out, new)
+    say(f"{new.get('runs_finished')} of {new.get('runs_planned')} runs" + ("" if new.get("complete") else
+                                                                            " (incomplete)") + f" -> {out}")
+
+
 def cmd_record(args) -> None:
     """Keep a finished run's result in the matrix's results/ without running anything again (what `run --record`
     writes): a cell's <work>/<cell>/result.json, or an experiment's <work>/<family>-<dataset>/result.json."""
@@ -249,10 +271,7 @@ def cmd_record(args) -> None:
                     or not set(seeds) <= set(exp.seeds):
                 raise PipelineError(f"{work / 'result.json'}: a run with other arms, seeds or vars than the experiment "
                                     "defines is never recorded (run it as defined, or keep it local)")
-            out = results_dir(folder) / f"{exp.family}-{d}.json"
-            write_json_atomic(out, relative_record(r, {d: r.get("data") or "", "work": str(work.resolve())}))
-            print(f"[reproduce] {exp.family} on {d}: {r.get('runs_finished')} of {r.get('runs_planned')} runs"
-                  + ("" if r.get("complete") else " (incomplete)") + f" -> {out}")
+            _keep_family_record(exp, d, r, folder, work, lambda text: print(f"[reproduce] {exp.family} on {d}: {text}"))
         return
     for cid in args.cells:
         cell = matrix.cell(cid)

@@ -31,14 +31,19 @@ def _row(cid: str, row: dict, part: str) -> str | None:
 
 def markdown(result: dict, figure: str | None = None) -> list[str]:
     """The section's lines for one dataset's result."""
-    m = result.get("machine") or {}
+    machines = result.get("machines") or [result.get("machine") or {}]
+    where = "; ".join(f"{m.get('cpu', '?')} ({m.get('cores', '?')} cores, "
+                      f"{', '.join(m.get('isa') or []) or 'no listed ISA flags'})" for m in machines)
+    dates = sorted(str(v.get("date") or "")[:10] for a in (result.get("arms") or {}).values()
+                   for v in a["seeds"].values() if v.get("date"))
+    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} to {dates[-1]}" if dates else
+                                                             str(result.get("date", ""))[:10])
     out = [f"#### {result['dataset']}", "",
            f"{result['metric']} on the test judgements; {len(result.get('seeds') or [])} seeds planned, "
            f"{result.get('runs_finished', 0)} of {result.get('runs_planned', 0)} runs finished"
            + ("" if result.get("complete") else " (incomplete: rows show the seeds run so far)")
-           + f"; {result.get('labeled_documents', 0):,} labeled documents. Measured "
-           f"{str(result.get('date', ''))[:10]} on {m.get('cpu', '?')} ({m.get('cores', '?')} cores, "
-           f"{', '.join(m.get('isa') or []) or 'no listed ISA flags'}), commit {str(result.get('commit') or '?')[:10]}"
+           + f"; {result.get('labeled_documents', 0):,} labeled documents. Measured {when} on {where}, recorded "
+           f"at commit {str(result.get('commit') or '?')[:10]}"
            + (f"; vars changed: {result['changed_vars']}" if result.get("changed_vars") else "") + ".", ""]
     head = ("| comparison | method | baseline | method mean | baseline mean | difference ± sd (seeds) | 95 % interval "
             "| p (queries) | verdict | seeds | smallest detectable | wall per seed |")
@@ -50,6 +55,10 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
         out += [f"On {PART_NAMES[part]}:", "", head, sep, *rows, ""]
     odd = [f"* **{cid} is not comparable**: {row['not_comparable']}; the difference is not the method's effect."
            for cid, row in result["comparisons"].items() if row.get("not_comparable")]
+    odd += [f"* **{cid}** is as recorded on {str(row['as_recorded'].get('date'))[:10]} (commit "
+            f"{str(row['as_recorded'].get('commit') or '?')[:10]}): its runs were recorded before the record kept "
+            "each query's value, so it cannot be computed again with the runs added since."
+            for cid, row in result["comparisons"].items() if row.get("as_recorded")]
     if odd:
         out += odd + [""]
     if figure:

@@ -8,7 +8,8 @@ each finished run.
                                           trainer's run), emb/, index/, run.trec, logs/<step>.log (each command's
                                           own output), scores.json, done.json last
         arms/<arm>/once/                  an arm without training (zero-shot): one run for every seed
-        result.json                       per arm and seed the figures, per comparison the effect (stats.py)
+        result.json                       per arm and seed the figures and per-query values, per comparison the
+                                          effect (record.py, stats.py)
 
 A run whose done.json records the same commands (the checkout they name may differ) is not run again (a killed
 experiment re-run goes on where it stopped: a killed training resumes from its checkpoint, encode from its
@@ -30,10 +31,9 @@ from pathlib import Path
 from ..errors import PipelineError
 from ..provenance import repo_root
 from .spec import Arm, Experiment, fill
-from .stats import effect
+from .record import PARTS, UNREFRESHED, rounded, tables
 
 OWN_ENTRIES = {"prepare", "prepare.partial", "labeled-documents.txt", "arms", "result.json"}
-PARTS = ("all", "labeled", "unlabeled")
 
 
 class WorkFolder:
@@ -105,31 +105,6 @@ def _started_otherwise(folder: Path, commands: list[list[str]]) -> str | None:
     for name, said in (("done.json", "finished"), ("started.json", "started")):
         if (folder / name).exists():
             return None if _marker(folder / name, commands) else said
-    return None
-
-
-def _training_differs(method: str, m_runs: dict, baseline: str, b_runs: dict) -> str | None:
-    """Why two trained arms' runs are not the same training (examples, steps or global batch of some seed
-    against the baseline's), or None; an arm without training (zero-shot) is compared with nothing."""
-    m = {s: r.get("training") for s, r in m_runs.items()}
-    b = {s: r.get("training") for s, r in b_runs.items()}  # zero-shot: {None: None}, no seed in common
-    for s in sorted(set(m) & set(b), key=str):
-        if m[s] and b[s] and m[s] != b[s]:
-            diff = ", ".join(f"{k} {m[s][k]:,} against {b[s][k]:,}" for k in m[s] if m[s][k] != b[s].get(k))
-            return f"seed {s}: {method} trained on {diff} ({baseline})"
-    return None
-
-
-_UNREFRESHED = ("the trainer used no refreshed negatives version (its refresher ran, but training kept its first "
-                "negatives throughout), so the run is not {arm}")
-
-
-def _unrefreshed(arm: str, runs: dict) -> str | None:
-    """Why an arm whose runs had an index refresher beside training did not train as ANCE: a seed whose trainer
-    took no refreshed version (it trained on its first negatives throughout), or None."""
-    for s in sorted(runs, key=str):
-        if runs[s].get("refreshed") == []:
-            return f"seed {s}: " + _UNREFRESHED.format(arm=arm)
     return None
 
 
@@ -300,7 +275,10 @@ class ExperimentRun:
         from ..provenance import code_digest
 
         t_start = time.time()
+        from ..provenance import machine
+
         self.code = code_digest()
+        self.machine = machine()
         self.prepare()
         labeled = self.labeled_documents()
         plan = self._plan()
@@ -335,7 +313,7 @@ class ExperimentRun:
             write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "repo": self.base["repo"],
                                                      "seconds": seconds,
                                                      "wall_seconds": wall, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                                     "code_digest": self.code})
+                                                     "code_digest": self.code, "machine": self.machine})
             spent.append(wall)
             left = len(todo) - i
             eta = f", about {left * sum(spent) / len(spent) / 60:.0f} min left" if left else ""
@@ -344,7 +322,7 @@ class ExperimentRun:
                               if scores[p]["mean"] is not None)
             self.say(f"{what}: {self.exp.metric} {m:.4f} ({parts}) in {wall / 60:.1f} min [{i}/{len(todo)}{eta}]")
             if _refreshed(self._summary(arm, seed, folder)) == []:
-                self.say(f"{what}: WARNING: {_UNREFRESHED.format(arm=arm.id)}; every cell comparing {arm.id} "
+                self.say(f"{what}: WARNING: {UNREFRESHED.format(arm=arm.id)}; every cell comparing {arm.id} "
                          f"reads 'not comparable' until a run of it takes one (logs/train.log)")
             write_json_atomic(self.root / "result.json", self.result(labeled, time.time() - t_start))
         result = self.result(labeled, time.time() - t_start)
@@ -368,8 +346,11 @@ class ExperimentRun:
                 except (OSError, ValueError):
                     continue
                 summary = self._summary(a, seed, folder)  # read once: what it trained on, which versions
+                scores = {p: {"mean": scores[p]["mean"], "per_query": rounded(scores[p]["per_query"])}
+                          for p in PARTS}  # as the record keeps them: its comparisons recompute to the same
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
                                                   "date": done.get("date"), "code_digest": done.get("code_digest"),
+                                                  "machine": done.get("machine"),
                                                   "training": _training(summary), "refreshed": _refreshed(summary)}
         return out
 
@@ -392,44 +373,7 @@ class ExperimentRun:
         from ..provenance import code_digest, commit, machine
 
         runs = self.collect()
-        arms = {}
-        for a, by_seed in runs.items():
-            seeds = {("once" if s is None else str(s)): {**{p: r["scores"][p]["mean"] for p in PARTS},
-                                                         "wall_seconds": r["wall_seconds"], "date": r["date"],
-                                                         "code_digest": r.get("code_digest")}
-                     for s, r in by_seed.items()}
-            walls = [r["wall_seconds"] for r in by_seed.values() if r["wall_seconds"] is not None]
-            for s, r in by_seed.items():
-                if r.get("training"):
-                    seeds["once" if s is None else str(s)]["training"] = r["training"]
-                if r.get("refreshed") is not None:
-                    seeds["once" if s is None else str(s)]["refreshed_versions"] = r["refreshed"]
-            arms[a] = {"title": self.exp.arms[a].title, "seeds": seeds,
-                       "wall_seconds_mean": round(sum(walls) / len(walls), 1) if walls else None}
-        comparisons = {}
-        for c in self.exp.comparisons.values():
-            row = {"method": c.method, "baseline": c.baseline, "direction": c.direction, "claim": c.claim,
-                   "source": c.source, "published_difference": c.published_difference,
-                   "cell": self.exp.cell_id(self.dataset, c.id)}
-            if c.method in runs and c.baseline in runs:
-                row["parts"] = {}
-                for part in PARTS:
-                    method = {s: r["scores"][part]["per_query"] for s, r in runs[c.method].items()}
-                    base = {s: r["scores"][part]["per_query"] for s, r in runs[c.baseline].items()}
-                    row["parts"][part] = effect(method, base, c.direction)
-                row["verdict"] = row["parts"]["all"]["verdict"]
-                row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
-                differs = (_training_differs(c.method, runs[c.method], c.baseline, runs[c.baseline])
-                           or _unrefreshed(c.method, runs[c.method]) or _unrefreshed(c.baseline, runs[c.baseline]))
-                if differs:  # not the same pairs, steps or batch, or an ANCE run that never took a refreshed
-                    # version: the difference is not the method's effect
-                    row["not_comparable"] = differs
-                    row["verdict"] = "not comparable"
-                    for e in row["parts"].values():
-                        e["verdict"] = "not comparable"
-            else:
-                row["verdict"] = "not run"
-            comparisons[c.id] = row
+        made = tables(self.exp, self.dataset, runs)
         # the experiment as defined (every arm, every seed it names): what the page and a record say of it;
         # this invocation's part (--arms, --seeds) is counted apart, so a run of two arms never reads as the whole
         planned = sum(len(self.exp.seeds) if a.seeded else 1 for a in self.exp.arms.values())
@@ -447,4 +391,4 @@ class ExperimentRun:
                 "commit": commit(), "code_digest": code_digest(),
                 "code_digests_of_runs": sorted({str(r.get("code_digest")) for v in runs.values() for r in v.values()}),
                 "wall_seconds_this_invocation": round(seconds, 1),
-                "arms": arms, "comparisons": comparisons}
+                **made}

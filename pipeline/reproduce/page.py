@@ -135,7 +135,11 @@ def _experiment_section(matrix: Matrix, fam: str, work_root, folder) -> list[str
         out.append(f"- `{a.id}`: {a.title}" + (f" — `{' '.join(a.train)}`" if a.train else " — no training")
                    + (f" ({a.notes.strip()})" if a.notes else ""))
     out += ["", "Vars (`--set NAME=VALUE` changes one; such a run is never recorded): "
-            + ", ".join(f"`{k}={v}`" for k, v in exp.vars.items()), ""]
+            + ", ".join(f"`{k}={v}`" for k, v in exp.vars.items()), "",
+            f"`pipeline reproduce record --family {fam} --work W` merges a run's result into the record below: "
+            "seeds run in another work folder, session or machine are added (the newer run where both hold a "
+            "seed), and every comparison is computed again over all of them from each run's per-query values, "
+            "which the record keeps.", ""]
     results = experiment_results(matrix, fam, work_root, folder)
     for d in exp.datasets:
         if d not in results:
