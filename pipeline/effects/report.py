@@ -65,13 +65,18 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
         out += [f"![each seed's difference (dots), the mean and its 95 % interval]({figure})", ""]
     arms = result.get("arms") or {}
     if arms:
+        several = len(machines) > 1  # runs merged from more than one machine: each run names its own
         out += ["Per arm and seed (" + result["metric"] + ", all / labeled / unlabeled):", "",
-                "| arm | seed | all | labeled | unlabeled | wall |", "|---|---|---|---|---|---|"]
+                "| arm | seed | all | labeled | unlabeled | wall |" + (" machine | date |" if several else ""),
+                "|---|---|---|---|---|---|" + ("---|---|" if several else "")]
         for a, info in arms.items():
             for s, v in info["seeds"].items():
+                m = v.get("machine") or result.get("machine") or {}
                 out.append(f"| {a} | {s} | {_f(v.get('all'), '.4f')} | {_f(v.get('labeled'), '.4f')} | "
                            f"{_f(v.get('unlabeled'), '.4f')} | "
-                           + ("—" if v.get("wall_seconds") is None else f"{v['wall_seconds'] / 60:.1f} min") + " |")
+                           + ("—" if v.get("wall_seconds") is None else f"{v['wall_seconds'] / 60:.1f} min") + " |"
+                           + (f" {m.get('cpu', '?')} ({m.get('cores', '?')} cores) | {str(v.get('date'))[:10]} |"
+                              if several else ""))
         out.append("")
     return out
 

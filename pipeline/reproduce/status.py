@@ -73,7 +73,9 @@ def effect_status(cell: Cell, work_root: Path | None = None, folder: str | Path 
             continue
         row = (r.get("comparisons") or {}).get(cell.comparison)
         if row and row.get("verdict") != "not run":
-            found.append({**row, "date": r.get("date"), "machine": r.get("machine"), "commit": r.get("commit"),
+            then = row.get("as_recorded") or {}  # a row kept from an earlier record: its own date and commit
+            found.append({**row, "date": then.get("date") or r.get("date"), "machine": r.get("machine"),
+                          "commit": then.get("commit") or r.get("commit"),
                           "changed_vars": r.get("changed_vars"), "_where": where, "_definition": "current"})
     return max(found, key=lambda r: r.get("date", "")) if found else None
 
@@ -163,7 +165,8 @@ def _status_text(status: dict | None, cell: Cell, relative: bool = True) -> str:
         fig = (f": {d.get('difference', float('nan')):+.4f}" if d.get("difference") is not None else "")
         fig += f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else ""
         fig += f", p {p:.3f}" if p is not None else ""
-        fig += f", {d.get('n_seeds', 0)} seeds"
+        n = d.get("n_seeds", 0)
+        fig += f", {n} seed{'' if n == 1 else 's'}"
         changed = f", vars changed {status['changed_vars']}" if status.get("changed_vars") else ""
         return what + fig + changed + where
     got = status.get("got")

@@ -55,7 +55,8 @@ def _runs(rng, seeds, machine=MACHINE_A, with_zero=True):
 
 def _result(exp, runs, machine=MACHINE_A, date="2026-11-29T12:00:00"):
     """What the runner writes: its head fields and the tables of its runs."""
-    return {"experiment": exp.family, "dataset": "d", "vars": dict(exp.vars), "date": date, "commit": "abc",
+    return {"experiment": exp.family, "dataset": "d", "metric": exp.metric, "seeds": list(exp.seeds),
+            "vars": dict(exp.vars), "date": date, "commit": "abc",
             "machine": machine, **tables(exp, "d", runs)}
 
 
@@ -165,3 +166,20 @@ def test_recording_merges_into_the_matrix_and_never_replaces_an_unreadable_file(
     with pytest.raises(PipelineError, match="not a readable result, so not replaced"):
         _keep_family_record(exp, "d", _result(exp, _runs(rng, [0])), None, tmp_path / "w3", said.append)
     assert bad.read_text() == "{ not json"
+
+
+def test_the_page_of_a_merged_record_names_each_run_s_machine_and_each_row_kept_as_recorded():
+    from pipeline.effects import report
+
+    exp = _exp()
+    rng = np.random.default_rng(6)
+    legacy = json.loads(json.dumps(_result(exp, _runs(rng, [0, 1, 2]))))
+    for a in legacy["arms"].values():
+        for v in a["seeds"].values():
+            v.pop("per_query")
+    merged, _ = merge(exp, legacy, json.loads(json.dumps(_result(exp, _runs(rng, [3], MACHINE_B, False),
+                                                                 MACHINE_B))))
+    page = "\n".join(report.markdown(merged))
+    assert "on A (2 cores, avx2); B (16 cores, avx512_bf16)" in page
+    assert "| dpr | 3 | " in page and "| B (16 cores) | 2026-11-29 |" in page and "| A (2 cores) |" in page
+    assert "* **dar-vs-dpr** is as recorded on 2026-11-29 (commit abc)" in page
