@@ -425,7 +425,7 @@ _CHECK_WORK = "/tmp/reproduce-check-work"
 def cmd_check(args) -> None:
     """Every cell's commands parsed and configs loaded; the matrix's own rules (reproduce/checks.py)."""
     from ..effects.spec import split_command
-    from ..reproduce.checks import check_rules
+    from ..reproduce.checks import check_records, check_rules
 
     matrix = _matrix(args)
     n, made = 0, 0
@@ -447,7 +447,7 @@ def cmd_check(args) -> None:
         for argv in commands:
             check_command([a.format(**values) for a in argv], args.parser)
             n += 1
-    problems = check_rules(matrix)
+    problems = check_rules(matrix) + check_records(matrix, getattr(args, "matrix", None))
     for p in problems:
         print(f"[reproduce] {p}")
     if problems:

@@ -27,7 +27,10 @@
   inside that width, so only the difference to its baseline can carry the paper's claim;
 - a baseline measures what its method cell measures (the same metric name);
 - a tolerance may not let 0 pass when 0 is not the claim (a figure within its tolerance of 0);
-- every figure and tolerance is a finite number (the loader refuses the others).
+- every figure and tolerance is a finite number (the loader refuses the others);
+- an experiment's record (`results/<family>-<dataset>.json`) says what its runs say: every comparison row
+  computed from runs that keep their per-query values is computed again from the record alone and must be
+  the same row (`check_records`); a row kept as recorded (its runs kept none) is left as it is.
 """
 
 from __future__ import annotations
@@ -80,4 +83,31 @@ def check_rules(matrix: Matrix) -> list[str]:
                             "the baseline, published_difference) or an effect cell")
         if cell.expected != 0 and lo <= 0 <= hi:
             problems.append(f"{cell.id}: {cell.expected:g} ± {cell.tolerance:g} lets a figure of 0 pass")
+    return problems
+
+
+def check_records(matrix: Matrix, folder=None) -> list[str]:
+    """Each experiment record whose comparison rows are not what its own runs' per-query values give (a
+    figure edited by hand, or a record written by code that computed otherwise)."""
+    import json
+
+    from ..effects.record import runs_of, tables
+    from .status import read_result, results_dir
+
+    problems = []
+    for fam, exp in matrix.experiments.items():
+        for d in exp.datasets:
+            path = results_dir(folder) / f"{fam}-{d}.json"
+            r = read_result(path) if path.exists() else None
+            if r is None:
+                continue
+            again = json.loads(json.dumps(tables(exp, d, runs_of(r), earlier=r)["comparisons"]))
+            for cid, row in (r.get("comparisons") or {}).items():
+                if row.get("as_recorded") or cid not in again:
+                    continue
+                if again[cid].get("parts") != row.get("parts") or again[cid].get("verdict") != row.get("verdict"):
+                    problems.append(f"{path.name}: {cid}: the row is not what the record's runs give (computed "
+                                    f"again: {again[cid].get('verdict')}, "
+                                    f"{(again[cid].get('parts') or {}).get('all', {}).get('difference')}); "
+                                    "record the run again with `pipeline reproduce record`")
     return problems

@@ -183,3 +183,23 @@ def test_the_page_of_a_merged_record_names_each_run_s_machine_and_each_row_kept_
     assert "on A (2 cores, avx2); B (16 cores, avx512_bf16)" in page
     assert "| dpr | 3 | " in page and "| B (16 cores) | 2026-11-29 |" in page and "| A (2 cores) |" in page
     assert "* **dar-vs-dpr** is as recorded on 2026-11-29 (commit abc)" in page
+
+
+def test_reproduce_check_finds_a_recorded_row_its_runs_do_not_give(tmp_path):
+    """A figure edited by hand in a record (or written by code that computed otherwise) is found: every row is
+    computed again from the record's per-query values."""
+    from types import SimpleNamespace
+
+    from pipeline.reproduce.checks import check_records
+
+    exp = _exp()
+    matrix = SimpleNamespace(experiments={"fx": exp})
+    (tmp_path / "results").mkdir()
+    record = json.loads(json.dumps(_result(exp, _runs(np.random.default_rng(7), [0, 1, 2]))))
+    path = tmp_path / "results" / "fx-d.json"
+    path.write_text(json.dumps(record))
+    assert check_records(matrix, tmp_path) == []
+    record["comparisons"]["dar-vs-dpr"]["parts"]["all"]["difference"] += 0.01
+    path.write_text(json.dumps(record))
+    problems = check_records(matrix, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("fx-d.json: dar-vs-dpr: the row is not what the record's")
