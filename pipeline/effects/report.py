@@ -57,7 +57,8 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
            for cid, row in result["comparisons"].items() if row.get("not_comparable")]
     odd += [f"* **{cid}** is as recorded on {str(row['as_recorded'].get('date'))[:10]} (commit "
             f"{str(row['as_recorded'].get('commit') or '?')[:10]}): its runs were recorded before the record kept "
-            "each query's value, so it cannot be computed again with the runs added since."
+            "each query's value, so it cannot be computed again with the runs added since; its figures are "
+            "those runs' (the table of arms and seeds below shows the newest run of each seed)."
             for cid, row in result["comparisons"].items() if row.get("as_recorded")]
     if odd:
         out += odd + [""]
