@@ -272,11 +272,9 @@ class ExperimentRun:
     def _run(self) -> dict:
         from ..io_utils import write_json_atomic
 
-        from ..provenance import code_digest
+        from ..provenance import code_digest, machine
 
         t_start = time.time()
-        from ..provenance import machine
-
         self.code = code_digest()
         self.machine = machine()
         self.prepare()
