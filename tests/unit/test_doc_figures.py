@@ -29,7 +29,9 @@ Where a figure may come from (one of; "the block" includes a row's table header 
      `reproduce record` write, each with its date, commit and machine) or `bench/results/NAME` (a
      benchmark's output). It must exist and hold a number that, rounded to the figure's decimals, is the
      figure. A JSON file holds every number in it except those under the keys `expected` and `tolerance`
-     (what a record was judged against, not what it measured); any other file every decimal written in it.
+     (what a record was judged against, not what it measured) and `per_query` (an effects record's
+     per-query values: the inputs its figures are computed from; thousands of them would hold almost any
+     figure); any other file every decimal written in it.
   2. a past measurement with no result file, marked in the block as
      `(measured YYYY-MM-DD, MACHINE, not a recorded result)` (`YYYY-MM` where the day was not kept).
   3. a figure someone else published, marked in the block as `(published: SOURCE)`.
@@ -167,7 +169,7 @@ def figures(block: Block) -> list[str]:
 
 
 def _numbers_in(obj, key: str | None = None):
-    if key in ("expected", "tolerance"):
+    if key in ("expected", "tolerance", "per_query"):
         return
     if isinstance(obj, bool):
         return
@@ -276,6 +278,10 @@ def test_a_figure_must_be_held_by_the_file_it_cites_or_be_marked(tmp_path):
     assert check("nDCG@10 0.881 (`repro/results/x.json`).") == []  # rounded to the quoted precision
     assert check("nDCG@10 0.8814 (`repro/results/x.json`).")  # not what it holds
     assert check("nDCG@10 0.8907 (`repro/results/x.json`).")  # its expected figure is not a measurement
+    (tmp_path / "repro" / "results" / "e.json").write_text(json.dumps(
+        {"arms": {"dpr": {"seeds": {"0": {"all": 0.3116, "per_query": {"all": [0.5, 0.25, 0.7654]}}}}}}))
+    assert check("nDCG@10 0.3116 (`repro/results/e.json`).") == []
+    assert check("nDCG@10 0.7654 (`repro/results/e.json`).")  # one query's value is not a quoted figure
     assert check("nDCG@10 0.8813, held somewhere.")  # a held figure must name its file
     assert check("nDCG@10 0.8813 (`repro/results/gone.json`).")  # a cited file that is not there
     assert check("nDCG@10 0.8907 (measured 2026-11-27, AMD EPYC, not a recorded result).") == []
