@@ -56,14 +56,21 @@ def _seed_of(key: str):
 
 
 def training_differs(method: str, m_runs: dict, baseline: str, b_runs: dict) -> str | None:
-    """Why two trained arms' runs are not the same training (examples, steps or global batch of some seed
-    against the baseline's), or None; an arm without training (zero-shot) is compared with nothing."""
+    """Why two trained arms' runs are not the same training (examples, steps, global batch or precision of some
+    seed against the baseline's: a pair of seeds trained on two machines, one in bf16 and one in fp32, is not
+    a paired comparison), or None; an arm without training (zero-shot) is compared with nothing. What a run
+    recorded before a key was kept (precision) is compared on the keys both hold."""
+    def shown(v):
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
     m = {s: r.get("training") for s, r in m_runs.items()}
     b = {s: r.get("training") for s, r in b_runs.items()}  # zero-shot: {None: None}, no seed in common
     for s in sorted(set(m) & set(b), key=str):
-        if m[s] and b[s] and m[s] != b[s]:
-            diff = ", ".join(f"{k} {m[s][k]:,} against {b[s][k]:,}" for k in m[s] if m[s][k] != b[s].get(k))
-            return f"seed {s}: {method} trained on {diff} ({baseline})"
+        if m[s] and b[s]:
+            keys = [k for k in m[s] if k in b[s] and m[s][k] != b[s][k]]
+            if keys:
+                diff = ", ".join(f"{k} {shown(m[s][k])} against {shown(b[s][k])}" for k in keys)
+                return f"seed {s}: {method} trained on {diff} ({baseline})"
     return None
 
 

@@ -109,12 +109,19 @@ def _started_otherwise(folder: Path, commands: list[list[str]]) -> str | None:
 
 
 def _training(summary: dict | None) -> dict | None:
-    """What a run trained on, from the trainer's summary: the examples, the steps and the global batch (None
-    for an arm without training, or a summary that cannot be read)."""
+    """What a run trained on, from the trainer's summary: the examples, the steps, the global batch and the
+    precision it computed in (`train.amp=auto` trains in bf16 on a CPU with native bf16, in fp32 elsewhere, so
+    two machines make two trainings of one arm). None for an arm without training, or a summary that cannot be
+    read."""
     try:
-        return None if summary is None else {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
+        if summary is None:
+            return None
+        out = {k: int(summary[k]) for k in ("examples", "steps", "global_batch")}
     except (KeyError, TypeError, ValueError):
         return None
+    if isinstance(summary.get("precision"), str):
+        out["precision"] = summary["precision"]
+    return out
 
 
 def _refreshed(summary: dict | None) -> list[dict] | None:

@@ -203,3 +203,21 @@ def test_reproduce_check_finds_a_recorded_row_its_runs_do_not_give(tmp_path):
     path.write_text(json.dumps(record))
     problems = check_records(matrix, tmp_path)
     assert len(problems) == 1 and problems[0].startswith("fx-d.json: dar-vs-dpr: the row is not what the record's")
+
+
+def test_a_seed_trained_in_bf16_against_one_trained_in_fp32_is_not_comparable():
+    """`train.amp=auto` trains in bf16 on a CPU with native bf16 and in fp32 elsewhere: a record merged from two
+    such machines could pair a bf16 method seed with an fp32 baseline seed. That pair is not the method's
+    effect; a run recorded before precision was kept is compared on the keys it has."""
+    exp = _exp()
+    rng = np.random.default_rng(8)
+    runs = _runs(rng, [0, 1])
+    for s in (0, 1):
+        runs["dpr"][s]["training"] = {**runs["dpr"][s]["training"], "precision": "fp32"}
+        runs["dar"][s]["training"] = {**runs["dar"][s]["training"], "precision": "bf16"}
+    row = tables(exp, "d", runs)["comparisons"]["dar-vs-dpr"]
+    assert row["verdict"] == "not comparable"
+    assert row["not_comparable"] == "seed 0: dar trained on precision bf16 against fp32 (dpr)"
+    for s in (0, 1):
+        runs["dpr"][s]["training"].pop("precision")  # as recorded before precision was kept
+    assert tables(exp, "d", runs)["comparisons"]["dar-vs-dpr"]["verdict"] != "not comparable"
