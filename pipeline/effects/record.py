@@ -133,8 +133,8 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
             before = ((earlier or {}).get("comparisons") or {}).get(c.id) or {}
             if (before.get("parts") or {}).get("all", {}).get("n_seeds", 0) > parts["all"]["n_seeds"]:
                 row.update({k: v for k, v in before.items() if k in ("parts", "verdict", "not_comparable")})
-                row["as_recorded"] = {"date": before.get("as_recorded", {}).get("date") or earlier.get("date"),
-                                      "commit": before.get("as_recorded", {}).get("commit") or earlier.get("commit")}
+                then = before.get("as_recorded") or {}  # a row already kept from a record before that one
+                row["as_recorded"] = {k: then.get(k) or earlier.get(k) for k in ("date", "commit", "machine")}
                 row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
                 comparisons[c.id] = row
                 continue

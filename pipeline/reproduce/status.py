@@ -74,7 +74,8 @@ def effect_status(cell: Cell, work_root: Path | None = None, folder: str | Path 
         row = (r.get("comparisons") or {}).get(cell.comparison)
         if row and row.get("verdict") != "not run":
             then = row.get("as_recorded") or {}  # a row kept from an earlier record: its own date and commit
-            found.append({**row, "date": then.get("date") or r.get("date"), "machine": r.get("machine"),
+            found.append({**row, "date": then.get("date") or r.get("date"),
+                          "machine": then.get("machine") or r.get("machine"),
                           "commit": then.get("commit") or r.get("commit"),
                           "changed_vars": r.get("changed_vars"), "_where": where, "_definition": "current"})
     return max(found, key=lambda r: r.get("date", "")) if found else None

@@ -119,7 +119,7 @@ def test_a_row_whose_runs_kept_no_per_query_values_stays_as_recorded_until_the_n
     merged, said = merge(exp, legacy, json.loads(json.dumps(_result(exp, _runs(rng, [0, 1], with_zero=False)))))
     row = merged["comparisons"]["dar-vs-dpr"]
     assert row["parts"] == old_row["parts"] and row["verdict"] == old_row["verdict"]
-    assert row["as_recorded"] == {"date": "2026-11-29T12:00:00", "commit": "abc"}
+    assert row["as_recorded"] == {"date": "2026-11-29T12:00:00", "commit": "abc", "machine": MACHINE_A}
     assert any(s.startswith("dar-vs-dpr: kept as recorded on 2026-11-29 (3 seeds") for s in said)
     # the seeds of the legacy runs not run again stay in the arms' table
     assert sorted(merged["arms"]["dar"]["seeds"]) == ["0", "1", "2"]
