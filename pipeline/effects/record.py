@@ -44,6 +44,11 @@ def rounded(per_query: dict | None) -> dict | None:
     return None if per_query is None else {q: round(float(v), DIGITS) for q, v in per_query.items()}
 
 
+def _kept(run: dict) -> bool:
+    """Whether a run keeps its per-query values on every part (runs recorded before they were kept do not)."""
+    return all(run["scores"][p].get("per_query") is not None for p in PARTS)
+
+
 def _seed_key(seed) -> str:
     return "once" if seed is None else str(seed)
 
@@ -109,7 +114,7 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
                 entry["training"] = r["training"]
             if r.get("refreshed") is not None:
                 entry["refreshed_versions"] = r["refreshed"]
-            if all(r["scores"][p].get("per_query") is not None for p in PARTS):
+            if _kept(r):
                 entry["per_query"] = {p: [r["scores"][p]["per_query"].get(q) for q in queries[p]] for p in PARTS}
             seeds[_seed_key(s)] = entry
         walls = [r["wall_seconds"] for r in by_seed.values() if r.get("wall_seconds") is not None]
@@ -121,26 +126,21 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
                "source": c.source, "published_difference": c.published_difference,
                "cell": exp.cell_id(dataset, c.id)}
         if c.method in runs and c.baseline in runs:
-            kept = {a: {s: r for s, r in runs[a].items()
-                        if all(r["scores"][p].get("per_query") is not None for p in PARTS)}
-                    for a in (c.method, c.baseline)}
-            parts = {}
-            for part in PARTS:
-                method = {s: r["scores"][part]["per_query"] for s, r in kept[c.method].items()}
-                base = {s: r["scores"][part]["per_query"] for s, r in kept[c.baseline].items()}
-                parts[part] = effect(method, base, c.direction) if method and base else \
-                    {"seeds": [], "n_seeds": 0, "queries": 0, "verdict": "not run"}
+            kept = {a: {s: r for s, r in runs[a].items() if _kept(r)} for a in (c.method, c.baseline)}
+            parts = {part: effect({s: r["scores"][part]["per_query"] for s, r in kept[c.method].items()},
+                                  {s: r["scores"][part]["per_query"] for s, r in kept[c.baseline].items()},
+                                  c.direction)
+                     for part in PARTS}  # no seed in common (none kept): effect's own "not run", 0 seeds
+            row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
             before = ((earlier or {}).get("comparisons") or {}).get(c.id) or {}
             if (before.get("parts") or {}).get("all", {}).get("n_seeds", 0) > parts["all"]["n_seeds"]:
                 row.update({k: v for k, v in before.items() if k in ("parts", "verdict", "not_comparable")})
                 then = before.get("as_recorded") or {}  # a row already kept from a record before that one
                 row["as_recorded"] = {k: then.get(k) or earlier.get(k) for k in ("date", "commit", "machine")}
-                row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
                 comparisons[c.id] = row
                 continue
             row["parts"] = parts
             row["verdict"] = parts["all"]["verdict"]
-            row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
             differs = (training_differs(c.method, runs[c.method], c.baseline, runs[c.baseline])
                        or unrefreshed(c.method, runs[c.method]) or unrefreshed(c.baseline, runs[c.baseline]))
             if differs:  # not the same pairs, steps or batch, or an ANCE run that never took a refreshed
