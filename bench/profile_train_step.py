@@ -8,7 +8,8 @@ Per configuration, the mean milliseconds per step (manual timers; torch runs syn
   collate    tokenising the batch (ours: BiEncoder.tokenize; theirs: SentenceTransformer.preprocess, what its
              data collator calls)
   forward    both towers (ours: a document batch of at least 2 x train.length_group_rows rows in length groups)
-  attn fwd   of which the attention function (transformers' SDPA or eager attention), timed around its calls
+  attn fwd   of which the attention function (threshold-dropout, transformers' SDPA or eager attention), timed
+             around its calls
   gather     ours: Method.assemble (gather_docs and the fp32 cast); theirs: nothing
   loss       the loss on the vectors
   backward   loss.backward()
@@ -20,7 +21,8 @@ Per configuration, the mean milliseconds per step (manual timers; torch runs syn
   step       the sum
 and the document batch's padding share as that step pads it.
 
-Configurations: attention by SDPA (transformers' default) or eager (`attn_implementation`, set on the loaded
+Configurations: attention by threshold-dropout (`train.attention`'s default on CPU workers:
+pipeline/models/attention.py), SDPA (transformers' default) or eager (`attn_implementation`, set on the loaded
 towers); our length groups on (train.length_group_rows = --group-rows) and off (0); documents long (the FAQ's
 answers joined and cut at --long-tokens, bench/train.py's long set, or a BEIR folder's with --corpus) and even
 (every document at --max-len tokens: groups save no padding there, so the row shows what two passes of 16
@@ -129,6 +131,9 @@ def attention_timed(tower, clock: AttentionClock):
 
 
 def set_attention(tower, impl: str) -> None:
+    from pipeline.models.attention import register
+
+    register()  # threshold-dropout (train.attention's CPU default) among the names transformers accepts
     tower.set_attn_implementation(impl)
     if tower.config._attn_implementation != impl:
         raise SystemExit(f"error: the model kept attn_implementation={tower.config._attn_implementation!r}, not {impl!r}")
@@ -343,17 +348,20 @@ def main() -> None:
           f"lr {args.lr:g}, clip 1.0, length groups of {group_rows} rows (grouping from {2 * group_rows} rows); "
           f"mean of {args.steps} steps after {args.warmup} warm-up; milliseconds", flush=True)
     total = args.warmup + args.steps + (1 if args.top else 0)  # the schedules' length
+    td = "threshold-dropout"
     configs = [
+        (f"pipeline train, {td}, groups of {group_rows}", "long", lambda: ours_runner(args, model_dir, td, group_rows, total)),
         (f"pipeline train, sdpa, groups of {group_rows}", "long", lambda: ours_runner(args, model_dir, "sdpa", group_rows, total)),
         ("pipeline train, sdpa, one batch (groups 0)", "long", lambda: ours_runner(args, model_dir, "sdpa", 0, total)),
         (f"pipeline train, eager, groups of {group_rows}", "long", lambda: ours_runner(args, model_dir, "eager", group_rows, total)),
+        (f"pipeline train, {td}, groups of {group_rows}", "even", lambda: ours_runner(args, model_dir, td, group_rows, total)),
         (f"pipeline train, sdpa, groups of {group_rows}", "even", lambda: ours_runner(args, model_dir, "sdpa", group_rows, total)),
         ("pipeline train, sdpa, one batch (groups 0)", "even", lambda: ours_runner(args, model_dir, "sdpa", 0, total)),
         ("sentence-transformers, sdpa", "long", lambda: st_runner(args, model_dir, "sdpa", total, tmp)),
         ("sentence-transformers, eager", "long", lambda: st_runner(args, model_dir, "eager", total, tmp)),
         ("sentence-transformers, sdpa", "even", lambda: st_runner(args, model_dir, "sdpa", total, tmp)),
     ]
-    head = f"  {'configuration':46s} {'docs':4s} {'padding':>7s} " + " ".join(f"{p:>9s}" for p in PHASES) + \
+    head = f"  {'configuration':50s} {'docs':4s} {'padding':>7s} " + " ".join(f"{p:>9s}" for p in PHASES) + \
         f" {'step':>9s} {'attention':>9s}"
     for precision in precisions:
         args.precision = precision
@@ -361,7 +369,7 @@ def main() -> None:
         for label, docs, make in configs:
             r = profile_config(args, label, make, long_batches if docs == "long" else even_batches)
             m = r["mean"]
-            print(f"  {label:46s} {docs:4s} {r['padding']:7.1%} " + " ".join(f"{1000 * m[p]:9.1f}" for p in PHASES)
+            print(f"  {label:50s} {docs:4s} {r['padding']:7.1%} " + " ".join(f"{1000 * m[p]:9.1f}" for p in PHASES)
                   + f" {1000 * m['step']:9.1f} {(m['attn fwd'] + m['attn bwd']) / m['step']:9.1%}", flush=True)
             if r["top"]:
                 print(r["top"], flush=True)

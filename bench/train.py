@@ -13,8 +13,8 @@ Prints, from one run on the same machine (each measurement in a fresh subprocess
 With --vs-st: fine-tuning MiniLM on the bundled FAQ's training pairs as whole processes, as users run
 them, side by side: sentence-transformers' SentenceTransformerTrainer with MultipleNegativesRankingLoss
 (fp32, and bf16=True where the CPU has native bf16) against `pipeline train` (DPR, cos/0.05 = MNRL's scale
-20; fp32, its default train.amp=auto, and bf16 where native) at the same pairs, batch, lengths, learning
-rate, warmup, gradient clipping, epochs and threads. Each row: whole-process wall, training seconds,
+20; fp32, its default train.amp=auto, the defaults with train.attention=sdpa (the attention lever apart), and
+bf16 where native) at the same pairs, batch, lengths, learning rate, warmup, gradient clipping, epochs and threads. Each row: whole-process wall, training seconds,
 steps/s, examples/s, GFLOP/s of the training against this CPU's measured matmul peak, and the fine-tuned
 model's test nDCG@10 (every model encoded and searched the same way), and the padding share of its
 document batches as that trainer pads them (sentence-transformers: each batch to its longest text, counted
@@ -409,12 +409,15 @@ def vs_st(args) -> None:
           f"lr {args.lr:g}, warmup 10%, gradient clip 1.0, cos/0.05, {args.epochs} epochs, {args.threads} threads; "
           f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s; "
           f"native bf16: {'yes' if native else 'no'}", flush=True)
-    rows = [("sentence-transformers trainer, fp32", "st", False)]
+    rows = [("sentence-transformers trainer, fp32", "st", False, ())]
     if native:
-        rows.append(("sentence-transformers trainer, bf16=True", "st", True))
-    rows += [("pipeline train, train.amp=no (fp32)", "ours", "no"), ("pipeline train, default (train.amp=auto)", "ours", "auto")]
+        rows.append(("sentence-transformers trainer, bf16=True", "st", True, ()))
+    rows += [("pipeline train, train.amp=no (fp32)", "ours", "no", ()),
+             ("pipeline train, default (train.amp=auto)", "ours", "auto", ()),
+             # the attention lever apart: defaults but transformers' SDPA (torch's dropout draw) in training
+             ("pipeline train, default, train.attention=sdpa", "ours", "auto", ("train.attention=sdpa",))]
     if native:
-        rows.append(("pipeline train, train.amp=bf16", "ours", "bf16"))
+        rows.append(("pipeline train, train.amp=bf16", "ours", "bf16", ()))
     for set_name in args.sets:
         src, per_query, what = set_source(set_name, args, model_dir, tmp)
         if args.max_pairs:
@@ -430,7 +433,7 @@ def vs_st(args) -> None:
               f"{sum(lengths) / len(lengths):.0f} / {max(lengths)} tokens (min / mean / max at max length "
               f"{args.max_len}); {gflop:,.0f} GFLOP of training", flush=True)
         results = [vs_st_row(args, label, kind, prec, tmp / set_name, corpus, pairs, per_query, model_dir, gflop,
-                             peak, native) for label, kind, prec in rows]
+                             peak, native, extra) for label, kind, prec, extra in rows]
         base = results[0]["wall"]
         print(f"\n[{set_name}] whole-process wall time against sentence-transformers' fp32 trainer (higher is faster), "
               f"and the padding share of each run's document batches as its trainer pads them:")
@@ -439,9 +442,10 @@ def vs_st(args) -> None:
 
 
 def vs_st_row(args, label: str, kind: str, prec, folder: Path, corpus: Path, pairs: Path, per_query: int,
-              model_dir: str, gflop: float, peak: dict, native: bool) -> dict:
-    """One trainer run as a whole process: its wall, training time, model's test nDCG@10 and padding."""
-    out = folder / f"{kind}-{prec}"
+              model_dir: str, gflop: float, peak: dict, native: bool, extra: tuple = ()) -> dict:
+    """One trainer run as a whole process: its wall, training time, model's test nDCG@10 and padding (`extra`:
+    more `pipeline train` overrides)."""
+    out = folder / "-".join([kind, str(prec), *(e.replace("=", "-") for e in extra)])
     t0 = time.time()
     if kind == "st":
         cfg = {"threads": args.threads, "pairs": str(pairs), "model": model_dir, "max_len": args.max_len,
@@ -463,7 +467,8 @@ def vs_st_row(args, label: str, kind: str, prec, folder: Path, corpus: Path, pai
                f"train.epochs={args.epochs}", f"train.batch_size={args.batch}", "train.num_workers=1",
                f"train.torch_threads={args.threads}", f"optim.lr={args.lr}", "optim.warmup_ratio=0.1",
                "optim.grad_clip=1.0", "train.checkpoint_every=0", "train.report_every=10", f"train.amp={prec}",
-               f"train.storage_path={out}", "train.name=run", "data.shuffle_window=1024", "train.log_batches=true"]
+               f"train.storage_path={out}", "train.name=run", "data.shuffle_window=1024", "train.log_batches=true",
+               *extra]
         if per_query:
             cmd.append(f"data.positives_per_query={per_query}")
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])

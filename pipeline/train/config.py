@@ -115,6 +115,14 @@ class TrainConfig(Section):
     # of the run's identity.
     attention_dropout: OpenFraction | None = None
     drophead: OpenFraction = 0.0
+    # The attention the training forward computes with (models/attention.py): threshold-dropout = the
+    # towers' attention with its dropout mask drawn from 16-bit lanes of 64-bit random words (4 per draw)
+    # instead of torch's per-element Bernoulli draw, which sends CPU SDPA off its fused kernel and costs as
+    # much as the rest of attention (same keep probability to 1/131072, same expectation, float32 scores as
+    # SDPA's math path; evaluation and encoding unchanged); sdpa / eager = transformers' own; auto =
+    # threshold-dropout on CPU workers for towers whose own attention is SDPA, the towers' own on GPUs.
+    # Part of the run's identity (auto resuming a checkpoint takes the one it trained with)
+    attention: Literal["auto", "sdpa", "eager", "threshold-dropout"] = "auto"
     # Negatives provider (ANCE-style versions): rank 0 polls for a newer version every N steps (ANCE lowers
     # it to the refresh interval when above it).
     negatives_poll_every: PosInt = 100

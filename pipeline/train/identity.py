@@ -19,7 +19,7 @@ from ..models.checkpoint import read_state
 
 # keys that may be unknown on one side (a checkpoint that did not record them, or a driver whose workers
 # run elsewhere): compared only when both sides know them
-MAY_BE_UNKNOWN = ("amp",)
+MAY_BE_UNKNOWN = ("amp", "attention")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -50,6 +50,10 @@ def stored_identity(ckpt, state: dict) -> dict | None:
       amp                its state.json's `precision` (what the loop trained in); a checkpoint without
                          that records no precision, so the precision it trained in is unknown and
                          any train.amp is accepted (MAY_BE_UNKNOWN)
+      attention          the attention implementation the loop trained with (`train.attention` resolved on
+                         the workers, models/attention.py); a checkpoint made before it records none: it
+                         trained with the towers' own, which `auto` keeps on resume; any explicit value is
+                         accepted (MAY_BE_UNKNOWN)
     """
     then = state.get("identity")
     if then is None:
@@ -90,6 +94,9 @@ def describe_diff(diff: dict) -> str:
         text = f"{k} ({a!r} in the checkpoint, {b!r} now)"
         if k == "amp" and a in PRECISIONS:
             text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
+        elif k == "attention" and a:
+            setting = a if a in ("sdpa", "eager", "threshold-dropout") else "auto"
+            text += f"; train.attention={setting} trains as the checkpoint did"
         elif k == "length_group_rows" and a is not None:
             text += f"; train.length_group_rows={a} computes as the checkpoint did"
         elif k == "attention_regularizers" and isinstance(a, dict):
@@ -111,4 +118,5 @@ def check_identity(resume, identity: dict) -> None:
         raise PipelineError(
             f"cannot resume from {resume}: this run differs in " + describe_diff(diff)
             + ". Resuming needs the same method, loss settings, examples, workers, batch size, precision "
-              "(train.amp as resolved), train.length_group_rows and the attention regularizers; use another train.name for a new run")
+              "(train.amp as resolved), train.attention (as resolved), train.length_group_rows and the attention regularizers; "
+              "use another train.name for a new run")

@@ -27,6 +27,7 @@ from .. import progress
 from .. import storage as st
 from ..errors import NonFiniteError, PipelineError
 from ..models import BiEncoder
+from ..models.attention import resolve_attention, use_attention
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
 from .identity import describe_diff, identity_diff, stored_identity
@@ -260,11 +261,17 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
         train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
         history = json.loads((d / "history.json").read_text())
-        mismatch = identity_diff(stored_identity(d, resume_state) or {}, identity)
+        then = stored_identity(d, resume_state) or {}
+        identity["attention"] = use_attention(
+            [model.doc_encoder, model.query_encoder],
+            resolve_attention(tc.attention, device, checkpoint=then.get("attention"), resuming=True), tc.attention)
+        mismatch = identity_diff(then, identity)
         if mismatch:  # the run's verdict (a retry changes nothing): one error line, no retry
             raise PipelineError(f"cannot resume from {d.name}: it was made with a different " + describe_diff(mismatch))
     else:
         model = BiEncoder.load(job.model)
+        identity["attention"] = use_attention([model.doc_encoder, model.query_encoder],
+                                              resolve_attention(tc.attention, device), tc.attention)
     if staged is not None:
         import shutil
 
@@ -442,7 +449,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                                       "method": method.name, "loss": loop_cfg["job"]["loss"],
                                       "negatives_version": negatives.version if negatives is not None else None,
                                       "negatives_log": negatives_log, "versions": library_versions(),
-                                      "precision": amp_used,
+                                      "precision": amp_used, "attention": identity["attention"],
                                       "stopped_early": stopped_early, "metrics": metrics})
             session.report(metrics, Path(tmp), checkpoint_dir_name(step))
 

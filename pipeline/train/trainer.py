@@ -315,6 +315,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                "steps_per_epoch": spe, "world_size": world, "batch_per_worker": B, "global_batch": world * B,
                "examples": meta["examples"], "examples_sha256": digest, "wall_seconds": round(time.time() - t_entry, 1),
                "stopped_early": bool(state.get("stopped_early")), "precision": state.get("precision"),
+               "attention": state.get("attention"),
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
                "resumed_from": str(resume) if resume else None, "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}

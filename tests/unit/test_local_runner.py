@@ -169,3 +169,28 @@ def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_mo
     assert "already complete" in capsys.readouterr().out
     assert again["wall_seconds"] == first["wall_seconds"] and again["time_split"] == first["time_split"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {**first_file, "versions": again["versions"]}
+
+
+def test_the_attention_a_run_trains_with_joins_its_identity_and_auto_resumes_with_the_checkpoints(
+        tiny_model_dir, faq, tmp_path):
+    """train.attention (models/attention.py) changes the dropout draws of a step: a resume with another is
+    refused with the setting that resumes; auto takes the checkpoint's, and the towers' own (SDPA) for a
+    checkpoint made before the key was recorded."""
+    import json
+
+    steps = ("train.runner=local", "train.max_steps=4", "train.checkpoint_every=2")
+    with pytest.raises(Exception, match="simulated failure right after the checkpoint"):
+        train(_job(tiny_model_dir, faq, tmp_path, *steps, "train.fail_after_checkpoint=2"), progress=False)
+    state_file = tmp_path / "run" / "step-00000002" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["identity"]["attention"] == state["attention"] == "threshold-dropout"  # auto on a CPU
+    with pytest.raises(PipelineError, match=r"attention \('threshold-dropout' in the checkpoint, 'sdpa' now\); "
+                                            r"train.attention=threshold-dropout trains as the checkpoint did"):
+        train(_job(tiny_model_dir, faq, tmp_path, *steps, "train.attention=sdpa"), progress=False)
+    # as a checkpoint written before the key: auto resumes with the towers' own
+    del state["identity"]["attention"], state["attention"]
+    state_file.write_text(json.dumps(state))
+    done = train(_job(tiny_model_dir, faq, tmp_path, *steps), progress=False)
+    assert done["resumed_from"].endswith("step-00000002") and done["attention"] == "sdpa" and done["steps"] == 4
+    fresh = train(_job(tiny_model_dir, faq, tmp_path / "fresh", *steps), progress=False)
+    assert fresh["attention"] == "threshold-dropout" and fresh["resumed_from"] is None
