@@ -200,6 +200,10 @@ def _training(d: Path) -> dict | None:
         if summary.get("final_metrics"):
             fields["final metrics"] = _train_metrics(summary["final_metrics"])
         fields["wall time"] = f"{summary.get('wall_seconds')} s"
+        if summary.get("precision") or summary.get("attention"):
+            fields["trained in"] = ", ".join(
+                ([summary["precision"]] if summary.get("precision") else [])
+                + ([f"attention {summary['attention']}"] if summary.get("attention") else []))
     elif complete:
         from .models.checkpoint import read_state
 

@@ -86,6 +86,10 @@ def test_training_run_checkpoint_and_sweep(tmp_path, capsys):
     f = describe(run)[0]["fields"]
     assert f["steps"] == "6 of 6 (finished)" and f["final metrics"] == "loss 1.0000, val_metric 0.3000"
     assert f["final model"] == str(run / "model") and f["batch"].startswith("16 (2 worker(s) x 8)")
+    assert "trained in" not in f  # a summary from before precision and attention were recorded
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "precision": "bf16", "attention": "threshold-dropout"}))
+    assert describe(run)[0]["fields"]["trained in"] == "bf16, attention threshold-dropout"
 
     sweep = tmp_path / "sweep"
     sweep.mkdir()
