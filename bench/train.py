@@ -267,10 +267,10 @@ def training_set(src: Path, folder: Path, per_query: int) -> tuple[Path, Path]:
     return corpus, folder / "pairs.json"
 
 
-def test_ndcg(model_dir: str, corpus: Path, max_len: int) -> float | None:
+def test_ndcg(model_dir: str, corpus: Path, max_len: int, per_query: bool = False):
     """Test nDCG@10 of a fine-tuned model, encoded and searched the same way for every row (torch fp32, exact
     search, queries and documents cut at the training's max length, whatever length each trainer's export
-    declares); None where the corpus has no test qrels."""
+    declares); None where the corpus has no test qrels. With `per_query`: (the mean, {qid: nDCG@10})."""
     import numpy as np
 
     import pyarrow.parquet as pq
@@ -282,7 +282,7 @@ def test_ndcg(model_dir: str, corpus: Path, max_len: int) -> float | None:
     from pipeline.models import BiEncoder
 
     if not (corpus / "qrels" / "test.trec").exists():
-        return None
+        return (None, None) if per_query else None
     model = BiEncoder.load(ModelConfig(name_or_path=model_dir, query_max_length=max_len, doc_max_length=max_len))
     manifest = load_manifest(corpus)
     pids, texts = [], []
@@ -297,7 +297,10 @@ def test_ndcg(model_dir: str, corpus: Path, max_len: int) -> float | None:
     qv = model.embed([queries[q] for q in qids], "query", precision="fp32")
     scores = qv @ docs.T
     run = {q: {pids[j]: float(scores[i, j]) for j in np.argsort(-scores[i])[:100]} for i, q in enumerate(qids)}
-    return evaluate_run(run, qrels, EvalConfig(), measures=["nDCG@10"])["metrics"]["nDCG@10"]
+    result = evaluate_run(run, qrels, EvalConfig(per_query=per_query), measures=["nDCG@10"])
+    if per_query:
+        return result["metrics"]["nDCG@10"], {q: v["nDCG@10"] for q, v in result["per_query"].items()}
+    return result["metrics"]["nDCG@10"]
 
 
 def doc_lengths(model_dir: str, texts: list[str], max_len: int) -> list[int]:
@@ -479,13 +482,14 @@ def vs_st_row(args, label: str, kind: str, prec, folder: Path, corpus: Path, pai
         summary = json.loads((out / "run" / "summary.json").read_text())
         model, train_s, steps = str(out / "run" / "model"), summary["time_split"]["training"], summary["steps"]
         padding = ours_padding(out / "run", model_dir)
-    ndcg = test_ndcg(model, corpus, args.max_len)
+    ndcg, per_query = test_ndcg(model, corpus, args.max_len, per_query=True)
     kind_peak = peak["bf16"] if prec in (True, "bf16") or (prec == "auto" and native) else peak["fp32"]
     print(f"  {label:44s} wall {wall:6.1f} s  training {train_s:6.1f} s  {steps / train_s:5.2f} steps/s  "
           f"{steps * args.batch / train_s:6.1f} examples/s  {gflop / train_s:6.1f} GFLOP/s "
           f"({100 * gflop / train_s / kind_peak:3.0f}% of peak)  document padding {share(*padding)}  "
           f"test nDCG@10 {'n/a' if ndcg is None else f'{ndcg:.4f}'}", flush=True)
-    return {"label": label, "wall": wall, "train_seconds": train_s, "steps": steps, "ndcg": ndcg, "padding": padding}
+    return {"label": label, "wall": wall, "train_seconds": train_s, "steps": steps, "ndcg": ndcg, "padding": padding,
+            "per_query": per_query}
 
 
 def main() -> None:
