@@ -80,10 +80,12 @@ def main() -> None:
         print(f"  {arm:18s} nDCG@10 {statistics.fmean(means):.4f} (sd {statistics.stdev(means):.4f}; per seed "
               + ", ".join(f"{m:.4f}" for m in means) + f")  wall {statistics.fmean(walls[arm]):.1f} s a run")
     lo, hi = e["interval"]
-    within = lo <= 0 <= hi and e["p_randomization"] >= 0.05
-    print(f"  difference {e['difference']:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}], paired randomization p "
+    # the effects cells' rule: beyond noise only when the seeds' interval excludes 0 and the queries' test agrees
+    beyond = (lo > 0 or hi < 0) and e["p_randomization"] < 0.05
+    print(f"  difference {e['difference']:+.4f}, 95% interval over seeds [{lo:+.4f}, {hi:+.4f}] ("
+          + ("excludes 0" if lo > 0 or hi < 0 else "holds 0") + f"), paired randomization p over queries "
           f"{e['p_randomization']:.3f}, smallest detectable {e['mde']:.4f}: "
-          + ("within noise (the interval holds 0)" if within else "NOT within noise"))
+          + ("a difference beyond noise" if beyond else "no difference beyond noise (inconclusive at this many seeds)"))
     print(f"  wall time, sdpa / threshold-dropout: {statistics.fmean(walls['sdpa']) / statistics.fmean(walls['threshold-dropout']):.2f}x")
 
 
