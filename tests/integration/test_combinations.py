@@ -262,3 +262,36 @@ def test_every_train_amp_value_trains_in_what_it_says_or_is_refused(ray_session,
         assert summary["precision"] == state["precision"] == want and f"trained in {want}," in out, out
         ran[want] = summary
     assert ran
+
+
+ATTENTIONS = ("auto", "sdpa", "eager", "threshold-dropout")
+
+
+def test_every_train_attention_value_trains_with_what_it_says_and_its_model_encodes(tiny_model_dir, faq, tmp_path,
+                                                                                    capsys):
+    """`train.attention` through `pipeline train` (local runner) and on to `pipeline encode`: each value trains
+    with the attention it resolves to (summary.json and the checkpoint say which), and the exported model names
+    none, so encode runs it with transformers' default attention like any model."""
+    from pipeline.cli import main
+    from pipeline.models.attention import THRESHOLD_DROPOUT
+    from pipeline.train.config import TrainConfig
+
+    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["attention"])) == set(ATTENTIONS)
+    for attention in ATTENTIONS:
+        store = tmp_path / attention
+        argv = ["train", "--config", "jobs/configs/dpr.yaml", f"model.name_or_path={tiny_model_dir}",
+                "model.pooling=mean", f"data.corpus={faq}", "validation.dev_split=0", f"train.storage_path={store}",
+                "train.name=a", "train.max_steps=2", "train.num_workers=1", "train.runner=local",
+                f"train.attention={attention}"]
+        assert main(argv) == 0
+        summary = json.loads((store / "a" / "summary.json").read_text())
+        state = json.loads((store / "a" / "step-00000002" / "state.json").read_text())
+        want = THRESHOLD_DROPOUT if attention == "auto" else attention  # CPU workers
+        assert summary["attention"] == state["attention"] == state["identity"]["attention"] == want
+        saved = json.loads((store / "a" / "model" / "config.json").read_text())
+        assert not [k for k in saved if "attn" in k], saved  # transformers picks its default on load
+    capsys.readouterr()
+    out = tmp_path / "emb"
+    assert main(["encode", "--corpus", str(faq), "--out", str(out), "--model", str(tmp_path / "auto" / "a" / "model"),
+                 "encode.runner=local"]) == 0
+    assert json.loads((out / "embeddings.json").read_text())["complete"] is True
