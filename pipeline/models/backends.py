@@ -13,8 +13,8 @@ how an entry is made under a lock, checked against its digests and repaired).
 Every OpenVINO tower is checked when it is made, against torch's fp32 vectors, at what a correct
 conversion gives in its precision (models/tower_check.py): fp32 on seeded probe batches (the same
 computation: minimum cosine >= 0.9999 and no component off by more than 2.5e-6 of its vector's length);
-bf16 on the corpus's first CHECK_TEXTS passages (minimum cosine >= 0.999); int8 on the same passages
-(mean >= 0.99, minimum >= 0.95). The figures go into each shard's marker and embeddings.json. A tower
+bf16 on the corpus's first BF16_CHECK_TEXTS (32) passages (minimum cosine >= 0.999); int8 on its first
+CHECK_TEXTS (128) (mean >= 0.99, minimum >= 0.95). The figures go into each shard's marker and embeddings.json. A tower
 that fails is refused (`openvino`, int8) or replaced by torch, and the reason kept (`auto`).
 
 A model being trained (validation inside training) is converted in memory, once: `RefreshableTower`
@@ -43,8 +43,9 @@ from ..errors import ConfigError, PipelineError
 from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir,  # noqa: F401
                            graph_cached, graph_key, input_names, parameter_shapes, set_aside, tower_digest)
 # the gates live in tower_check (a test changes them there); the probe texts are named here too
-from .tower_check import (CHECK_TEXTS, PROBE_WORDS, SHORT_PROBE_WORDS, against_torch, check_figures,  # noqa: F401
-                          cpu_key, describe_check, gates_for, passes, probe_batches, probe_check, token_batches)
+from .tower_check import (BF16_CHECK_TEXTS, CHECK_TEXTS, PROBE_WORDS, SHORT_PROBE_WORDS, against_torch,  # noqa: F401
+                          check_figures, check_texts, cpu_key, describe_check, gates_for, passes, probe_batches,
+                          probe_check, token_batches)
 
 _input_names, _probe_batches = input_names, probe_batches  # (bench/encode.py's names for them)
 BACKENDS = ("auto", "torch", "openvino")
@@ -122,7 +123,7 @@ class OpenVinoTower:
     `precision` int8: the exported tower quantised by NNCF (post-training, transformer preset with
     SmoothQuant), calibrated on `calibration` (the corpus's first passages), cached beside the export
     under a digest of their tokens and the quantisation's settings. bf16 and int8 are checked on the
-    first CHECK_TEXTS of those passages (the user's own text), fp32 on seeded probe batches."""
+    first passages (the user's own text: tower_check.check_texts), fp32 on seeded probe batches."""
 
     def __init__(self, model, side: str = "doc", precision: str = "fp32", threads: int = 1,
                  cache: str | Path | None = None, calibration: list[str] | None = None, keep: bool = True,
@@ -294,7 +295,7 @@ class OpenVinoTower:
 
     def _check(self, model, texts: list[str] | None = None) -> dict:
         """This tower's vectors against torch's fp32 ones (see the module doc): bf16 and int8 on the
-        user's passages (`texts`, the first CHECK_TEXTS), fp32 on the probe batches. A check's figures are
+        user's passages (`texts`, the first check_texts(precision)), fp32 on the probe batches. A check's figures are
         kept in the export's folder per CPU and text sample, so an encode of the same corpus on the same
         machine does not pay for it twice."""
         from .tokens import tokenize_sorted
@@ -302,7 +303,7 @@ class OpenVinoTower:
         on_texts = self.precision in ("bf16", "int8") and texts
         if on_texts:
             tok, prefix, max_len = model.token_spec(self.side)
-            sample = list(texts[:CHECK_TEXTS])
+            sample = list(texts[:check_texts(self.precision)])
             batches = token_batches(model, self.side, tokenize_sorted(tok, sample, prefix, max_len), 16)
         else:  # a refreshed graph was checked whole when converted; wrong weights show on short texts too
             # (every layer acts on every token; an embedding table is written whole, the rows read vouch for it)

@@ -83,6 +83,21 @@ def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model
     assert tower_runner(model, "doc", "torch", "fp32", 1) == ("torch", None, "fp32", None)
 
 
+def test_bf16_is_checked_on_fewer_of_the_corpus_passages_than_int8(tiny_model_dir, tmp_path):
+    """bf16's check reads the corpus's first BF16_CHECK_TEXTS passages (its error is rounding, alike on every
+    text), int8's the first CHECK_TEXTS (its mean gate); each check's figures name how many it read."""
+    assert tower_check.check_texts("bf16") == tower_check.BF16_CHECK_TEXTS < tower_check.CHECK_TEXTS
+    assert tower_check.check_texts("int8") == tower_check.CHECK_TEXTS
+    model = _model(tiny_model_dir)
+    tower = OpenVinoTower(model, "doc", "fp32", 1, cache=tmp_path)  # compiled in fp32 on any CPU
+    texts = [f"{t} {i}" for i in range(5) for t in TEXTS]  # 200 passages, more than either count
+    for precision in ("bf16", "int8"):
+        tower.precision = precision  # the check as that precision makes it (the gates are its own)
+        check = tower._check(model, texts)
+        assert check["texts"] == tower_check.check_texts(precision) and check["passed"]
+        assert check["on"] == "the corpus's first passages"
+
+
 def test_int8_is_opt_in_calibrated_cached_and_refused_without_openvino(tiny_model_dir, tmp_path):
     """encode.precision=int8: OpenVINO + NNCF only (torch or a GPU refused), quantised on the given
     texts and cached under their digest; its vectors stay near fp32 (a known cost, bounded here)."""
