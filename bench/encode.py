@@ -18,8 +18,8 @@ size and max length everywhere, passages/s of:
      downloaded; skipped with one line where fastembed is not installed), and sentence-transformers'
      own backend="onnx" / "openvino" (each skipped with one line where its optimum package does not
      import);
-  6. whole processes as users run them: sentence-transformers, and `pipeline encode` per
-     precision, backend and runner;
+  6. whole processes as users run them: sentence-transformers, fastembed (from the ONNX folder of 5),
+     and `pipeline encode` per precision, backend and runner, with the defaults' ratio to each;
 with each row's GFLOP/s against this CPU's measured matmul peak,
 and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
 cosine of bf16 to fp32 vectors, and nDCG@10 (queries and documents encoded in the same
@@ -93,6 +93,19 @@ ST_PROCESS = ("import json, sys, torch; torch.set_num_threads(int(sys.argv[3]));
               "from sentence_transformers import SentenceTransformer; "
               "m = SentenceTransformer(sys.argv[1], device='cpu'); m.max_seq_length = int(sys.argv[4]); "
               "m.encode(json.load(open(sys.argv[2])), batch_size=int(sys.argv[5]))")
+
+
+# fastembed as a user runs it: a whole process that registers the model's ONNX folder (made once by
+# fastembed_folder, as a user's own export) and embeds the texts
+FE_PROCESS = ("import json, sys; from fastembed import TextEmbedding; "
+              "from fastembed.common.model_description import ModelSource, PoolingType; "
+              "a = json.loads(sys.argv[1]); "
+              "TextEmbedding.add_custom_model(model='local/bench-encode', pooling=PoolingType[a['pooling']], "
+              "normalization=a['normalize'], sources=ModelSource(hf='local/bench-encode'), dim=a['dim'], "
+              "model_file='model.onnx'); "
+              "fe = TextEmbedding('local/bench-encode', specific_model_path=a['folder'], threads=a['threads'], "
+              "cache_dir=a['cache']); "
+              "list(fe.embed(json.load(open(a['texts'])), batch_size=a['batch']))")
 
 
 def whole_process(argv: list[str]) -> tuple[float, str]:
@@ -280,6 +293,9 @@ def fastembed_folder(model, model_dir: Path, max_len: int, out: Path) -> Path:
     return out
 
 
+FASTEMBED_PROCESS: dict = {}  # what the fastembed whole-process row needs, once other_embedders made its folder
+
+
 def other_embedders(model, model_dir: Path, threads: int, batch: int, max_len: int, tmp: Path) -> dict:
     """{label: (encode(texts) -> float32 vectors, seconds spent making it)} for the other CPU embedders a
     user would reach for, in this process, nothing downloaded: fastembed (ONNX Runtime) on the same MiniLM
@@ -317,6 +333,9 @@ def other_embedders(model, model_dir: Path, threads: int, batch: int, max_len: i
             out["fastembed fp32 (ONNX Runtime, the same model exported)"] = (
                 lambda texts: np.stack(list(fe.embed(texts, batch_size=batch))).astype(np.float32),
                 time.perf_counter() - t0)
+            FASTEMBED_PROCESS.update(folder=str(folder), pooling=pooling.name, normalize=bool(head.normalize),
+                                     dim=int(model.dim), threads=threads, batch=batch,
+                                     cache=str(tmp / "fastembed-cache"))
     for backend, module in (("onnx", "optimum.onnxruntime"), ("openvino", "optimum.intel.openvino")):
         try:
             found = importlib.util.find_spec(module) is not None
@@ -516,6 +535,11 @@ def throughput(args, tmp: Path) -> None:
     st_wall, _ = whole_process([sys.executable, "-c", ST_PROCESS, str(resolve_model_path(args.model)),
                                 str(texts_file), str(T), str(L), str(B)])
     keep_best("sentence-transformers fp32 (whole process)", n / st_wall)
+    if FASTEMBED_PROCESS:  # fastembed the same way (its ONNX folder made above, as a user's own export)
+        fe_wall, _ = whole_process([sys.executable, "-c", FE_PROCESS,
+                                    json.dumps({**FASTEMBED_PROCESS, "texts": str(texts_file)})])
+        keep_best("fastembed fp32 (whole process)", n / fe_wall)
+        print(f"fastembed fp32 (whole process): {fe_wall:.1f}s", flush=True)
     env_cache = os.environ.get("PIPELINE_EXPORT_CACHE")
     os.environ["PIPELINE_EXPORT_CACHE"] = str(tmp / "exports")  # converted once (backend rows above), as a user's 2nd run
     for prec, backend, runner in (("fp32", "torch", "local"), ("fp32", "auto", "local"), ("auto", "torch", "local"),
@@ -565,6 +589,11 @@ def throughput(args, tmp: Path) -> None:
     for kind in ("end to end", "steady state"):
         print(f"Ray Data / plain loop ({kind}, auto, tokenize=actor): "
               f"{rates[f'pipeline encode auto={auto} tokenize=actor ({kind})'] / plain:.2f}x")
+    defaults = next(label for label in rates if label.startswith(f"`pipeline encode` auto={auto} backend=auto")
+                    and "runner=local" in label)
+    for other in ("sentence-transformers fp32 (whole process)", "fastembed fp32 (whole process)"):
+        if other in rates:  # what a user has against the CLI's defaults, each as its own whole process
+            print(f"`pipeline encode` defaults / {other}: {rates[defaults] / rates[other]:.2f}x")
     stage, actor = (rates[f"pipeline encode auto={auto} tokenize={t} (end to end)"] for t in ("stage", "actor"))
     print(f"tokenize=stage / tokenize=actor (end to end, auto): {stage / actor:.2f}x")
 
