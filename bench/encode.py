@@ -19,7 +19,8 @@ size and max length everywhere, passages/s of:
      own backend="onnx" / "openvino" (each skipped with one line where its optimum package does not
      import);
   6. whole processes as users run them: sentence-transformers, fastembed (from the ONNX folder of 5),
-     and `pipeline encode` per precision, backend and runner, with the defaults' ratio to each;
+     and `pipeline encode` per precision, backend and runner, with the defaults' ratio to each
+     (`--whole-process-only`: these alone, the defaults and their two levers, each --rounds times);
 with each row's GFLOP/s against this CPU's measured matmul peak,
 and the ratios pipeline / sentence-transformers fp32 and Ray Data / plain loop, the
 cosine of bf16 to fp32 vectors, and nDCG@10 (queries and documents encoded in the same
@@ -170,12 +171,14 @@ def child_rss(args) -> None:
                                "rows": s["rows"], "wall": s["wall"]}))
 
 
-def beir_copy(src: Path, dst: Path, repeat: int) -> Path:
-    """A BEIR folder whose corpus is `repeat` copies of `src`'s (copies 2.. get new ids)."""
+def beir_copy(src: Path, dst: Path, repeat: int, max_docs: int = 0) -> Path:
+    """A BEIR folder whose corpus is `repeat` copies of `src`'s (copies 2.. get new ids), of its first
+    `max_docs` documents when that is set."""
     import shutil
 
     dst.mkdir(parents=True, exist_ok=True)
     lines = (src / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = lines[:max_docs] if max_docs else lines
     with open(dst / "corpus.jsonl", "w", encoding="utf-8") as f:
         for j in range(repeat):
             for line in lines:
@@ -443,6 +446,84 @@ def ndcg10(corpus: Path, model, pids: list[str], docs, precision: str, tmp: Path
     return evaluate_files(run, qrels, load_config(None, []).eval)["metrics"].get("nDCG@10")
 
 
+WHOLE_ROWS = (("fp32", "torch", "local"), ("fp32", "auto", "local"), ("auto", "torch", "local"), ("auto", "auto", "local"),
+              ("auto", "auto", "ray"), ("int8", "auto", "local"), ("int8", "auto", "local-again"))
+# --whole-process-only: what a user has against the defaults, and the defaults' two levers (bf16, the backend)
+WHOLE_ONLY_ROWS = (("fp32", "torch", "local"), ("auto", "torch", "local"), ("auto", "auto", "local"))
+
+
+def whole_processes(args, tmp: Path, corpus: Path, texts: list[str], auto: str, keep_best, rows, rounds: int) -> None:
+    """Whole processes, as users run them (Python start, imports, the model load, Ray or not, the work):
+    sentence-transformers, fastembed (when other_embedders made its folder) and `pipeline encode` per
+    (precision, backend, runner) of `rows`, `rounds` times in turn (the best of each kept). The CLI's export
+    cache is the one the backend rows (or the warm-up) converted into, as a user's second run of the model."""
+    from pipeline.models.loading import resolve_model_path
+
+    n, T, B, L = len(texts), args.threads, args.batch, args.max_length
+    texts_file = tmp / "texts.json"
+    texts_file.write_text(json.dumps(texts))
+    env_cache = os.environ.get("PIPELINE_EXPORT_CACHE")
+    os.environ["PIPELINE_EXPORT_CACHE"] = str(tmp / "exports")
+    for rnd in range(rounds):
+        st_wall, _ = whole_process([sys.executable, "-c", ST_PROCESS, str(resolve_model_path(args.model)),
+                                    str(texts_file), str(T), str(L), str(B)])
+        keep_best("sentence-transformers fp32 (whole process)", n / st_wall)
+        print(f"sentence-transformers fp32 (whole process): {st_wall:.1f}s", flush=True)
+        if FASTEMBED_PROCESS:  # fastembed the same way (its ONNX folder made before, as a user's own export)
+            fe_wall, _ = whole_process([sys.executable, "-c", FE_PROCESS,
+                                        json.dumps({**FASTEMBED_PROCESS, "texts": str(texts_file)})])
+            keep_best("fastembed fp32 (whole process)", n / fe_wall)
+            print(f"fastembed fp32 (whole process): {fe_wall:.1f}s", flush=True)
+        for prec, backend, runner in rows:
+            again = runner.endswith("-again")  # int8's second run: the quantised tower from the cache
+            runner = runner.removesuffix("-again")
+            out = tmp / f"cli-{prec}-{backend}-{runner}{'-again' if again else ''}{f'-{rnd}' if rnd else ''}"
+            wall, line = whole_process(
+                [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out", str(out),
+                 "--model", args.model, f"model.doc_max_length={L}", f"encode.batch_size={B}",
+                 f"encode.torch_threads={T}", f"encode.precision={prec}", f"encode.backend={backend}",
+                 f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}", "encode.show_progress=false"])
+            used = line[line.find(" by ") + 4:].split(" ", 1)[0] if " by " in line else backend
+            int8 = (" (opt-in, calibrated on the first 300 passages" + (", cached" if again else ", quantised now")
+                    + ")") if prec == "int8" else ""
+            label = (f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''}{int8} backend={backend}"
+                     f"{f'={used}' if backend == 'auto' else ''} runner={runner} (whole process)")
+            keep_best(label, n / wall)
+            split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
+            print(f"{label}: {wall:.1f}s {split}", flush=True)
+    if env_cache is None:
+        os.environ.pop("PIPELINE_EXPORT_CACHE", None)
+    else:
+        os.environ["PIPELINE_EXPORT_CACHE"] = env_cache
+
+
+def rates_table(args, model, texts: list[str], auto: str, rates: dict, cosines: dict) -> None:
+    """Every row's rate, its ratio to sentence-transformers fp32 (in-process rows to its in-process rate, whole
+    processes to its whole process) and its GFLOP/s against this CPU's measured matmul peak; then the
+    defaults' whole-process ratio to each embedder a user already has."""
+    n, T = len(texts), args.threads
+    base = rates.get("sentence-transformers fp32")
+    whole = rates["sentence-transformers fp32 (whole process)"]
+    tok, prefix, max_len = model.token_spec("doc")
+    lengths = [len(x) for x in tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"]]
+    gflop = encoder_gflop(model.doc_encoder.config, lengths) / n  # per passage
+    peak = gemm_peak(T)
+    print(f"\nwork: {gflop:.2f} GFLOP per passage ({sum(lengths) / n:.0f} tokens on average); this CPU's measured "
+          f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s (best of torch.mm and numpy), bf16 "
+          f"{peak['bf16']:.0f} GFLOP/s (torch.mm), 2048x2048", flush=True)
+    for label, rate in rates.items():
+        ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
+        kind = "bf16" if "bf16" in label else "fp32"  # (int8 rows: against the fp32 peak too)
+        print(f"{label:84s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
+              f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak"
+              + (f"   min cosine vs fp32 {cosines[label]:.6f}" if label in cosines else ""), flush=True)
+    defaults = next(label for label in rates if label.startswith(f"`pipeline encode` auto={auto} backend=auto")
+                    and "runner=local" in label)
+    for other in ("sentence-transformers fp32 (whole process)", "fastembed fp32 (whole process)"):
+        if other in rates:  # what a user has against the CLI's defaults, each as its own whole process
+            print(f"`pipeline encode` defaults / {other}: {rates[defaults] / rates[other]:.2f}x")
+
+
 def throughput(args, tmp: Path) -> None:
     import numpy as np
     import ray
@@ -455,26 +536,36 @@ def throughput(args, tmp: Path) -> None:
     from pipeline.models.precision import resolve_precision
 
     src = Path(args.beir) if args.beir else FAQ
-    folder = beir_copy(src, tmp / "beir", args.repeat) if args.repeat > 1 else src
+    folder = beir_copy(src, tmp / "beir", args.repeat, args.max_docs) if args.repeat > 1 or args.max_docs else src
     corpus = tmp / "corpus"
-    ingest([folder], "beir", corpus, part_rows=args.part_rows, progress=False)
+    ingest([folder], "beir", corpus, part_rows=args.part_rows, progress=False,  # (judgements of documents
+           on_unknown_qrels="skip" if args.max_docs else "error")  # --max-docs left out: dropped)
     pids, texts = corpus_texts(corpus)
     n, T, B, L = len(texts), args.threads, args.batch, args.max_length
     auto = resolve_precision("auto", "cpu")
-    print(f"\n== encode throughput: {n} passages ({src.name} x{args.repeat}), model {args.model}, "
-          f"{T} threads, batch {B}, max_len {L}; precision auto = {auto} here ==", flush=True)
+    print(f"\n== encode throughput: {n} passages ({src.name}{f' first {args.max_docs}' if args.max_docs else ''} "
+          f"x{args.repeat}), model {args.model}, {T} threads, batch {B}, max_len {L}; precision auto = {auto} here"
+          + ("; whole processes only" if args.whole_process_only else "") + " ==", flush=True)
     torch.set_num_threads(T)
     rates: dict[str, float] = {}
 
     def keep_best(label: str, rate: float) -> None:  # best of the rounds: the machine may be shared
         rates[label] = max(rates.get(label, 0.0), rate)
 
+    model = BiEncoder.load(ModelConfig(name_or_path=args.model, doc_max_length=L))
+    if args.whole_process_only:
+        from pipeline.models.backends import OpenVinoTower, openvino_available
+
+        if openvino_available():  # the export the defaults read, converted once as on a user's first run
+            OpenVinoTower(model, "doc", "bf16" if auto == "bf16" else "fp32", T, cache=tmp / "exports")
+        other_embedders(model, resolve_model_path(args.model), T, B, L, tmp)  # fastembed's ONNX folder
+        whole_processes(args, tmp, corpus, texts, auto, keep_best, WHOLE_ONLY_ROWS, args.rounds)
+        return rates_table(args, model, texts, auto, rates, {})
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(resolve_model_path(args.model)), device="cpu")
     st.max_seq_length = L
     st.encode(texts[:8], batch_size=B)
-    model = BiEncoder.load(ModelConfig(name_or_path=args.model, doc_max_length=L))
     model.embed(texts[:8], "doc", batch_size=B)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     shapes: dict[str, dict] = {}
@@ -528,59 +619,8 @@ def throughput(args, tmp: Path) -> None:
         print(f"{label}: {n / secs:.1f} psg/s, min cosine vs torch fp32 {cos.min():.6f} (made in {made:.1f}s)",
               flush=True)
 
-    # whole processes, as users run them (the rows above start timing with the model loaded and,
-    # for `pipeline encode`, Ray already up): sentence-transformers vs the CLI with each runner
-    texts_file = tmp / "texts.json"
-    texts_file.write_text(json.dumps(texts))
-    st_wall, _ = whole_process([sys.executable, "-c", ST_PROCESS, str(resolve_model_path(args.model)),
-                                str(texts_file), str(T), str(L), str(B)])
-    keep_best("sentence-transformers fp32 (whole process)", n / st_wall)
-    if FASTEMBED_PROCESS:  # fastembed the same way (its ONNX folder made above, as a user's own export)
-        fe_wall, _ = whole_process([sys.executable, "-c", FE_PROCESS,
-                                    json.dumps({**FASTEMBED_PROCESS, "texts": str(texts_file)})])
-        keep_best("fastembed fp32 (whole process)", n / fe_wall)
-        print(f"fastembed fp32 (whole process): {fe_wall:.1f}s", flush=True)
-    env_cache = os.environ.get("PIPELINE_EXPORT_CACHE")
-    os.environ["PIPELINE_EXPORT_CACHE"] = str(tmp / "exports")  # converted once (backend rows above), as a user's 2nd run
-    for prec, backend, runner in (("fp32", "torch", "local"), ("fp32", "auto", "local"), ("auto", "torch", "local"),
-                                  ("auto", "auto", "local"), ("auto", "auto", "ray"), ("int8", "auto", "local"),
-                                  ("int8", "auto", "local-again")):
-        again = runner.endswith("-again")  # int8's second run: the quantised tower from the cache
-        runner = runner.removesuffix("-again")
-        wall, line = whole_process(
-            [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out",
-             str(tmp / f"cli-{prec}-{backend}-{runner}{'-again' if again else ''}"), "--model", args.model,
-             f"model.doc_max_length={L}",
-             f"encode.batch_size={B}", f"encode.torch_threads={T}", f"encode.precision={prec}",
-             f"encode.backend={backend}", f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}",
-             "encode.show_progress=false"])
-        used = line[line.find(" by ") + 4:].split(" ", 1)[0] if " by " in line else backend
-        label = (f"`pipeline encode` {prec}{f'={auto}' if prec == 'auto' else ''}"
-                 f"{' (opt-in, calibrated on the first 300 passages' + (', cached' if again else ', quantised now') + ')' if prec == 'int8' else ''} backend={backend}"
-                 f"{f'={used}' if backend == 'auto' else ''} runner={runner} (whole process)")
-        keep_best(label, n / wall)
-        split = line[line.find("(start-up"):line.find(")", line.find("(start-up")) + 1] if "(start-up" in line else ""
-        print(f"{label}: {wall:.1f}s {split}", flush=True)
-    if env_cache is None:
-        os.environ.pop("PIPELINE_EXPORT_CACHE", None)
-    else:
-        os.environ["PIPELINE_EXPORT_CACHE"] = env_cache
-
-    base = rates["sentence-transformers fp32"]
-    whole = rates["sentence-transformers fp32 (whole process)"]
-    tok, prefix, max_len = model.token_spec("doc")
-    lengths = [len(x) for x in tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"]]
-    gflop = encoder_gflop(model.doc_encoder.config, lengths) / n  # per passage
-    peak = gemm_peak(T)
-    print(f"\nwork: {gflop:.2f} GFLOP per passage ({sum(lengths) / n:.0f} tokens on average); this CPU's measured "
-          f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s (best of torch.mm and numpy), bf16 "
-          f"{peak['bf16']:.0f} GFLOP/s (torch.mm), 2048x2048", flush=True)
-    for label, rate in rates.items():
-        ref, ref_name = (whole, "whole process") if "whole process" in label else (base, "in-process")
-        kind = "bf16" if "bf16" in label else "fp32"  # (int8 rows: against the fp32 peak too)
-        print(f"{label:84s} {rate:8.1f} psg/s   {rate / ref:5.2f}x sentence-transformers fp32 ({ref_name})   "
-              f"{rate * gflop:6.1f} GFLOP/s = {100 * rate * gflop / peak[kind]:3.0f}% of the {kind} peak"
-              + (f"   min cosine vs fp32 {cosines[label]:.6f}" if label in cosines else ""), flush=True)
+    whole_processes(args, tmp, corpus, texts, auto, keep_best, WHOLE_ROWS, 1)
+    rates_table(args, model, texts, auto, rates, cosines)
     for tok, shape in shapes.items():
         print(f"(pipeline encode tokenize={tok}: {shape['actors']} actor(s) x {shape['cpus_per_actor']:g} CPUs, "
               f"{shape['torch_threads']} threads; precisions used {shape['precisions']}"
@@ -589,11 +629,6 @@ def throughput(args, tmp: Path) -> None:
     for kind in ("end to end", "steady state"):
         print(f"Ray Data / plain loop ({kind}, auto, tokenize=actor): "
               f"{rates[f'pipeline encode auto={auto} tokenize=actor ({kind})'] / plain:.2f}x")
-    defaults = next(label for label in rates if label.startswith(f"`pipeline encode` auto={auto} backend=auto")
-                    and "runner=local" in label)
-    for other in ("sentence-transformers fp32 (whole process)", "fastembed fp32 (whole process)"):
-        if other in rates:  # what a user has against the CLI's defaults, each as its own whole process
-            print(f"`pipeline encode` defaults / {other}: {rates[defaults] / rates[other]:.2f}x")
     stage, actor = (rates[f"pipeline encode auto={auto} tokenize={t} (end to end)"] for t in ("stage", "actor"))
     print(f"tokenize=stage / tokenize=actor (end to end, auto): {stage / actor:.2f}x")
 
@@ -632,6 +667,10 @@ def main() -> None:
     ap.add_argument("--beir", help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/); default: the bundled FAQ")
     ap.add_argument("--repeat", type=int, default=3, help="encode this many copies of the corpus (longer runs)")
     ap.add_argument("--rounds", type=int, default=2, help="measure every row this many times, keep the best")
+    ap.add_argument("--max-docs", type=int, default=0, help="only the corpus's first N documents (0: all)")
+    ap.add_argument("--whole-process-only", action="store_true",
+                    help="only whole processes: sentence-transformers fp32, fastembed and `pipeline encode` "
+                         "(torch fp32, torch auto, the defaults), --rounds times in turn")
     ap.add_argument("--split", help="qrels split for nDCG@10 (default: test, else all)")
     ap.add_argument("--part-rows", type=int, default=100_000)
     ap.add_argument("--shard-rows", type=int, default=128,
