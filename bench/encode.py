@@ -482,7 +482,8 @@ def whole_processes(args, tmp: Path, corpus: Path, texts: list[str], auto: str, 
                 [sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out", str(out),
                  "--model", args.model, f"model.doc_max_length={L}", f"encode.batch_size={B}",
                  f"encode.torch_threads={T}", f"encode.precision={prec}", f"encode.backend={backend}",
-                 f"encode.runner={runner}", f"encode.shard_rows={args.shard_rows}", "encode.show_progress=false"])
+                 f"encode.runner={runner}", "encode.show_progress=false"]
+                + ([f"encode.shard_rows={args.shard_rows}"] if args.shard_rows else []))  # else the CLI's own
             used = line[line.find(" by ") + 4:].split(" ", 1)[0] if " by " in line else backend
             int8 = (" (opt-in, calibrated on the first 300 passages" + (", cached" if again else ", quantised now")
                     + ")") if prec == "int8" else ""
@@ -580,7 +581,7 @@ def throughput(args, tmp: Path) -> None:
         for prec, tok in (("fp32", "actor"), ("auto", "actor"), ("auto", "stage")):
             # the stage runs beside the actors: their default shape leaves it encode.tokenize_cpus
             r = ray_encode(corpus, tmp / f"emb-{prec}-{tok}-{rnd}", args.model, B, L, None, None, T, prec, tok,
-                           args.shard_rows)
+                           args.shard_rows or 128)
             label = f"pipeline encode {prec}" + (f"={auto}" if prec == "auto" else "") + f" tokenize={tok}"
             keep_best(label + " (end to end)", n / r["wall"])
             if tok == "actor":  # the actors' own time covers read + tokenise + model + write
@@ -673,8 +674,9 @@ def main() -> None:
                          "(torch fp32, torch auto, the defaults), --rounds times in turn")
     ap.add_argument("--split", help="qrels split for nDCG@10 (default: test, else all)")
     ap.add_argument("--part-rows", type=int, default=100_000)
-    ap.add_argument("--shard-rows", type=int, default=128,
-                    help="encode.shard_rows of the pipeline runs (several shards let a tokenising stage run ahead)")
+    ap.add_argument("--shard-rows", type=int, default=0,
+                    help="encode.shard_rows of the runs (default: 128 for the Ray Data rows, where several shards "
+                         "let a tokenising stage run ahead; the CLI's own default for whole processes)")
     ap.add_argument("--rss-model", default="tiny", help="model of the memory runs (default: a tiny random BERT)")
     ap.add_argument("--rss-n", type=int, default=2000, help="base corpus size for the memory runs")
     ap.add_argument("--rss-mults", default="1,10", help="corpus sizes for the memory runs, as multiples of --rss-n")
