@@ -558,7 +558,7 @@ def throughput(args, tmp: Path) -> None:
         from pipeline.models.backends import OpenVinoTower, openvino_available
 
         if openvino_available():  # the export the defaults read, converted once as on a user's first run
-            OpenVinoTower(model, "doc", "bf16" if auto == "bf16" else "fp32", T, cache=tmp / "exports")
+            OpenVinoTower(model, "doc", auto, T, cache=tmp / "exports")
         other_embedders(model, resolve_model_path(args.model), T, B, L, tmp)  # fastembed's ONNX folder
         whole_processes(args, tmp, corpus, texts, auto, keep_best, WHOLE_ONLY_ROWS, args.rounds)
         return rates_table(args, model, texts, auto, rates, {})

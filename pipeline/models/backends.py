@@ -13,8 +13,8 @@ how an entry is made under a lock, checked against its digests and repaired).
 Every OpenVINO tower is checked when it is made, against torch's fp32 vectors, at what a correct
 conversion gives in its precision (models/tower_check.py): fp32 on seeded probe batches (the same
 computation: minimum cosine >= 0.9999 and no component off by more than 2.5e-6 of its vector's length);
-bf16 on the corpus's first BF16_CHECK_TEXTS (32) passages (minimum cosine >= 0.999); int8 on its first
-CHECK_TEXTS (128) (mean >= 0.99, minimum >= 0.95). The figures go into each shard's marker and embeddings.json. A tower
+bf16 on the corpus's first 32 passages (minimum cosine >= 0.999); int8 on its first 128 (mean >= 0.99,
+minimum >= 0.95): tower_check.check_texts. The figures go into each shard's marker and embeddings.json. A tower
 that fails is refused (`openvino`, int8) or replaced by torch, and the reason kept (`auto`).
 
 A model being trained (validation inside training) is converted in memory, once: `RefreshableTower`
@@ -43,9 +43,8 @@ from ..errors import ConfigError, PipelineError
 from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir,  # noqa: F401
                            graph_cached, graph_key, input_names, parameter_shapes, set_aside, tower_digest)
 # the gates live in tower_check (a test changes them there); the probe texts are named here too
-from .tower_check import (BF16_CHECK_TEXTS, CHECK_TEXTS, PROBE_WORDS, SHORT_PROBE_WORDS, against_torch,  # noqa: F401
-                          check_figures, check_texts, cpu_key, describe_check, gates_for, passes, probe_batches,
-                          probe_check, token_batches)
+from .tower_check import (PROBE_WORDS, SHORT_PROBE_WORDS, against_torch, check_figures, check_texts,  # noqa: F401
+                          cpu_key, describe_check, gates_for, passes, probe_batches, probe_check, token_batches)
 
 _input_names, _probe_batches = input_names, probe_batches  # (bench/encode.py's names for them)
 BACKENDS = ("auto", "torch", "openvino")
