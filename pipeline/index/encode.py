@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..config import EncodeConfig, ModelConfig, PipelineConfig
 from ..data.manifest import load_manifest
-from ..errors import PipelineError, ResourceError, worker_error, worker_os_error
+from ..errors import ConfigError, PipelineError, ResourceError, worker_error, worker_os_error
 from ..io_utils import missing_dirs, remove_empty_dirs
 from ..storage import RemotePath, remove
 from .encode_output import LOCK_NAME, check_embeddings_output, output_lock  # noqa: F401 (LOCK_NAME: re-exported)
@@ -238,7 +238,7 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     # them, and bf16 / int8 towers are checked on them (models/backends.py)
     calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
     if todo:  # a model whose vectors are NaN/inf (or overflow float32's scores) is refused before anything is written
-        _check_model_vectors(probe, probe.embed(calibration[:8], "doc"))
+        checked_model_vectors(probe, calibration[:8], meta["model"]["digest"])
     try:
         if todo and runner == "local":
             shape = local_shape(enc)
@@ -316,6 +316,40 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
           f"encode.backend={enc.backend}) -> {out_dir}"
           + "".join(f"\n[encode] note: {n}" for n in notes), flush=True)
     return summary
+
+
+def checked_model_vectors(model, texts: list[str], digest: str) -> None:
+    """`_check_model_vectors` on the model's fp32 vectors of `texts` (the corpus's first passages), once per
+    model files (`digest`), model settings, texts, model code, torch version and CPU: a pass is remembered in
+    the export cache (models/export_cache.py), so an encode run again on the same corpus does not pay a torch
+    pass for it (its first forward was ~0.7 s of a warm run's start-up on NFCorpus abstracts). Any of these
+    changed (another checkpoint, another corpus) is a new key and the check runs; a failure is never kept."""
+    import hashlib
+
+    import torch
+
+    from ..io_utils import write_text_atomic
+    from ..models.export_cache import export_cache_dir, model_code_digest
+    from ..models.tower_check import cpu_key
+
+    key = hashlib.sha256(json.dumps([digest, asdict(model.cfg), list(texts), model_code_digest(),
+                                     torch.__version__, cpu_key()], sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        memo = export_cache_dir() / "model-checks" / f"{key[:32]}.json"
+        if json.loads(memo.read_text()).get("key") == key:
+            return
+    except ConfigError:  # $PIPELINE_EXPORT_CACHE names a file: checked every time (an OpenVINO tower says why)
+        memo = None
+    except (OSError, ValueError, AttributeError):
+        pass
+    _check_model_vectors(model, model.embed(texts, "doc"))
+    if memo is None:
+        return
+    try:  # a read-only (or full) cache: the check is simply made again next time
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(memo, json.dumps({"key": key, "passed": True, "texts": len(texts)}) + "\n")
+    except OSError:
+        pass
 
 
 def _check_model_vectors(model, vectors) -> None:

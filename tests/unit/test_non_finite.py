@@ -122,6 +122,36 @@ def test_cli_encode_of_a_nan_model_is_one_line(nan_model_dir, faq, tmp_path):
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
 
 
+def test_the_up_front_model_check_runs_once_per_model_and_texts(tiny_model_dir, faq, tmp_path, monkeypatch):
+    """encode's check of the model's vectors on the corpus's first passages (a torch pass) is remembered once
+    it passed: an encode again of the same corpus with the same model skips it; other settings (another model
+    digest, another pooling) check again, and a memo holding another key is not taken for this one."""
+    from pipeline.index import encode as encode_mod
+
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
+    seen = []
+    real = BiEncoder.embed
+    monkeypatch.setattr(BiEncoder, "embed", lambda self, texts, side, **kw: seen.append(len(texts)) or
+                        real(self, texts, side, **kw))
+    base = [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=torch",
+            "encode.precision=fp32"]
+    encode_mod.encode_corpus(faq, tmp_path / "a", load_config(None, base))
+    encode_mod.encode_corpus(faq, tmp_path / "b", load_config(None, base))
+    assert seen == [8]  # the second encode took the first one's pass
+    encode_mod.encode_corpus(faq, tmp_path / "c", load_config(None, base + ["model.pooling=max"]))
+    assert seen == [8, 8]  # other settings: checked again
+    memos = sorted((tmp_path / "cache" / "model-checks").glob("*.json"))
+    assert len(memos) == 2
+    for memo in memos:  # a memo whose key is not this one's (a tampered or colliding file): checked again
+        memo.write_text(json.dumps({"key": "another", "passed": True}))
+    encode_mod.encode_corpus(faq, tmp_path / "d", load_config(None, base))
+    assert seen == [8, 8, 8]
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(faq / "manifest.json"))  # a file: no memo, checked each time
+    encode_mod.encode_corpus(faq, tmp_path / "e", load_config(None, base))
+    encode_mod.encode_corpus(faq, tmp_path / "f", load_config(None, base))
+    assert seen == [8, 8, 8, 8, 8]
+
+
 def test_check_finite_loss_names_the_step_and_the_term():
     from pipeline.train.loop import check_finite_loss
 
