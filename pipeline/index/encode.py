@@ -77,7 +77,7 @@ def _resolved_model_cfg(model_cfg: ModelConfig, title_join: str = " "):
     the model itself for a local encoder (encode.runner=local), which then does not load it again."""
     from ..models import BiEncoder
 
-    probe = BiEncoder.load(model_cfg)
+    probe = BiEncoder.load(model_cfg, defer=True)  # the weights at their first use: none in a warm OpenVINO encode
     tok, prefix, max_len = probe.token_spec("doc")
     return (replace(probe.cfg, pooling=probe.pooling, normalize=probe.normalize), probe.dim,
             TokenizeSpec(tok, prefix, max_len, title_join), probe)

@@ -18,20 +18,59 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import ConfigError, NonFiniteError
 from .heads import Head
-from .loading import (BIENCODER_FILE, _declared_length, _detect_max_length, _load_tower, _lowercase, read_json,
-                      resolve_model_path)
+from .loading import (BIENCODER_FILE, _declared_length, _detect_max_length, _load_config, _load_tokenizer,
+                      _lowercase, read_json, resolve_model_path)
+from .loading import _load_tower as _load_weighted_tower
 from .precision import resolve_precision
 from .st_layout import read_st_layout, save_st_directory
 from .tokens import batch_bounds, cpu_batch_tokens, padded_batch, tokenize_sorted
 
 
+_TOWERS = ("doc_encoder", "query_encoder")
+
+
+class DeferredTower(nn.Module):
+    """A transformers tower whose weights are not loaded yet (`BiEncoder.load(..., defer=True)`): its folder
+    and config now, the weights at `load()` (once). Its BiEncoder loads it before anything reads it."""
+
+    def __init__(self, path: Path, config):
+        super().__init__()
+        self.path, self.config = Path(path), config
+        self._cell: list = [None]  # the loaded tower (a list: not registered as a submodule)
+
+    def load(self) -> nn.Module:
+        if self._cell[0] is None:
+            self._cell[0] = _load_weighted_tower(self.path, tokenizer=False)[0]
+        return self._cell[0]
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a deferred tower is used only once its BiEncoder has loaded it (BiEncoder.load_weights)")
+
+
+def _deferred_tower(path: Path):
+    """(DeferredTower, tokenizer) of one transformers folder: a broken config.json or tokenizer is the
+    ConfigError it is at a full load; broken weights are named when they are loaded."""
+    return DeferredTower(path, _load_config(path)), _load_tokenizer(path)
+
+
+def _freeze_pooler(tower) -> None:
+    # BERT-style pooler heads are never used (we pool hidden states ourselves); freezing
+    # them keeps DDP from waiting for gradients that never come. They are still saved.
+    pooler = getattr(tower, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
+
+
 class BiEncoder(nn.Module):
-    """Query and document towers with pooling and optional L2 normalisation."""
+    """Query and document towers with pooling and optional L2 normalisation. Towers loaded with `defer`
+    are loaded at the first use of `doc_encoder`, `query_encoder`, the parameters, buffers, state dict or
+    modules (`load_weights`), with the conversions asked for before (`to`, `float`, ...) applied then."""
 
     def __init__(self, doc_model, doc_tokenizer, query_model=None, query_tokenizer=None,
                  cfg: ModelConfig | None = None, doc_head: Head | None = None, query_head: Head | None = None,
                  declared_max_lengths: dict | None = None):
         super().__init__()
+        self._pending: list = []  # conversions (Module._apply) made while a tower is deferred, replayed on it
         cfg = cfg or ModelConfig()
         declared = declared_max_lengths or {}
         # Inference lengths when the config names none: the model's declared limit, else 64 / 256.
@@ -53,12 +92,64 @@ class BiEncoder(nn.Module):
         # training (train.length_group_rows): a batch of at least 2 x this many rows is encoded in length-sorted
         # groups of >= this many rows, each padded to its own longest text (0 = one padded batch)
         self.length_group_rows = 0
-        # BERT-style pooler heads are never used (we pool hidden states ourselves); freezing
-        # them keeps DDP from waiting for gradients that never come. They are still saved.
-        for tower in {id(self.doc_encoder): self.doc_encoder, id(self.query_encoder): self.query_encoder}.values():
-            pooler = getattr(tower, "pooler", None)
-            if isinstance(pooler, nn.Module):
-                pooler.requires_grad_(False)
+        for tower in {id(m): m for m in (self._modules[n] for n in _TOWERS)}.values():
+            _freeze_pooler(tower)  # (a deferred tower's when it loads)
+
+    # ------------------------------------------------------------------ deferred towers
+    @property
+    def deferred(self) -> bool:
+        """Whether a tower's weights are still to be loaded (`load(..., defer=True)`)."""
+        return any(isinstance(self._modules.get(n), DeferredTower) for n in _TOWERS)
+
+    def load_weights(self) -> "BiEncoder":
+        """Load every deferred tower now (nothing when none is): the conversions made since (`to`, dtype
+        casts) are applied to it, its train/eval mode set and its pooler frozen, as at a full load."""
+        deferred = {id(t): t for t in (self._modules[n] for n in _TOWERS) if isinstance(t, DeferredTower)}
+        loaded = {}
+        for key, tower in deferred.items():
+            real = tower.load()
+            for fn, recurse in self._pending:
+                real._apply(fn, recurse)
+            real.train(tower.training)
+            _freeze_pooler(real)
+            loaded[key] = real
+        for n in _TOWERS:
+            if id(self._modules[n]) in loaded:
+                self._modules[n] = loaded[id(self._modules[n])]
+        self._pending = []
+        return self
+
+    def __getattr__(self, name: str):
+        if name in _TOWERS and isinstance(self.__dict__.get("_modules", {}).get(name), DeferredTower):
+            self.load_weights()
+        return super().__getattr__(name)
+
+    def _apply(self, fn, recurse=True):
+        if self.deferred:
+            self._pending.append((fn, recurse))
+        return super()._apply(fn, recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return super(BiEncoder, self.load_weights()).named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        return super(BiEncoder, self.load_weights()).named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args, **kwargs):
+        return super(BiEncoder, self.load_weights()).named_modules(*args, **kwargs)
+
+    def apply(self, fn):
+        return super(BiEncoder, self.load_weights()).apply(fn)
+
+    def state_dict(self, *args, **kwargs):
+        return super(BiEncoder, self.load_weights()).state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return super(BiEncoder, self.load_weights()).load_state_dict(*args, **kwargs)
+
+    def __getstate__(self):
+        self.load_weights()  # a pickled or copied model carries its weights, never a folder to read them from
+        return super().__getstate__()
 
     def _prompt_length(self, side: str) -> int:
         """Tokens of the prefix (sentence-transformers' prompt_length), when pooling must skip them."""
@@ -72,9 +163,13 @@ class BiEncoder(nn.Module):
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
-    def load(cls, cfg: ModelConfig) -> "BiEncoder":
+    def load(cls, cfg: ModelConfig, defer: bool = False) -> "BiEncoder":
         """Any of: a sentence-transformers directory, one saved by `save` (either layout, any age),
-        or a plain HF model directory (CLS, no normalisation unless the config says otherwise)."""
+        or a plain HF model directory (CLS, no normalisation unless the config says otherwise).
+        `defer`: the towers' weights (and transformers' modelling code, ~2.6 s to import for BERT on a 2-core
+        EPYC) are loaded at their first use (`DeferredTower`): a caller that may need only the tokenizer,
+        the heads and the sizes (a warm OpenVINO encode: models/backends.py) never pays for them."""
+        _load_tower = _deferred_tower if defer else _load_weighted_tower
         path = resolve_model_path(cfg.name_or_path)
         saved = read_json(path / BIENCODER_FILE) or {}
         st = read_st_layout(path)
@@ -141,7 +236,7 @@ class BiEncoder(nn.Module):
     # ------------------------------------------------------------------ encoding
     @property
     def dim(self) -> int:
-        return self.doc_head.dim(int(self.doc_encoder.config.hidden_size))
+        return self.doc_head.dim(int(self._modules["doc_encoder"].config.hidden_size))  # (a deferred tower's too)
 
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         if side == "query":

@@ -165,11 +165,11 @@ def quiet_transformers():
                 hf_logging.set_verbosity(level)
 
 
-def _load_tower(path: Path):
-    """(model, tokenizer) of one transformers folder. A folder transformers cannot load (a bad
-    config.json, no weights, a truncated weights file, a broken tokenizer) is one ConfigError
-    naming the folder and what is wrong, whatever transformers or safetensors raised."""
-    from transformers import AutoModel, AutoTokenizer
+def _load_tower(path: Path, tokenizer: bool = True):
+    """(model, tokenizer) of one transformers folder (tokenizer None when not asked for). A folder
+    transformers cannot load (a bad config.json, no weights, a truncated weights file, a broken tokenizer)
+    is one ConfigError naming the folder and what is wrong, whatever transformers or safetensors raised."""
+    from transformers import AutoModel
 
     with quiet_transformers():
         try:
@@ -178,13 +178,33 @@ def _load_tower(path: Path):
             raise
         except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
             raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+    return model, (_load_tokenizer(path) if tokenizer else None)
+
+
+def _load_config(path: Path):
+    """transformers' config of one folder (what a tower deferred until its first use needs now: its sizes,
+    its position limit), without importing its modelling code; a broken config.json is a ConfigError."""
+    from transformers import AutoConfig
+
+    with quiet_transformers():
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            return AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    with quiet_transformers():
+        try:
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except MemoryError:
             raise
         except Exception as e:
             raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
-    return model, tokenizer
 
 
 def _load_problem(e: BaseException) -> str:
