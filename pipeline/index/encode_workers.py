@@ -161,6 +161,8 @@ class ShardEncoder:
         self.backend, self.runner, self.precision, self.backend_note = tower_runner(
             self.model, "doc", backend, wanted, torch_threads, self.device, calibration=calibration)
         self.backend_check = getattr(self.runner, "check", None)  # the figures of its check against torch
+        if self.runner is None:  # torch runs the tower: a deferred one (the driver's) loads now, in the start-up
+            self.model.load_weights()
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
         self.node = None  # outside Ray (tests, plain use): no node id

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -94,3 +95,15 @@ def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp
     assert names
     for name in names:
         np.testing.assert_array_equal(np.load(tmp_path / "a" / f"{name}.npy"), np.load(tmp_path / "b" / f"{name}.npy"))
+
+
+def test_a_torch_encoder_loads_a_deferred_model_in_its_start_up(tiny_model_dir, tmp_path):
+    """encode.backend=torch: the driver's deferred model is loaded when the encoder starts (counted in the
+    start-up, as before), not inside the first shard's encoding (the warm OpenVINO case, which leaves it
+    deferred, is test_a_warm_openvino_encode_never_loads_the_weights)."""
+    from pipeline.index.encode_workers import ShardEncoder
+
+    cfg = _cfg(tiny_model_dir)
+    lazy = BiEncoder.load(cfg, defer=True)
+    ShardEncoder(asdict(cfg), " ", 1, "fp32", 4, "float32", str(tmp_path / "out"), model=lazy, backend="torch")
+    assert not lazy.deferred
