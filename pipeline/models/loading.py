@@ -165,20 +165,25 @@ def quiet_transformers():
                 hf_logging.set_verbosity(level)
 
 
-def _load_tower(path: Path, tokenizer: bool = True):
-    """(model, tokenizer) of one transformers folder (tokenizer None when not asked for). A folder
-    transformers cannot load (a bad config.json, no weights, a truncated weights file, a broken tokenizer)
-    is one ConfigError naming the folder and what is wrong, whatever transformers or safetensors raised."""
-    from transformers import AutoModel
-
+def _from_folder(auto, path: Path, what: str):
+    """`auto.from_pretrained` of one folder, offline, transformers' bars and warnings kept quiet; whatever it
+    raises (a bad config.json, no weights, a truncated weights file, a broken tokenizer: OSError, ValueError,
+    SafetensorError, JSON errors) is one ConfigError naming the folder and the `what` it could not load."""
     with quiet_transformers():
         try:
-            model = AutoModel.from_pretrained(str(path), local_files_only=True)
+            return auto.from_pretrained(str(path), local_files_only=True)
         except MemoryError:
             raise
-        except Exception as e:  # OSError, ValueError, SafetensorError, JSON errors: all a broken folder
-            raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
-    return model, (_load_tokenizer(path) if tokenizer else None)
+        except Exception as e:
+            raise ConfigError(f"model folder {path}: cannot load the {what}: {_load_problem(e)}") from None
+
+
+def _load_tower(path: Path, tokenizer: bool = True):
+    """(model, tokenizer) of one transformers folder (tokenizer None when not asked for); a folder
+    transformers cannot load is one ConfigError (`_from_folder`)."""
+    from transformers import AutoModel
+
+    return _from_folder(AutoModel, path, "model"), (_load_tokenizer(path) if tokenizer else None)
 
 
 def _load_config(path: Path):
@@ -186,25 +191,13 @@ def _load_config(path: Path):
     its position limit), without importing its modelling code; a broken config.json is a ConfigError."""
     from transformers import AutoConfig
 
-    with quiet_transformers():
-        try:
-            return AutoConfig.from_pretrained(str(path), local_files_only=True)
-        except MemoryError:
-            raise
-        except Exception as e:
-            raise ConfigError(f"model folder {path}: cannot load the model: {_load_problem(e)}") from None
+    return _from_folder(AutoConfig, path, "model")
 
 
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    with quiet_transformers():
-        try:
-            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except MemoryError:
-            raise
-        except Exception as e:
-            raise ConfigError(f"model folder {path}: cannot load the tokenizer: {_load_problem(e)}") from None
+    return _from_folder(AutoTokenizer, path, "tokenizer")
 
 
 def _load_problem(e: BaseException) -> str:
