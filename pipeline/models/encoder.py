@@ -104,6 +104,8 @@ class BiEncoder(nn.Module):
     def load_weights(self) -> "BiEncoder":
         """Load every deferred tower now (nothing when none is): the conversions made since (`to`, dtype
         casts) are applied to it, its train/eval mode set and its pooler frozen, as at a full load."""
+        if not self.deferred:  # (every parameters() call of a training step comes through here)
+            return self
         deferred = {id(t): t for t in (self._modules[n] for n in _TOWERS) if isinstance(t, DeferredTower)}
         loaded = {}
         for key, tower in deferred.items():
