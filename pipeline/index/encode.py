@@ -238,7 +238,7 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     # them, and bf16 / int8 towers are checked on them (models/backends.py)
     calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
     if todo:  # a model whose vectors are NaN/inf (or overflow float32's scores) is refused before anything is written
-        checked_model_vectors(probe, calibration[:8], meta["model"]["digest"])
+        checked_model_vectors(probe, calibration[:8], meta["model"]["digest"], export_ok=enc.backend != "torch")
     try:
         if todo and runner == "local":
             shape = local_shape(enc)
@@ -318,12 +318,15 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     return summary
 
 
-def checked_model_vectors(model, texts: list[str], digest: str) -> None:
+def checked_model_vectors(model, texts: list[str], digest: str, export_ok: bool = False) -> None:
     """`_check_model_vectors` on the model's fp32 vectors of `texts` (the corpus's first passages), once per
     model files (`digest`), model settings, texts, model code, torch version and CPU: a pass is remembered in
     the export cache (models/export_cache.py), so an encode run again on the same corpus does not pay a torch
     pass for it (its first forward was ~0.7 s of a warm run's start-up on NFCorpus abstracts). Any of these
-    changed (another checkpoint, another corpus) is a new key and the check runs; a failure is never kept."""
+    changed (another checkpoint, another corpus) is a new key and the check runs; a failure is never kept.
+    `export_ok` (an encode that may run OpenVINO) and the model's weights not loaded yet: the vectors come from its
+    export compiled in fp32 where that has passed the fp32 gate on this CPU (tower_check.verified_export), so a
+    first encode of a corpus loads no torch weights for this check."""
     import hashlib
 
     import torch
@@ -342,7 +345,12 @@ def checked_model_vectors(model, texts: list[str], digest: str) -> None:
         memo = None
     except (OSError, ValueError, AttributeError):
         pass
-    _check_model_vectors(model, model.embed(texts, "doc"))
+    reference = None
+    if export_ok and getattr(model, "deferred", False):
+        from ..models.tower_check import verified_export
+
+        reference = verified_export(model, "doc", threads=torch.get_num_threads())
+    _check_model_vectors(model, model.embed(texts, "doc", runner=reference))
     if memo is None:
         return
     try:  # a read-only (or full) cache: the check is simply made again next time

@@ -6,6 +6,8 @@ what a correct conversion gives in it (the figures behind each gate are in its c
 from __future__ import annotations
 
 import hashlib
+import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +117,9 @@ def describe_check(check: dict) -> str:
     if "max_error_gate" in check:
         said += f" and a component off by {check['max_error']:.3g} of its vector's length"
         need += f" and <= {check['max_error_gate']:.2g} off"
-    return f"{said} with torch's fp32 ones on {check['texts']} {check['on']} (needed {need})"
+    ref = ("the fp32 export's ones (verified against torch's)" if check.get("reference") == "openvino-fp32"
+           else "torch's fp32 ones")
+    return f"{said} with {ref} on {check['texts']} {check['on']} (needed {need})"
 
 
 def against_torch(run, model, side: str, batches) -> tuple[np.ndarray, np.ndarray]:
@@ -144,3 +148,77 @@ def probe_check(graph, model, side: str, words: tuple[int, ...], threads: int) -
                            dtype=np.float32), model, side, probe_batches(model, side, words))
     said, gate = {**check_figures(ours, ref), "on": "probe texts", "precision": "fp32"}, gates_for("fp32")
     return {**said, **gate, "passed": passes(said, gate)}
+
+
+def check_memo(folder: Path, precision: str, sample: list[str] | None, digest: str | None, ir_name: str) -> Path:
+    """Where a check's figures are kept beside an export (`folder`): per precision, CPU, texts (the corpus's
+    first passages in `sample`, or the probe texts), export and IR (`ir_name`: the export's folder, or an int8
+    entry's)."""
+    key = hashlib.sha256(json.dumps([precision, cpu_key(), sorted(sample) if sample else "probe",
+                                     digest, ir_name]).encode()).hexdigest()[:16]
+    return folder / f"check-{key}.json"
+
+
+def read_figures(memo: Path | None) -> dict | None:
+    """A kept check's figures, or None (none kept, unreadable, or not a check's)."""
+    try:
+        figures = json.loads(memo.read_text()) if memo is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(figures, dict) or not {"min_cosine", "mean_cosine", "max_error", "texts"} <= set(figures):
+        return None
+    return figures
+
+
+class _Fp32Export:
+    """An export's IR compiled in fp32: numpy token batch in, float32 vectors out (one request, locked)."""
+
+    def __init__(self, xml: Path, names: list[str], threads: int):
+        import openvino as ov
+
+        self.names, self.threads, self._lock = names, threads, threading.Lock()
+        self.request = ov.Core().compile_model(str(xml), "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}).create_infer_request()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        with self._lock:
+            out = self.request.infer([np.ascontiguousarray(batch[n], dtype=np.int64) for n in self.names])
+            return np.array(out[0], dtype=np.float32)
+
+
+_REFERENCES: dict[str, _Fp32Export] = {}  # the last one compiled (a first encode's two checks share it)
+_REFERENCES_LOCK = threading.Lock()
+
+
+def verified_export(model, side: str, threads: int = 1, cache: str | Path | None = None,
+                    digest: str | None = None) -> _Fp32Export | None:
+    """The model's OpenVINO export compiled in fp32, when that export (whole: its digests) has passed the fp32
+    check against torch's vectors on this CPU (its probe check, kept beside it when the export was made, or at a
+    first use in fp32); else None. Its vectors stand in for torch's fp32 ones where a check only needs those
+    (a bf16 or int8 tower's check on the corpus's passages, encode's check of the model's vectors): the fp32
+    gate (no component off by more than 2.5e-6 of its vector's length) is far inside what those checks tell
+    apart, and a first encode of a corpus with the export cached then loads no torch weights at all."""
+    from .export_cache import entry_problem, export_cache_dir, tower_digest
+
+    try:
+        digest = digest or tower_digest(model, side)
+        folder = export_cache_dir(cache) / "openvino" / digest[:32]
+    except Exception:  # a cache path that is a file, a model folder that cannot be read: torch's vectors then
+        return None
+    if entry_problem(folder, "export.json") is not None:
+        return None
+    figures = read_figures(check_memo(folder, "fp32", None, digest, folder.name))
+    if figures is None or figures.get("precision") != "fp32" or not passes(figures, gates_for("fp32")):
+        return None
+    xml = folder / "tower.xml"
+    with _REFERENCES_LOCK:
+        runner = _REFERENCES.get(str(xml))
+        if runner is None:
+            try:
+                runner = _Fp32Export(xml, input_names(model, side), max(1, int(threads)))
+            except Exception:  # (a plugin that cannot compile it: torch's vectors then, and the tower says why)
+                return None
+            _REFERENCES.clear()
+            _REFERENCES[str(xml)] = runner
+    return runner

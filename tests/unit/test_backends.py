@@ -14,7 +14,7 @@ import torch
 from pipeline.config import ModelConfig
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.models import BiEncoder
-from pipeline.models import backends, export_cache, tower_check
+from pipeline.models import backends, export_cache, openvino_graph, tower_check
 from pipeline.models.backends import OpenVinoTower, resolve_backend, tower_runner
 
 pytest.importorskip("openvino")
@@ -46,8 +46,8 @@ def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path
     """One export per model folder's digest; another model (other weights) of an architecture exported before
     is made from the graph kept then, its weights written in: nothing converted, torch's vectors."""
     converted = []
-    real_convert = backends.convert_tower
-    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+    real_convert = openvino_graph.convert_tower
+    monkeypatch.setattr(openvino_graph, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
     cache = tmp_path / "cache"
@@ -223,8 +223,8 @@ def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_m
     steps change them in place) are written in, and the graph gives torch's vectors for them. The model is
     left as it was (the same tensors, the same values); no use after the first conversion converts."""
     converted = []
-    real_convert = backends.convert_tower
-    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+    real_convert = openvino_graph.convert_tower
+    monkeypatch.setattr(openvino_graph, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
     model = _model(tiny_model_dir, pooling="mean", normalize=True)  # freshly initialised: layer norms exactly 1
     before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
     refreshable = backends.RefreshableTower(model, "doc", cache=tmp_path)
@@ -262,8 +262,8 @@ def test_a_converted_graph_is_kept_by_architecture_and_a_later_run_converts_noth
     tower_runner(first, "doc", "openvino", "fp32", 1, keep=False, refreshable=tower)
     assert backends.graph_cached(first, "doc", cache=tmp_path)
     converted = []
-    real_convert = backends.convert_tower
-    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
+    real_convert = openvino_graph.convert_tower
+    monkeypatch.setattr(openvino_graph, "convert_tower", lambda *a, **k: converted.append(1) or real_convert(*a, **k))
     later = _model(tiny_model_dir, pooling="mean", normalize=True)
     _nudge(later, 7)  # other weights, the same architecture
     assert backends.graph_cached(later, "doc", cache=tmp_path)
@@ -347,7 +347,7 @@ def test_a_conversion_that_fails_is_a_reason_and_auto_falls_back_to_torch(tiny_m
     def broken(*a, **k):
         raise ValueError("no such op\nmore detail")
 
-    monkeypatch.setattr(backends, "convert_tower", broken)
+    monkeypatch.setattr(openvino_graph, "convert_tower", broken)
     tower = backends.RefreshableTower(model, "doc", cache=tmp_path)
     assert tower.reason == "the conversion failed (ValueError: no such op)" and not tower.fits(model, "doc")
     assert tower.is_of(model, "doc")  # known for this model: a validator does not try it again

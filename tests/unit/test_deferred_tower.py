@@ -5,6 +5,7 @@ never loads them, and a broken weights file is still one ConfigError before anyt
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 from dataclasses import asdict
 
@@ -95,6 +96,52 @@ def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp
     assert names
     for name in names:
         np.testing.assert_array_equal(np.load(tmp_path / "a" / f"{name}.npy"), np.load(tmp_path / "b" / f"{name}.npy"))
+
+
+def test_a_first_encode_of_another_corpus_with_the_export_cached_loads_no_weights(tiny_model_dir, faq, tmp_path,
+                                                                                   monkeypatch):
+    """The export's fp32 check against torch is kept when the export is made: a later encode of a corpus never seen,
+    in bf16 (simulated where this CPU has none), checks its tower on that corpus's first passages against the export
+    compiled in fp32, and the model check runs on the export too, so the torch tower is never loaded; the check's
+    figures name what they were checked against, and its vectors are within bf16's gate of torch's."""
+    pytest.importorskip("openvino")
+    from pipeline.data.ingest import ingest
+    from pipeline.index.encode import encode_corpus
+    from pipeline.index.shards import completed_shards
+    from pipeline.models.backends import OpenVinoTower
+    from pipeline.models.tower_check import cosines
+
+    real_compile = OpenVinoTower._compile
+
+    def as_bf16(self, converted, xml, precision):  # the bf16 path (a check on the corpus's passages) on any CPU
+        real_compile(self, converted, xml, precision)
+        if precision == "bf16":
+            self.precision = "bf16"
+
+    monkeypatch.setattr(OpenVinoTower, "_compile", as_bf16)
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
+    loads = []
+    real = DeferredTower.load
+    monkeypatch.setattr(DeferredTower, "load", lambda self: loads.append(self.path) or real(self))
+    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
+                             "encode.precision=fp32", "encode.show_progress=false"])
+    encode_corpus(faq, tmp_path / "a", cfg)
+    assert len(loads) == 1  # the export is made from the weights (and checked against torch then)
+    raw = tmp_path / "other.tsv"
+    raw.write_text("".join(f"{i}\ta passage never encoded before, number {i}: {' '.join(['words'] * (i % 17))}\n"
+                           for i in range(40)))
+    ingest([raw], "msmarco", tmp_path / "other", progress=False)
+    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
+                             "encode.precision=bf16", "encode.show_progress=false"])
+    encode_corpus(tmp_path / "other", tmp_path / "b", cfg)
+    assert len(loads) == 1  # neither the tower's check nor the model check loaded the torch tower
+    (check,) = json.loads((tmp_path / "b" / "embeddings.json").read_text())["backend_checks"]
+    assert check["reference"] == "openvino-fp32" and check["on"] == "the corpus's first passages", check
+    assert check["passed"] and check["texts"] == 32
+    texts = [line.split("\t", 1)[1].rstrip("\n") for line in raw.read_text().splitlines(keepends=True)]
+    full = BiEncoder.load(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
+    got = np.concatenate([np.load(tmp_path / "b" / f"{n}.npy") for n in completed_shards(tmp_path / "b")])
+    assert cosines(got.astype(np.float32), full.embed(texts, "doc")).min() >= 0.999  # torch's fp32 vectors
 
 
 def test_a_torch_encoder_loads_a_deferred_model_in_its_start_up(tiny_model_dir, tmp_path):

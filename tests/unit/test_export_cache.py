@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import PipelineError
-from pipeline.models import BiEncoder, backends, export_cache, tower_check
+from pipeline.models import BiEncoder, backends, export_cache, openvino_graph, tower_check
 from pipeline.models.backends import OpenVinoTower, tower_runner
 from pipeline.models.heads import DenseLayer, Head
 
@@ -85,7 +85,7 @@ def test_two_models_differing_only_in_the_dense_activation_each_export_their_own
     assert np.abs(vectors["tanh"] - vectors["hardtanh"]).max() > 1e-4  # the two models do differ
     assert len([p for p in (cache / "openvino-graphs").iterdir() if not p.name.startswith(".")]) == 2
     # the old key (no activation in it): the second model finds the first's graph, which fails the fp32 gate
-    monkeypatch.setattr(backends, "graph_key", lambda *a: "one-key-for-both")
+    monkeypatch.setattr(openvino_graph, "graph_key", lambda *a: "one-key-for-both")
     checks = []
     real = tower_check.probe_check
     monkeypatch.setattr(backends, "probe_check", lambda *a, **k: checks.append(real(*a, **k)) or checks[-1])
@@ -140,6 +140,8 @@ def test_vectors_off_by_more_than_the_fp32_floor_are_refused_at_fp32_though_thei
         return out
 
     monkeypatch.setattr(OpenVinoTower, "__call__", off)
+    # nothing kept: the export's own fp32 check (its graph compiled apart) would vouch for the tower otherwise
+    monkeypatch.setattr(backends, "_keep_figures", lambda *a: None)
     with pytest.raises(PipelineError, match=r"openvino's fp32 vectors had a minimum cosine of 1\.0 and a component "
                                             r"off by 0\.0001 of its vector's length .*needed >= 0\.9999 and <= 2\.5e-06"):
         tower_runner(model, "doc", "openvino", "fp32", 1, cache=tmp_path)
@@ -196,3 +198,51 @@ def test_the_model_code_is_in_the_export_key(tiny_model_dir, tmp_path, monkeypat
     assert export_cache.tower_digest(model, "doc") != digest and export_cache.graph_key(model, "doc") != key
     changed = OpenVinoTower(model, cache=cache)
     assert changed.converted and changed.folder != first.folder and changed.check["passed"]
+
+
+def test_a_bf16_check_stands_on_the_fp32_export_only_where_its_fp32_check_passed_on_this_cpu(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """An export keeps its fp32 check against torch (made when the export is made); a bf16 tower's check on the
+    corpus's passages then compares with the export compiled in fp32 and leaves torch's tower alone. Where that
+    check is missing, failed the fp32 gate, was made on another CPU, or the export's files are altered, torch's
+    fp32 vectors are the reference again."""
+    from pipeline.config import ModelConfig
+    from pipeline.models import tower_check as tc
+
+    real_compile = OpenVinoTower._compile
+
+    def as_bf16(self, converted, xml, precision):  # the bf16 path on any CPU
+        real_compile(self, converted, xml, precision)
+        if precision == "bf16":
+            self.precision = "bf16"
+
+    monkeypatch.setattr(OpenVinoTower, "_compile", as_bf16)
+    cfg = ModelConfig(name_or_path=str(tiny_model_dir), pooling="mean", normalize=True, doc_max_length=64)
+    cache = tmp_path / "cache"
+    texts = [f"passage {i} about {' '.join(['lists'] * i)}" for i in range(40)]
+    OpenVinoTower(BiEncoder.load(cfg).eval(), cache=cache)  # the export, checked in fp32 against torch
+    (folder,) = [f for f in (cache / "openvino").iterdir() if not f.name.startswith(".")]
+    (kept,) = folder.glob("check-*.json")
+    figures = json.loads(kept.read_text())
+    assert figures["precision"] == "fp32" and figures["on"] == "probe texts", figures
+
+    def bf16_check(tag):
+        lazy = BiEncoder.load(cfg, defer=True).eval()
+        tc._REFERENCES.clear()
+        tower = OpenVinoTower(lazy, precision="bf16", cache=cache, calibration=[f"{tag} {t}" for t in texts])
+        assert tower.check["passed"] and tower.check["texts"] == 32, tower.check
+        return tower.check["reference"], lazy.deferred
+
+    assert bf16_check("first") == ("openvino-fp32", True)  # torch's tower never loaded
+    kept.write_text(json.dumps({**figures, "max_error": 1e-3}))  # a check that failed the fp32 gate
+    assert bf16_check("second") == ("torch-fp32", False)
+    kept.write_text(json.dumps(figures))
+    assert bf16_check("third") == ("openvino-fp32", True)
+    real_key = tc.cpu_key
+    monkeypatch.setattr(tc, "cpu_key", lambda: "another-cpu")  # kept on another CPU: not this one's
+    assert bf16_check("fourth") == ("torch-fp32", False)
+    monkeypatch.setattr(tc, "cpu_key", real_key)
+    lazy = BiEncoder.load(cfg, defer=True)
+    assert tc.verified_export(lazy, "doc", cache=cache) is not None
+    (folder / "tower.xml").write_text((folder / "tower.xml").read_text() + " ")  # the export altered
+    assert tc.verified_export(lazy, "doc", cache=cache) is None and lazy.deferred

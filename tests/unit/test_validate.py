@@ -69,7 +69,7 @@ def test_the_encoder_plan_follows_encode_and_says_why(tiny_model_dir, faq, tmp_p
     gpu = v.encoder_plan(model, "cuda", 5_000) if torch.cuda.is_available() else ("torch", None, "a GPU")
     assert gpu[0] == "torch" and "GPU" in gpu[2]
     # a run of this architecture kept its graph: nothing to convert, so OpenVINO pays off on fewer passages
-    from pipeline.models import backends
+    from pipeline.models import backends, openvino_graph
 
     monkeypatch.setattr(backends, "graph_cached", lambda *a, **k: True)
     if want == "bf16":
@@ -142,7 +142,7 @@ def test_a_freshly_initialised_model_is_refreshed_and_a_folded_weight_is_convert
     random weights). A tower whose output uses a constant computed from a weight cannot be refreshed: every
     validation converts the model as it is, says why, and scores the weights as they are."""
     pytest.importorskip("openvino")
-    from pipeline.models import backends
+    from pipeline.models import backends, openvino_graph
 
     monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(validate_mod, "OPENVINO_MIN_PASSAGES", 100)
@@ -161,10 +161,10 @@ def test_a_freshly_initialised_model_is_refreshed_and_a_folded_weight_is_convert
     real_encode = model.encode_docs
     # the converter folds the sum of one weight matrix into one number
     monkeypatch.setattr(model, "encode_docs", lambda b: real_encode(b) + 0.01 * next(model.parameters()).sum())
-    monkeypatch.setattr(backends, "graph_key", lambda *a: "a-tower-of-its-own")  # not the graph kept above
+    monkeypatch.setattr(openvino_graph, "graph_key", lambda *a: "a-tower-of-its-own")  # not the graph kept above
     conversions = []
-    real_convert = backends.convert_tower
-    monkeypatch.setattr(backends, "convert_tower", lambda *a, **k: conversions.append(1) or real_convert(*a, **k))
+    real_convert = openvino_graph.convert_tower
+    monkeypatch.setattr(openvino_graph, "convert_tower", lambda *a, **k: conversions.append(1) or real_convert(*a, **k))
     v = Validator(str(faq), qrels=qrels, metric="nDCG@10", precision="fp32")
     for seed in (1, 2):
         got = v(model)
