@@ -212,8 +212,7 @@ class OpenVinoTower:
 
         self.converted = cached_entry(self.folder, "export.json", make, self.notes)
         if verified.get("passed"):
-            _keep_figures(check_memo(self.folder, "fp32", None, self.digest, self.folder.name),
-                          {k: verified[k] for k in ("min_cosine", "mean_cosine", "max_error", "texts", "on", "precision")})
+            _keep_figures(check_memo(self.folder, "fp32", None, self.digest, self.folder.name), _figures(verified))
         return self.folder / "tower.xml"
 
     def _graph_with_weights(self, model):
@@ -324,6 +323,8 @@ class OpenVinoTower:
                 ref_v = np.concatenate([reference(b) for b in batches])
             else:
                 ours, ref_v = against_torch(self, model, self.side, batches)
+                if on_texts and self.keep:  # torch is loaded now: the export verified in fp32 for the next time
+                    self._keep_fp32_check(model)
             model.check_finite(ref_v, self.side)  # a broken model is named as such, not as a failed conversion
             figures = {**check_figures(ours, ref_v), "on": "the corpus's first passages" if on_texts else "probe texts",
                        "precision": self.precision, "reference": "openvino-fp32" if reference else "torch-fp32"}
@@ -331,6 +332,23 @@ class OpenVinoTower:
                 _keep_figures(memo, figures)
         gates = gates_for(self.precision)
         return {**figures, **gates, "passed": passes(figures, gates)}
+
+
+    def _keep_fp32_check(self, model) -> None:
+        """The export (made before its fp32 check was kept, or checked on another CPU) checked in fp32 against
+        torch on the probe texts, and the figures kept beside it when it passes: a later check on a corpus's
+        passages then needs no torch weights (tower_check.verified_export)."""
+        try:
+            check = probe_check(str(self.folder / "tower.xml"), model, self.side, PROBE_WORDS, self.threads)
+        except Exception:  # (the check this tower is making says what is wrong, if anything)
+            return
+        if check["passed"]:
+            _keep_figures(check_memo(self.folder, "fp32", None, self.digest, self.folder.name), _figures(check))
+
+
+def _figures(check: dict) -> dict:
+    """A check's own figures (not its gates or verdict), as they are kept."""
+    return {k: check[k] for k in ("min_cosine", "mean_cosine", "max_error", "texts", "on", "precision")}
 
 
 def _keep_figures(memo: Path, figures: dict) -> None:

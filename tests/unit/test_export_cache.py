@@ -205,7 +205,7 @@ def test_a_bf16_check_stands_on_the_fp32_export_only_where_its_fp32_check_passed
     """An export keeps its fp32 check against torch (made when the export is made); a bf16 tower's check on the
     corpus's passages then compares with the export compiled in fp32 and leaves torch's tower alone. Where that
     check is missing, failed the fp32 gate, was made on another CPU, or the export's files are altered, torch's
-    fp32 vectors are the reference again."""
+    fp32 vectors are the reference again, and the export is checked in fp32 then and kept for the next time."""
     from pipeline.config import ModelConfig
     from pipeline.models import tower_check as tc
 
@@ -236,7 +236,8 @@ def test_a_bf16_check_stands_on_the_fp32_export_only_where_its_fp32_check_passed
     assert bf16_check("first") == ("openvino-fp32", True)  # torch's tower never loaded
     kept.write_text(json.dumps({**figures, "max_error": 1e-3}))  # a check that failed the fp32 gate
     assert bf16_check("second") == ("torch-fp32", False)
-    kept.write_text(json.dumps(figures))
+    again = json.loads(kept.read_text())  # with torch loaded, the export was checked in fp32 again and kept
+    assert again["max_error"] <= tc.FP32_MAX_ERROR and again["texts"] == len(tc.PROBE_WORDS), again
     assert bf16_check("third") == ("openvino-fp32", True)
     real_key = tc.cpu_key
     monkeypatch.setattr(tc, "cpu_key", lambda: "another-cpu")  # kept on another CPU: not this one's
