@@ -239,6 +239,10 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
     if todo:  # a model whose vectors are NaN/inf (or overflow float32's scores) is refused before anything is written
         checked_model_vectors(probe, calibration[:8], meta["model"]["digest"], export_ok=enc.backend != "torch")
+        if runner != "local":  # the actors check their own towers: the driver's compiled fp32 export is let go
+            from ..models.tower_check import release_references
+
+            release_references()
     try:
         if todo and runner == "local":
             shape = local_shape(enc)

@@ -46,7 +46,7 @@ from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem
 # the gates live in tower_check (a test changes them there); the probe texts are named here too
 from .tower_check import (PROBE_WORDS, SHORT_PROBE_WORDS, against_torch, check_figures, check_memo,  # noqa: F401
                           check_texts, cpu_key, describe_check, gates_for, passes, probe_batches, probe_check,
-                          read_figures, token_batches, verified_export)
+                          read_figures, release_references, token_batches, verified_export)
 from . import openvino_graph
 from .openvino_graph import RefreshableTower, _Tower, convert_tower  # noqa: F401  (the names users import)
 
@@ -321,6 +321,7 @@ class OpenVinoTower:
             if reference is not None:
                 ours = np.concatenate([self(b) for b in batches])
                 ref_v = np.concatenate([reference(b) for b in batches])
+                release_references()  # (the last check that uses it: the model check is made before)
             else:
                 ours, ref_v = against_torch(self, model, self.side, batches)
                 if on_texts and self.keep:  # torch is loaded now: the export verified in fp32 for the next time

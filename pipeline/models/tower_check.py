@@ -191,6 +191,12 @@ _REFERENCES: dict[str, _Fp32Export] = {}  # the last one compiled (a first encod
 _REFERENCES_LOCK = threading.Lock()
 
 
+def release_references() -> None:
+    """Let the compiled fp32 export go (its weights' memory) once the checks that use it are made."""
+    with _REFERENCES_LOCK:
+        _REFERENCES.clear()
+
+
 def verified_export(model, side: str, threads: int = 1, cache: str | Path | None = None,
                     digest: str | None = None) -> _Fp32Export | None:
     """The model's OpenVINO export compiled in fp32, when that export (whole: its digests) has passed the fp32
