@@ -75,6 +75,20 @@ def test_broken_weights_are_one_config_error_at_their_first_use(tiny_model_dir, 
         lazy.embed(TEXTS, "doc")
 
 
+def _counted_loads(monkeypatch, tmp_path) -> list:
+    """The deferred towers loaded from here on (their paths), with an export cache of this test's own."""
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
+    loads = []
+    real = DeferredTower.load
+    monkeypatch.setattr(DeferredTower, "load", lambda self: loads.append(self.path) or real(self))
+    return loads
+
+
+def _openvino_encode(tiny_model_dir, precision: str):
+    return load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
+                              f"encode.precision={precision}", "encode.show_progress=false"])
+
+
 def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp_path, monkeypatch):
     """An encode again of a corpus with the same model: the export, the tower's check and the model check
     are remembered, so the torch tower is never loaded; its vectors are the first encode's."""
@@ -82,12 +96,8 @@ def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp
     from pipeline.index.encode import encode_corpus
     from pipeline.index.shards import completed_shards
 
-    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
-    loads = []
-    real = DeferredTower.load
-    monkeypatch.setattr(DeferredTower, "load", lambda self: loads.append(self.path) or real(self))
-    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
-                             "encode.precision=fp32", "encode.show_progress=false"])
+    loads = _counted_loads(monkeypatch, tmp_path)
+    cfg = _openvino_encode(tiny_model_dir, "fp32")
     encode_corpus(faq, tmp_path / "a", cfg)
     assert len(loads) == 1  # the first encode: the model check and the conversion need the weights (once)
     encode_corpus(faq, tmp_path / "b", cfg)
@@ -119,20 +129,15 @@ def test_a_first_encode_of_another_corpus_with_the_export_cached_loads_no_weight
             self.precision = "bf16"
 
     monkeypatch.setattr(OpenVinoTower, "_compile", as_bf16)
-    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "cache"))
-    loads = []
-    real = DeferredTower.load
-    monkeypatch.setattr(DeferredTower, "load", lambda self: loads.append(self.path) or real(self))
-    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
-                             "encode.precision=fp32", "encode.show_progress=false"])
+    loads = _counted_loads(monkeypatch, tmp_path)
+    cfg = _openvino_encode(tiny_model_dir, "fp32")
     encode_corpus(faq, tmp_path / "a", cfg)
     assert len(loads) == 1  # the export is made from the weights (and checked against torch then)
     raw = tmp_path / "other.tsv"
     raw.write_text("".join(f"{i}\ta passage never encoded before, number {i}: {' '.join(['words'] * (i % 17))}\n"
                            for i in range(40)))
     ingest([raw], "msmarco", tmp_path / "other", progress=False)
-    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "encode.runner=local", "encode.backend=openvino",
-                             "encode.precision=bf16", "encode.show_progress=false"])
+    cfg = _openvino_encode(tiny_model_dir, "bf16")
     encode_corpus(tmp_path / "other", tmp_path / "b", cfg)
     assert len(loads) == 1  # neither the tower's check nor the model check loaded the torch tower
     (check,) = json.loads((tmp_path / "b" / "embeddings.json").read_text())["backend_checks"]
