@@ -137,15 +137,8 @@ def against_torch(run, model, side: str, batches) -> tuple[np.ndarray, np.ndarra
 def probe_check(graph, model, side: str, words: tuple[int, ...], threads: int) -> dict:
     """`graph` compiled in fp32 against torch's fp32 vectors on the probe texts of `words`, at the fp32 gates
     (a converted graph is verified, and kept, at these only)."""
-    import openvino as ov
-
-    names = input_names(model, side)
-    request = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                     "INFERENCE_NUM_THREADS": max(1, int(threads)),
-                                                     "ENABLE_CPU_PINNING": False}).create_infer_request()
-    ours, ref = against_torch(
-        lambda b: np.array(request.infer([np.ascontiguousarray(b[n], dtype=np.int64) for n in names])[0],
-                           dtype=np.float32), model, side, probe_batches(model, side, words))
+    run = _Fp32Export(graph, input_names(model, side), max(1, int(threads)))
+    ours, ref = against_torch(run, model, side, probe_batches(model, side, words))
     said, gate = {**check_figures(ours, ref), "on": "probe texts", "precision": "fp32"}, gates_for("fp32")
     return {**said, **gate, "passed": passes(said, gate)}
 
@@ -171,13 +164,14 @@ def read_figures(memo: Path | None) -> dict | None:
 
 
 class _Fp32Export:
-    """An export's IR compiled in fp32: numpy token batch in, float32 vectors out (one request, locked)."""
+    """An IR (a file, or a graph in memory) compiled in fp32: numpy token batch in, float32 vectors out (one
+    request, locked)."""
 
-    def __init__(self, xml: Path, names: list[str], threads: int):
+    def __init__(self, source, names: list[str], threads: int):
         import openvino as ov
 
         self.names, self.threads, self._lock = names, threads, threading.Lock()
-        self.request = ov.Core().compile_model(str(xml), "CPU", {
+        self.request = ov.Core().compile_model(str(source) if isinstance(source, Path) else source, "CPU", {
             "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
             "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}).create_infer_request()
 
