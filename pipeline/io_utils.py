@@ -11,6 +11,9 @@
   is reported on stderr in one line.
 * `check_output(path, kind, overwrite)` refuses an output path that holds anything but
   this tool's own output of that kind, and the tool's own output unless `overwrite`.
+* A command run again as it was run (`is_rerun`) computes its result beside the output and
+  keeps the output when the two are the same (`same_output`, `write_json_rerun`), refusing
+  when they differ (`refuse_different`): nothing is replaced without `overwrite`.
 """
 
 from __future__ import annotations
@@ -342,6 +345,65 @@ def check_output(path: str | os.PathLike, kind: str, overwrite: bool = False) ->
                           "Choose another output path; nothing was written.")
     if not overwrite:
         raise OutputError(f"{path} already holds {spec.what}; pass {flag} to replace it (nothing was written)")
+    return True
+
+
+# --------------------------------------------------------------------------- re-runs
+
+def is_rerun(path: str | os.PathLike, kind: str, overwrite: bool) -> bool:
+    """`check_output`, except that this tool's own output of `kind` at `path` is no error without `overwrite`:
+    True then. The caller computes its result beside it (`scratch_beside`) and keeps what is there when the two
+    are the same (`same_output`), refusing when they differ (`refuse_different`): a command run again as it
+    was run does nothing and says so, as `encode` and `train` keep the work already done."""
+    return check_output(path, kind, overwrite=True) and not overwrite
+
+
+@contextlib.contextmanager
+def scratch_beside(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path` (`.tmp-<name>-<pid>-<rand>`: what a killed writer leaves is removed by
+    the next write of `path`), removed when the block ends."""
+    path = Path(path)
+    tmp = path.parent / _temp_name("tmp", path.name)
+    try:
+        yield tmp
+    finally:
+        remove_path(tmp)
+
+
+def same_output(a: str | os.PathLike, b: str | os.PathLike, ignore: tuple[str, ...] = ()) -> bool:
+    """Whether file or folder `a` holds what `b` holds, byte for byte (a folder: the same files at the same
+    places; names in `ignore` are left out of a folder's comparison)."""
+    import filecmp
+
+    a, b = Path(a), Path(b)
+    if a.is_dir() != b.is_dir():
+        return False
+    if not a.is_dir():
+        return filecmp.cmp(a, b, shallow=False)
+    fa = {rel: p for rel, p in tree_files(a) if rel not in ignore}
+    fb = {rel: p for rel, p in tree_files(b) if rel not in ignore}
+    return fa.keys() == fb.keys() and all(filecmp.cmp(fa[r], fb[r], shallow=False) for r in fa)
+
+
+def refuse_different(path: str | os.PathLike, kind: str, differs: str):
+    """The error of a re-run whose result is not what `path` holds: nothing is written or replaced."""
+    raise OutputError(f"{path} already holds {OUTPUT_KINDS[kind].what}, a different one ({differs}); pass "
+                      "--overwrite to replace it, or choose another output path (nothing was written)")
+
+
+def write_json_rerun(path: str | os.PathLike, obj, kind: str, rerun: bool) -> bool:
+    """Write `obj` as JSON at `path` (atomically); on a re-run (`is_rerun`) keep the file when it holds the same
+    values and refuse when it does not. True when written."""
+    if rerun:
+        new = json.loads(json.dumps(obj, sort_keys=True, default=str))
+        try:
+            old = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if old != new:
+            refuse_different(path, kind, "other values")
+        return False
+    write_json_atomic(path, obj)
     return True
 
 

@@ -49,10 +49,10 @@ def cmd_evaluate(args) -> None:
     from ..eval.qa import qa_accuracy
     from ..eval.report import format_table
     from ..eval.runs import read_run
-    from ..io_utils import check_output, write_json_atomic
+    from ..io_utils import is_rerun, write_json_rerun
 
     if args.json:
-        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
+        rerun = is_rerun(args.json, "metrics", args.overwrite)  # another file there: refused before any work
     if bool(args.qrels) == bool(args.qa):
         raise PipelineError("evaluate needs exactly one of --qrels (TREC/BEIR qrels) or --qa (DPR QA file, with --corpus)")
     if args.qa and args.measures:
@@ -103,8 +103,12 @@ def cmd_evaluate(args) -> None:
         for qid, vals in sorted(result["per_query"].items()):
             print(qid + "\t" + "\t".join(f"{k}={v:.4f}" for k, v in vals.items()))
     if args.json:
-        write_json_atomic(args.json, result)
-        print(f"[evaluate] wrote {args.json}")
+        _say_json("evaluate", args.json, write_json_rerun(args.json, result, "metrics", rerun))
+
+
+def _say_json(verb: str, path, written: bool) -> None:
+    print(f"[{verb}] wrote {path}" if written else f"[{verb}] unchanged: {path} already holds these values; "
+                                                     "nothing was written")
 
 
 def _parts(args, cfg) -> tuple[dict, dict]:
@@ -134,10 +138,10 @@ def cmd_compare(args) -> None:
         raise PipelineError("compare needs at least one run file")
     cfg = _eval_cfg(args)
     from ..eval.compare import compare_runs, format_comparison
-    from ..io_utils import check_output, write_json_atomic
+    from ..io_utils import is_rerun, write_json_rerun
 
     if args.json:
-        check_output(args.json, "metrics", args.overwrite)  # refused before any work, nothing written
+        rerun = is_rerun(args.json, "metrics", args.overwrite)  # another file there: refused before any work
     names = [Path(r).name for r in args.runs]
     labels = names if len(set(names)) == len(names) else [str(r) for r in args.runs]
     if len(set(labels)) != len(labels):
@@ -146,8 +150,7 @@ def cmd_compare(args) -> None:
                           allow_mixed=args.allow_mixed, resamples=args.resamples, seed=args.seed)
     print(format_comparison(result))
     if args.json:
-        write_json_atomic(args.json, result)
-        print(f"[compare] wrote {args.json}")
+        _say_json("compare", args.json, write_json_rerun(args.json, result, "metrics", rerun))
 
 
 def cmd_sts(args) -> None:
@@ -156,11 +159,11 @@ def cmd_sts(args) -> None:
 
     cfg = load_cfg(args)  # before the library: a config error never loads torch
     from ..eval.sts import evaluate_sts, parse_scale, read_sts
-    from ..io_utils import check_output, write_json_atomic
+    from ..io_utils import is_rerun, write_json_rerun
     from ..models import BiEncoder
 
     if args.json:
-        check_output(args.json, "sts", args.overwrite)  # refused before any work, nothing written
+        rerun = is_rerun(args.json, "sts", args.overwrite)  # another file there: refused before any work
     scale = parse_scale(args.scale)
     device = device_flag(args, "STS encoding") or "cpu"
     pairs = read_sts(args.pairs, args.format, scale)  # a broken pairs file is refused before the model loads
@@ -172,7 +175,8 @@ def cmd_sts(args) -> None:
     print(f"{Path(args.pairs).name} ({res['format']}, {res['pairs']} pairs): "
           f"Spearman {100 * res['spearman']:.2f}  Pearson {100 * res['pearson']:.2f}")
     if args.json:
-        write_json_atomic(args.json, {**res, "model": args.model or cfg.model.name_or_path})
+        _say_json("sts", args.json, write_json_rerun(args.json, {**res, "model": args.model or cfg.model.name_or_path},
+                                                     "sts", rerun))
 
 
 def cmd_authorship(args) -> None:

@@ -9,6 +9,11 @@ folder holding anything else is refused), finishes or removes what killed runs l
 own stage and yields it; the stage's `commit(manifest)` moves the old manifest and entries aside
 and the new ones in, the manifest last. Only what the old manifest says ingest wrote is
 replaced: user files kept in the folder survive. See data/ingest.py for the layout.
+
+Into a corpus ingested before, without --overwrite, an ingest is a re-run (`_Stage.rerun`): a request
+its manifest says is another (sources, format, variant, title join) is refused before anything is
+read (`check_request`), and the corpus staged from the same one is compared with it (`unchanged`):
+the same, it is kept as it is and the stage dropped; different, refused. Nothing there is replaced.
 """
 
 from __future__ import annotations
@@ -98,12 +103,46 @@ def _conflicts(out: Path, install: list[str], remove: list[str]) -> None:
                                 "another --out. Nothing was changed")
 
 
+def _differs(out: Path, old: dict, what: str) -> PipelineError:
+    return PipelineError(f"{out} already holds an ingested corpus ({describe(old)}), a different one ({what}); pass "
+                         "--overwrite to replace it (only the corpus parts, manifest.json, queries.tsv and the qrels "
+                         "ingest wrote are replaced; other files there are kept), or choose another --out")
+
+
+_VOLATILE = ("created_at",)  # manifest fields that say when, not what
+
+
 class _Stage:
-    def __init__(self, out: Path, path: Path, old_manifest: dict | None, progress: bool):
+    def __init__(self, out: Path, path: Path, old_manifest: dict | None, progress: bool, rerun: bool = False):
         self.out, self.path, self.new = out, path, path / "new"
         self.old_manifest = old_manifest
         self.progress = progress
         self.swapping = False
+        self.rerun = rerun
+
+    def check_request(self, **asked) -> None:
+        """On a re-run: each of `asked` (format, variant, title_join, sources as [(path, bytes)]) as the manifest
+        there records it, or refused now."""
+        if not self.rerun:
+            return
+        old = self.old_manifest
+        for key, value in asked.items():
+            have = [(s.get("path"), s.get("bytes")) for s in old.get("sources") or []] if key == "sources" \
+                else old.get(key)
+            if have != value:
+                raise _differs(self.out, old, f"{key} {have!r} there, {value!r} asked now")
+
+    def unchanged(self, manifest: dict) -> bool:
+        """On a re-run: True when `manifest` (the staged corpus's) describes the corpus there, which is kept as it
+        is; another corpus is refused. False when this is no re-run."""
+        if not self.rerun:
+            return False
+        old = self.old_manifest
+        keys = sorted((set(old) | set(manifest)) - set(_VOLATILE))
+        diff = [k for k in keys if old.get(k) != manifest.get(k)]
+        if diff:
+            raise _differs(self.out, old, f"its {', '.join(diff)} differ")
+        return True
 
     def commit(self, manifest: dict) -> None:
         remove = _owned(self.old_manifest) if self.old_manifest else []
@@ -131,6 +170,7 @@ class CorpusOutput:
         self.stage: Path | None = None
         self.handle: _Stage | None = None
         self.lock = None
+        self.rerun = False
 
     def _say(self, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -170,7 +210,7 @@ class CorpusOutput:
                 self._cleanup()
                 raise PipelineError(f"another ingest is writing to {out} ({p.name}); wait for it to finish")
             os.close(fd)
-        self.handle = _Stage(out, self.stage, old_manifest, self.progress)
+        self.handle = _Stage(out, self.stage, old_manifest, self.progress, self.rerun)
         return self.handle
 
     def __exit__(self, exc_type, exc, tb):
@@ -255,9 +295,8 @@ class CorpusOutput:
             raise PipelineError(f"{out} holds a manifest.json that is not a readable ingest manifest ({e.reason}); "
                                 "nothing was changed: choose another --out") from None
         if not self.overwrite:
-            raise PipelineError(f"{out} already holds an ingested corpus ({describe(manifest)}); pass --overwrite "
-                                "to replace it (only the corpus parts, manifest.json, queries.tsv and the qrels "
-                                "ingest wrote are replaced; other files there are kept)")
+            self.rerun = True  # staged and compared; nothing there is replaced (`_Stage.unchanged`)
+            return manifest
         corpus = out / "corpus"
         if corpus.is_symlink() or (corpus.exists() and not corpus.is_dir()):
             raise PipelineError(f"{corpus} is not the folder ingest wrote; nothing was changed")

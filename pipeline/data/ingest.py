@@ -288,6 +288,9 @@ def ingest(
     will_write = [MANIFEST_NAME, "corpus"] + (["queries.tsv"] if queries is not None else []) \
         + [f"qrels/{split}.trec" for split in sorted(qrels)]
     with CorpusOutput(out, overwrite, progress, will_write) as stage:
+        if not irds_id:  # run again into the corpus it made: the same request, or refused before any reading
+            stage.check_request(format=fmt, variant=variant, title_join=title_join,
+                                sources=[(str(p.resolve()), _bytes(p)) for p in inputs])
         new = stage.new
         t0 = time.time()
         skipped: list[dict] = []
@@ -361,6 +364,12 @@ def ingest(
         if irds_id:
             manifest["ir_datasets"] = irds_id
         manifest["fingerprint"] = fingerprint(manifest)
+        if stage.unchanged(manifest):
+            if progress:
+                print(f"[ingest] unchanged: {out} already holds this corpus ({total:,} passages, variant {variant}, "
+                      f"fingerprint {manifest['fingerprint']}, the same sources and settings); nothing was written",
+                      flush=True)
+            return stage.old_manifest
         write_json_atomic(new / MANIFEST_NAME, manifest)
         stage.commit(manifest)
     if progress:
@@ -388,6 +397,11 @@ def _irds_source(identifier: str, content) -> dict:
             "sha256": content.hexdigest(), "sha256_of": "records as read: pid NUL title NUL text LF"}
 
 
+def _bytes(p: Path) -> int:
+    """An input's size as `_source` records it (a folder: its files together)."""
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+
+
 def _source(p: Path) -> dict:
     """Identity of one input: its bytes (a `save_to_disk` folder: every file in it, by relative path)."""
     if p.is_dir():
@@ -395,8 +409,8 @@ def _source(p: Path) -> dict:
         h = hashlib.sha256()
         for f in files:
             h.update(str(f.relative_to(p)).encode() + b"\0" + sha256_file(f).encode())
-        return {"path": str(p.resolve()), "sha256": h.hexdigest(), "bytes": sum(f.stat().st_size for f in files)}
-    return {"path": str(p.resolve()), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+        return {"path": str(p.resolve()), "sha256": h.hexdigest(), "bytes": _bytes(p)}
+    return {"path": str(p.resolve()), "sha256": sha256_file(p), "bytes": _bytes(p)}
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -2,10 +2,14 @@
 
 `pipeline retrieve`, in-training validation and the FAQ evaluation write runs with `write_run`;
 the metrics read them with `read_run`, or query by query with `iter_run_groups` (bounded memory) (line parsing and its errors: `data/readers.read_run_file`).
+A run written again into a run this tool wrote (`RunOutput`) is computed beside it and kept when the lines
+are the same; other lines, or a request its `<run>.meta.json` says is another, are refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +18,7 @@ import numpy as np
 
 from ..data.readers import read_run_file
 from ..errors import InputError, NonFiniteError
-from ..io_utils import atomic_path
+from ..io_utils import atomic_path, is_rerun, refuse_different, same_output, scratch_beside
 
 
 class RunNotGrouped(Exception):
@@ -106,3 +110,43 @@ def write_run(path: str | Path, qids: list[str], pids, scores: np.ndarray, ids: 
     with RunWriter(path, tag) as w:
         w.write(qids, pids, scores, ids)
     return w.lines
+
+
+class RunOutput:
+    """Where a verb writes its run (`target()`): `run_path` itself, or, when `run_path` already holds a run this
+    tool wrote and `overwrite` is off, a scratch file beside it that `unchanged` compares with it. A re-run whose
+    `<run>.meta.json` records another request (`asked`: top_k, queries, ...) is refused before any work."""
+
+    def __init__(self, run_path: str | Path, overwrite: bool, asked: dict | None = None):
+        self.path = Path(run_path)
+        self.rerun = is_rerun(run_path, "run", overwrite)
+        if self.rerun:
+            old = self.meta()
+            for key, value in (asked or {}).items():
+                if old.get(key) != value:
+                    refuse_different(run_path, "run", f"{key} {old.get(key)!r} there, {value!r} asked now")
+
+    def meta(self) -> dict:
+        """The `<run>.meta.json` already there ({} when none is readable)."""
+        try:
+            meta = json.loads(Path(str(self.path) + ".meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+    @contextlib.contextmanager
+    def target(self) -> Iterator[Path]:
+        if not self.rerun:
+            yield self.path
+            return
+        with scratch_beside(self.path) as scratch:
+            yield scratch
+
+    def unchanged(self, written: Path) -> bool:
+        """On a re-run: True when `written` holds the very lines of the run there (which is kept as it is); other
+        lines are refused. False when this was no re-run (`written` is the run)."""
+        if not self.rerun:
+            return False
+        if not same_output(written, self.path):
+            refuse_different(self.path, "run", "other lines: the index, the model or the queries changed since")
+        return True

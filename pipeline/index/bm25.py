@@ -25,8 +25,8 @@ import numpy as np
 from ..data.manifest import join_titles, load_manifest
 from ..data.readers import load_qrels, load_queries
 from ..errors import InputError, PipelineError
-from ..eval.runs import RunWriter
-from ..io_utils import check_output, write_json_atomic
+from ..eval.runs import RunOutput, RunWriter
+from ..io_utils import write_json_atomic
 
 K1, B, METHOD = 0.9, 0.4, "lucene"
 
@@ -59,7 +59,8 @@ def bm25_run(corpus_dir: str | Path, queries_path: str | Path, run_path: str | P
     t0 = time.time()
     if top_k < 1:
         raise PipelineError(f"--top-k must be a positive integer, got {top_k}")
-    check_output(run_path, "run", overwrite)
+    output = RunOutput(run_path, overwrite, asked={
+        "queries": str(Path(queries_path).resolve()), "qrels": str(Path(qrels).resolve()) if qrels else None})
     corpus_dir = Path(corpus_dir)
     manifest = load_manifest(corpus_dir)
     queries = load_queries(queries_path)
@@ -82,13 +83,19 @@ def bm25_run(corpus_dir: str | Path, queries_path: str | Path, run_path: str | P
     k = min(top_k, len(pids))
     qids = list(queries)
     pid_array = np.asarray(pids, dtype=object)
-    with RunWriter(run_path, tag) as run:
-        for s in range(0, len(qids), 1000):
-            batch = qids[s:s + 1000]
-            ids, scores = _search(retriever, _tokenize([queries[q] for q in batch], stemmer, ids=False), k)
-            # a query with no term in the corpus scores 0 everywhere: no hit rather than k arbitrary ones
-            ids = np.where(scores > 0, ids, -1)
-            run.write(batch, pid_array, scores.astype(np.float32), ids)
+    with output.target() as target:
+        with RunWriter(target, tag) as run:
+            for s in range(0, len(qids), 1000):
+                batch = qids[s:s + 1000]
+                ids, scores = _search(retriever, _tokenize([queries[q] for q in batch], stemmer, ids=False), k)
+                # a query with no term in the corpus scores 0 everywhere: no hit rather than k arbitrary ones
+                ids = np.where(scores > 0, ids, -1)
+                run.write(batch, pid_array, scores.astype(np.float32), ids)
+        if output.unchanged(target):
+            if progress:
+                print(f"[bm25] unchanged: {run_path} already holds this run ({len(qids):,} queries, top {k}, the same "
+                      f"{run.lines:,} lines); nothing was written", flush=True)
+            return output.meta()
     meta = {"corpus_fingerprint": manifest["fingerprint"], "variant": manifest.get("variant"),
             "title_join": manifest.get("title_join"), "model": {"name": "bm25", "library": f"bm25s {bm25s.__version__}",
                                                                 "method": METHOD, "k1": k1, "b": b,

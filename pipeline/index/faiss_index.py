@@ -12,6 +12,7 @@ before adding anything, uses GPU FAISS when present, and saves atomically:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -21,7 +22,8 @@ import numpy as np
 
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, PipelineError, ResourceError
-from ..io_utils import OutputError, atomic_path, check_output, recover_stale
+from ..io_utils import (OutputError, atomic_path, is_rerun, recover_stale, refuse_different, same_output,
+                        scratch_beside)
 from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
@@ -174,6 +176,8 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     `out_dir` must be new, empty, or an index this tool wrote (replaced only with
     `overwrite`; the CLI asks for `--overwrite`). Anything else there is refused before
     any work starts, and an existing index stays readable until the new one is complete.
+    Run again as it was run, it builds beside the index there and keeps that one when the two
+    are the same (`_unchanged`).
     """
     import psutil
 
@@ -182,7 +186,9 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     if isinstance(out_loc, RemotePath):
         return _build_index_remote(emb_dir, out_loc, cfg, progress, overwrite)
     emb_dir, out_dir = location(emb_dir), Path(out_dir)  # embeddings: a local path or a storage URI
-    check_output(out_dir, "index", overwrite)
+    rerun = is_rerun(out_dir, "index", overwrite)
+    if rerun:
+        _same_request(out_dir, emb_dir, cfg)  # another request: refused before any work
     meta = _load_embeddings_meta(emb_dir)
     n_total, dim = int(meta["rows"]), int(meta["dim"])
     t0 = time.time()
@@ -235,15 +241,44 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             print(f"[index] {cfg.factory} cannot run on GPU ({str(e).splitlines()[0]}); building on CPU", flush=True)
             on_gpu, work = False, index
     del sample, probe
-    try:
-        info = _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu, n_total, dim, per_vec, meta, t0, progress)
-    except OSError as e:  # the disk filled (or vanished) while the pids or metadata were written
-        raise OutputError(f"{out_dir}: cannot write the index ({e.strerror or e}); nothing was written"
-                          + (", the existing index is kept" if Path(out_dir).exists() else "")) from None
+    with contextlib.ExitStack() as stack:
+        target = stack.enter_context(scratch_beside(out_dir)) if rerun else out_dir
+        try:
+            info = _write_index(faiss, emb_dir, target, cfg, work, on_gpu, n_total, dim, per_vec, meta, t0, progress)
+        except OSError as e:  # the disk filled (or vanished) while the pids or metadata were written
+            raise OutputError(f"{out_dir}: cannot write the index ({e.strerror or e}); nothing was written"
+                              + (", the existing index is kept" if Path(out_dir).exists() else "")) from None
+        if rerun:
+            old = _unchanged(target, out_dir)
+            if progress:
+                print(f"[index] unchanged: {out_dir} already holds this index ({info['ntotal']:,} vectors, "
+                      f"{cfg.factory}, the same files); nothing was written", flush=True)
+            return old
     if progress:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
               f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
     return info
+
+
+_VOLATILE = ("seconds", "gpu_build")  # index.json fields that say how a build went, not what it holds
+
+
+def _same_request(out_dir: Path, emb_dir, cfg: IndexConfig) -> None:
+    """A re-run into an index this tool wrote: the same embeddings, factory and metric, or refused now."""
+    old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
+    for key, value in (("embeddings", str(emb_dir)), ("factory", cfg.factory), ("metric", cfg.metric)):
+        if old.get(key) != value:
+            refuse_different(out_dir, "index", f"{key} {old.get(key)!r} there, {value!r} asked now")
+
+
+def _unchanged(built: Path, out_dir: Path) -> dict:
+    """The index.json of `out_dir`, kept, when `built` holds the same index and ids; otherwise refused."""
+    old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
+    new = json.loads((built / META_FILE).read_text(encoding="utf-8"))
+    drop = lambda m: {k: v for k, v in m.items() if k not in _VOLATILE}  # noqa: E731
+    if drop(old) != drop(new) or not same_output(built, out_dir, ignore=(META_FILE,)):
+        refuse_different(out_dir, "index", "other vectors or ids: the embeddings changed since")
+    return old
 
 
 def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int, dim: int, per_vec: float,

@@ -9,8 +9,8 @@ from pathlib import Path
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
 from ..errors import ConfigError, InputError, NonFiniteError, PipelineError
-from ..eval.runs import RunWriter
-from ..io_utils import check_output, write_json_atomic
+from ..eval.runs import RunOutput, RunWriter
+from ..io_utils import write_json_atomic
 from ..models.precision import query_precision
 from .faiss_index import LoadedIndex
 from .shards import first_bad_row
@@ -59,13 +59,16 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
 
     `run_path` must be new or a run this tool wrote (replaced only with `overwrite`;
     the CLI asks for `--overwrite`); a directory or another file there is refused
-    before anything is computed.
+    before anything is computed. Run again as it was run, it keeps the run there when the new
+    one has the same lines (`eval.runs.RunOutput`) and says so.
     """
     t0 = time.time()
     k = cfg.retrieve.top_k
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"retrieve.top_k must be a positive integer, got {k!r}")
-    check_output(run_path, "run", overwrite)
+    output = RunOutput(run_path, overwrite, asked={
+        "top_k": k, "queries": str(Path(queries_path).resolve()), "index": str(Path(index_dir).resolve()),
+        "only_judged_by": str(Path(only_judged).resolve()) if only_judged is not None else None})
     index = LoadedIndex(index_dir, cfg.index)
     queries = load_queries(queries_path, queries_format)
     if only_judged is not None:
@@ -88,16 +91,22 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     bs = cfg.retrieve.batch_size
     precision = query_precision()  # the same for every index and every caller (models/precision.py)
     # the run is written batch by batch (memory holds one batch's hits), and appears only when complete
-    with RunWriter(run_path, cfg.retrieve.run_tag) as run:
-        for s in range(0, len(qids), bs):
-            vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
-            _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
-            check_query_vectors(vecs, qids[s:s + bs])  # raised inside the writer: nothing is left at run_path
-            scores, ids = index.search(vecs, k)
-            run.write(qids[s:s + bs], index.pids, scores, ids)
-        if run.lines == 0:  # raised inside the writer: nothing is left at run_path
-            raise PipelineError(f"{run_path}: the search found no passage for any of the {len(qids):,} queries "
-                                f"(index {index_dir}, {index.index.ntotal:,} vectors); an empty run is not written")
+    with output.target() as target:
+        with RunWriter(target, cfg.retrieve.run_tag) as run:
+            for s in range(0, len(qids), bs):
+                vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
+                _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
+                check_query_vectors(vecs, qids[s:s + bs])  # raised inside the writer: nothing is left at run_path
+                scores, ids = index.search(vecs, k)
+                run.write(qids[s:s + bs], index.pids, scores, ids)
+            if run.lines == 0:  # raised inside the writer: nothing is left at run_path
+                raise PipelineError(f"{run_path}: the search found no passage for any of the {len(qids):,} queries "
+                                    f"(index {index_dir}, {index.index.ntotal:,} vectors); an empty run is not written")
+        if output.unchanged(target):
+            if progress:
+                print(f"[retrieve] unchanged: {run_path} already holds this run ({len(qids):,} queries, top {k}, the "
+                      f"same {run.lines:,} lines); nothing was written", flush=True)
+            return output.meta()
     lines = run.lines
     meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
     meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,

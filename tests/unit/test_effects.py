@@ -274,9 +274,14 @@ def test_a_bm25_run_is_bm25s_own_ranking_with_ties_in_corpus_order(faq, tmp_path
     qt = load_queries(faq / "queries.tsv")[q]
     ids, scores = r.retrieve(_tokenize([qt], stem, ids=False), k=5, show_progress=False)
     assert sorted(run[q].values(), reverse=True) == pytest.approx(sorted(map(float, scores[0]), reverse=True), rel=1e-5)
-    # an existing run is never replaced without --overwrite
-    with pytest.raises(PipelineError):
+    # run again as it was run: the run there is kept; another is never put in its place without --overwrite
+    before = out.read_bytes()
+    assert bm25_run(faq, faq / "queries.tsv", out, top_k=5, qrels=faq / "qrels" / "test.trec", progress=False) == meta
+    with pytest.raises(PipelineError, match="a different one"):
         bm25_run(faq, faq / "queries.tsv", out, top_k=5, progress=False)
+    with pytest.raises(PipelineError, match="a different one \\(other lines"):
+        bm25_run(faq, faq / "queries.tsv", out, top_k=4, qrels=faq / "qrels" / "test.trec", progress=False)
+    assert out.read_bytes() == before
     bm25_run(faq, faq / "queries.tsv", out, top_k=5, progress=False, overwrite=True)
 
 

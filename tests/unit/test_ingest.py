@@ -145,18 +145,31 @@ def test_unknown_doc_in_qrels(tmp_path):
     assert (out / "qrels" / "test.trec").read_text() == "q1 0 d1 1\nq2 0 d3 2\n"
 
 
-def test_refuses_to_overwrite(tmp_path):
+def test_the_same_ingest_again_keeps_the_corpus_and_another_is_refused_without_overwrite(tmp_path, capsys):
     folder = _beir_folder(tmp_path)
     out = tmp_path / "out"
     first = ingest([folder], "beir", out, progress=False)
-    before = (out / "manifest.json").read_bytes()
-    with pytest.raises(PipelineError, match="overwrite"):
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    # run again as it was run: nothing is written, the corpus there is what it returns
+    assert ingest([folder], "beir", out) == first
+    assert "[ingest] unchanged" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["corpus", "manifest.json", "qrels", "queries.tsv"]  # no stage
+    # another request: refused before anything is read (settings, sources), or after staging (what came out)
+    with pytest.raises(PipelineError, match=r"a different one \(title_join .* 'none' asked now\).*--overwrite"):
+        ingest([folder], "beir", out, title_join="none", progress=False)
+    with pytest.raises(PipelineError, match=r"a different one \(its parts differ\).*--overwrite"):
+        ingest([folder], "beir", out, part_rows=2, progress=False)
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("number 3", "number 9"), encoding="utf-8")  # same size, other text
+    with pytest.raises(PipelineError, match=r"a different one \(its .*sources.* differ\)"):
         ingest([folder], "beir", out, progress=False)
-    assert (out / "manifest.json").read_bytes() == before
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["corpus", "manifest.json", "qrels", "queries.tsv"]
     second = ingest([folder], "beir", out, part_rows=2, overwrite=True, progress=False)
     assert len(second["parts"]) == 4
     assert sorted(p.name for p in (out / "corpus").iterdir()) == [f"part-0000{i}.parquet" for i in range(4)]
-    assert second["fingerprint"] == first["fingerprint"]
+    assert second["fingerprint"] != first["fingerprint"]
 
 
 def test_failed_overwrite_keeps_previous_output(tmp_path):

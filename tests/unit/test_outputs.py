@@ -190,23 +190,64 @@ def test_cli_refuses_output_paths(tmp_path, capsys, i):
     assert snapshot(tmp_path) == before
 
 
-def test_cli_index_replaces_own_index_with_overwrite(tmp_path, capsys):
+def test_cli_index_again_keeps_the_same_index_and_refuses_another_without_overwrite(tmp_path, capsys):
     emb = make_embeddings(tmp_path / "emb")
-    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx")]) == 0
+    args = ["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx")]
+    assert main(args) == 0
     first = snapshot(tmp_path / "idx")
-    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx")]) == 2
+    capsys.readouterr()
+    assert main(args) == 0 and "[index] unchanged" in capsys.readouterr().out  # run again as it was run
     assert snapshot(tmp_path / "idx") == first
-    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "idx"), "--overwrite"]) == 0
+    assert main(args + ["--factory", "HNSW8"]) == 2  # another request: refused before any work
+    assert "a different one (factory 'Flat' there, 'HNSW8' asked now)" in capsys.readouterr().err
+    vecs = np.load(emb / "shard-00000.npy")
+    np.save(emb / "shard-00000.npy", vecs[::-1].copy())  # the embeddings changed under the same path
+    assert main(args) == 2 and "other vectors or ids" in capsys.readouterr().err
+    assert snapshot(tmp_path / "idx") == first
+    assert main(args + ["--overwrite"]) == 0 and snapshot(tmp_path / "idx") != first
     assert sorted(os.listdir(tmp_path)) == ["emb", "idx"]  # no temporaries left
 
 
-def test_cli_evaluate_json_overwrite(tmp_path, capsys):
+def test_cli_evaluate_json_again(tmp_path, capsys):
     out = tmp_path / "m.json"
     args = ["evaluate", "--run", str(DATA / "python_faq_minilm_top20.trec"), "--qrels",
             str(DATA / "python_faq_all.qrels"), "--json", str(out)]
     assert main(args) == 0
-    assert main(args) == 2 and "--overwrite" in capsys.readouterr().err
-    assert main(args + ["--overwrite"]) == 0
+    before = out.read_bytes()
+    assert main(args) == 0 and "[evaluate] unchanged" in capsys.readouterr().out and out.read_bytes() == before
+    assert main(args + ["--measures", "nDCG@10"]) == 2 and "--overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(args + ["--measures", "nDCG@10", "--overwrite"]) == 0 and out.read_bytes() != before
+    assert sorted(os.listdir(tmp_path)) == ["m.json"]
+
+
+def test_retrieve_again_keeps_the_same_run_and_refuses_another(built_index, tmp_path, capsys):
+    from pipeline.config import load_config
+    from pipeline.errors import PipelineError
+    from pipeline.index.retrieve import retrieve
+
+    class Model:  # a query model of the index's 8 dimensions; `shift` changes what it gives
+        dim, shift = 8, 0.0
+
+        def embed(self, texts, side, batch_size, precision=None):
+            rng = np.random.default_rng([len(t) for t in texts])
+            return rng.standard_normal((len(texts), 8)).astype(np.float32) + self.shift
+
+    q = tmp_path / "q.tsv"
+    q.write_text("q1\thello\nq2\tworld, again\n")
+    run, cfg, model = tmp_path / "run.trec", load_config(None, []), Model()
+    meta = retrieve(built_index, q, run, cfg, model=model, progress=False, overwrite=False)
+    before = run.read_bytes(), (tmp_path / "run.trec.meta.json").read_bytes()
+    assert retrieve(built_index, q, run, cfg, model=model, overwrite=False) == meta  # run again as it was run
+    assert "[retrieve] unchanged" in capsys.readouterr().out
+    assert (run.read_bytes(), (tmp_path / "run.trec.meta.json").read_bytes()) == before
+    with pytest.raises(PipelineError, match=r"a different one \(top_k 100 there, 5 asked now\)"):
+        retrieve(built_index, q, run, load_config(None, ["retrieve.top_k=5"]), model=model, overwrite=False)
+    model.shift = 3.0
+    with pytest.raises(PipelineError, match="a different one \\(other lines"):
+        retrieve(built_index, q, run, cfg, model=model, overwrite=False)
+    assert (run.read_bytes(), (tmp_path / "run.trec.meta.json").read_bytes()) == before
+    assert sorted(os.listdir(tmp_path)) == ["emb", "idx", "q.tsv", "run.trec", "run.trec.meta.json"]
 
 
 # ------------------------------------------------------------------ index error messages
@@ -532,8 +573,8 @@ def test_a_shard_on_a_disk_that_fills_raises_the_os_reason_and_leaves_no_part(tm
 
 def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
     """Fallback path killed between its renames: the index is aside as .old-*; the next
-    reader finds it (restored), and the next `pipeline index` without --overwrite is refused
-    because the restored output is this tool's index."""
+    reader finds it (restored), and the next `pipeline index` without --overwrite finds the
+    restored output is this tool's index, the same one it builds: kept."""
     from pipeline.config import IndexConfig
     from pipeline.index.faiss_index import LoadedIndex, build_index
 
@@ -545,8 +586,8 @@ def test_reader_and_checker_recover_a_killed_replacement(tmp_path, capsys):
     assert LoadedIndex(idx).index.ntotal == 30
     assert "restored the previous output" in capsys.readouterr().err
     os.replace(idx, aside)
-    assert main(["index", "--embeddings", str(emb), "--out", str(idx)]) == 2
-    assert "--overwrite" in capsys.readouterr().err and (idx / "index.json").exists() and not aside.exists()
+    assert main(["index", "--embeddings", str(emb), "--out", str(idx)]) == 0
+    assert "unchanged" in capsys.readouterr().out and (idx / "index.json").exists() and not aside.exists()
 
 
 def test_index_refuses_vectors_of_a_corpus_reingested_with_other_content(tmp_path, capsys):
