@@ -243,3 +243,33 @@ def test_arr_needs_split_and_teacher(split_dir, tmp_path, tiny_model_dir):
     j = load_train_config(None, ["loss.name=arr_cl", "authorship.split=rel/split"])
     assert Path(j.section("authorship").split).is_absolute()
     assert replace(j.section("authorship"), m=2).split == j.section("authorship").split
+
+
+def test_arr_mll_released_head_reads_every_row_of_a_batch_encoded_in_length_groups(split_dir, tmp_path,
+                                                                                   tiny_model_dir):
+    """A training batch of >= 2 x train.length_group_rows rows is encoded in length-sorted groups (one tower call
+    each): the head must read each row's own first token, in the batch's order, not the last group's alone (which
+    gave 16 logits for 64 labels on the fortunes split). Dropout off, so grouped and one-pass logits compare."""
+    from pipeline.models import BiEncoder
+
+    job = resolve_job(_job("arr_mll", split_dir, tmp_path, tiny_model_dir), progress=False)
+    method = get_method("arr_mll")
+    model = BiEncoder.load(job.model)
+    model.heads = torch.nn.ModuleDict(method.heads(job, model))
+    base_rows = _rows(split_dir, job, method, tmp_path)
+    rows = [dict(r, text=r["text"] + " more" * (i % 7)) for i, r in enumerate(base_rows * 10)][:40]
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    logits = {}
+    for group in (16, 0):
+        model.length_group_rows = group
+        out = method.forward(model, rows, _ctx(job))
+        logits[group] = out["logits"]
+        assert out["logits"].shape[0] == len(rows) == out["labels"].shape[0]
+        if group:
+            assert model.row_order is not None and not torch.equal(model.row_order, torch.arange(len(rows)))
+    assert torch.allclose(logits[16], logits[0], atol=1e-5)
+    loss, _ = method.loss(method.assemble(out, _ctx(job)), job.loss)
+    assert torch.isfinite(loss)

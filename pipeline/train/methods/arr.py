@@ -259,17 +259,21 @@ class ARRClassifier(AuthorshipMethod):
             out = super().forward(model, rows, ctx)
             out["logits"] = base.heads["classifier"](_fp32(out["z"]))
             return out
-        seen = {}
+        firsts = []  # the first token's state, call by call: a training batch is encoded in length groups
 
-        def keep_hidden(module, args, output):
-            seen["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+        def keep_first(module, args, output):
+            firsts.append((output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])[:, 0])
 
-        hook = base.doc_encoder.register_forward_hook(keep_hidden)
+        hook = base.doc_encoder.register_forward_hook(keep_first)
         try:
             out = super().forward(model, rows, ctx)
         finally:
             hook.remove()
-        out["logits"] = base.heads["classifier"](_fp32(seen["hidden"][:, 0]))
+        first = torch.cat(firsts)
+        order = getattr(base, "row_order", None)
+        if order is not None:  # back in the batch's order, as the tower's pooled vectors are
+            first = first[torch.argsort(order)]
+        out["logits"] = base.heads["classifier"](_fp32(first))
         return out
 
     def assemble(self, out: dict, ctx: StepContext) -> dict:
