@@ -98,4 +98,16 @@ def table(results: list[str]) -> str:
 
     if not results:
         raise PipelineError("give one or more result JSONs of `pipeline authorship evaluate`")
-    return format_table(collect(results))
+    return format_table(collect(_expand(results)))
+
+
+def _expand(results: list[str]) -> list[str]:
+    """A pattern the shell left as it was (quoted, or a shell that does not expand it) is expanded here; one
+    that matches nothing stays, so its error names it."""
+    import glob
+
+    out = []
+    for r in results:
+        hits = sorted(glob.glob(r)) if glob.has_magic(r) and not Path(r).exists() else []
+        out += hits or [r]
+    return out

@@ -98,6 +98,10 @@ def test_cli_split_evaluate_table_and_errors(tmp_path, capsys):
     assert set(res) >= {"cross_topic_test", "same_topic_test"} and {"R@8", "MRR"} <= set(res["cross_topic_test"])
     assert main(["authorship", "table", str(tmp_path / "tfidf.json")]) == 0
     assert "| TF-IDF |" in capsys.readouterr().out
+    assert main(["authorship", "table", str(tmp_path / "tf*.json")]) == 0  # a pattern the shell did not expand
+    assert "| TF-IDF |" in capsys.readouterr().out
+    assert main(["authorship", "table", str(tmp_path / "none*.json")]) == 2  # one that matches nothing: named
+    assert "none*.json" in capsys.readouterr().err
     # errors: exit 2 with a message, no traceback
     (tmp_path / "bad.jsonl").write_text('{"text": "x", "author": "a"}\n')
     assert main(["authorship", "split", "--input", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "b")]) == 2
