@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import InputError, PipelineError
-from ..io_utils import write_json_atomic
+from ..io_utils import same_output, write_json_atomic
 from .manifest import MANIFEST_NAME, describe, load_manifest
 
 _STAGE_PREFIX = ".tmp-ingest-"
@@ -142,6 +142,10 @@ class _Stage:
         diff = [k for k in keys if old.get(k) != manifest.get(k)]
         if diff:
             raise _differs(self.out, old, f"its {', '.join(diff)} differ")
+        changed = [rel for rel in _owned(manifest)[1:]
+                   if not (self.out / rel).exists() or not same_output(self.new / rel, self.out / rel)]
+        if changed:  # the manifest is this corpus's, but its files are not what ingest wrote
+            raise _differs(self.out, old, f"{', '.join(changed)} changed or gone since it was ingested")
         return True
 
     def commit(self, manifest: dict) -> None:

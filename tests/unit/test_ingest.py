@@ -160,6 +160,11 @@ def test_the_same_ingest_again_keeps_the_corpus_and_another_is_refused_without_o
         ingest([folder], "beir", out, title_join="none", progress=False)
     with pytest.raises(PipelineError, match=r"a different one \(its parts differ\).*--overwrite"):
         ingest([folder], "beir", out, part_rows=2, progress=False)
+    queries = out / "queries.tsv"
+    queries.write_text(queries.read_text() + "q9\tadded by hand\n")  # the manifest's, but not ingest's file now
+    with pytest.raises(PipelineError, match=r"a different one \(queries.tsv changed or gone since it was ingested"):
+        ingest([folder], "beir", out, progress=False)
+    queries.write_bytes(before[queries])
     corpus = folder / "corpus.jsonl"
     corpus.write_text(corpus.read_text().replace("number 3", "number 9"), encoding="utf-8")  # same size, other text
     with pytest.raises(PipelineError, match=r"a different one \(its .*sources.* differ\)"):
