@@ -64,11 +64,11 @@ def cmd_retrieve(args) -> None:
     model = _query_model_on(device, args.index, model_cfg) if device == "cuda" else None
     meta = retrieve(args.index, queries_file(irds_id) if irds_id else args.queries, args.out, cfg,
                     queries_format="tsv" if irds_id else args.queries_format, model_cfg=model_cfg,
-                    overwrite=args.overwrite, model=model, only_judged=args.qrels)
-    if irds_id:  # the run's meta names the identifier, not the temporary file it was read through
+                    overwrite=args.overwrite, model=model, only_judged=args.qrels, queries_label=irds_id)
+    if irds_id and meta.get("queries_ir_datasets") != irds_id:  # named as read, not by the temporary file
         from ..io_utils import write_json_atomic
 
-        write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries": irds_id, "queries_ir_datasets": irds_id})
+        write_json_atomic(str(args.out) + ".meta.json", {**meta, "queries_ir_datasets": irds_id})
 
 
 def cmd_bm25(args) -> None:

@@ -53,9 +53,12 @@ def check_query_vectors(vectors, names) -> None:
 
 def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
              queries_format: str = "auto", model_cfg: ModelConfig | None = None, model=None,
-             progress: bool = True, overwrite: bool = True, only_judged: str | Path | None = None) -> dict:
+             progress: bool = True, overwrite: bool = True, only_judged: str | Path | None = None,
+             queries_label: str | None = None) -> dict:
     """Encode queries, search the index and write a TREC run (+ `<run>.meta.json`). With `only_judged` (a qrels
     file), only the queries it judges are searched (e.g. a BEIR queries file holding every split's queries).
+    `queries_label` names the queries in the run's meta in place of their file's path (an ir_datasets identifier
+    read through a temporary file).
 
     `run_path` must be new or a run this tool wrote (replaced only with `overwrite`;
     the CLI asks for `--overwrite`); a directory or another file there is refused
@@ -66,8 +69,9 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     k = cfg.retrieve.top_k
     if not isinstance(k, int) or k < 1:
         raise ConfigError(f"retrieve.top_k must be a positive integer, got {k!r}")
+    queries_name = queries_label or str(Path(queries_path).resolve())
     output = RunOutput(run_path, overwrite, asked={
-        "top_k": k, "queries": str(Path(queries_path).resolve()), "index": str(Path(index_dir).resolve()),
+        "top_k": k, "queries": queries_name, "index": str(Path(index_dir).resolve()),
         "only_judged_by": str(Path(only_judged).resolve()) if only_judged is not None else None})
     index = LoadedIndex(index_dir, cfg.index)
     queries = load_queries(queries_path, queries_format)
@@ -109,7 +113,7 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
             return output.meta()
     lines = run.lines
     meta = {k2: index.meta.get(k2) for k2 in ("corpus_fingerprint", "variant", "title_join", "factory", "model")}
-    meta.update({"queries": str(Path(queries_path).resolve()), "n_queries": len(qids), "top_k": k,
+    meta.update({"queries": queries_name, "n_queries": len(qids), "top_k": k,
                  "only_judged_by": str(Path(only_judged).resolve()) if only_judged is not None else None,
                  "index": str(Path(index_dir).resolve()), "seconds": round(time.time() - t0, 2)})
     write_json_atomic(str(run_path) + ".meta.json", meta)

@@ -224,10 +224,14 @@ def test_retrieve_queries_identifier_equals_the_file(irds, tmp_path, tiny_model_
         "factory": "Flat", "metric": "ip", "ntotal": len(DOCS), "dim": int(vecs.shape[1]),
         "model_config": asdict(resolved), "model": {"path": str(tiny_model_dir)}, "corpus_fingerprint": "test"}))
     (tmp_path / "q.tsv").write_text("q1\twhat alpha\n")
-    res = cli(irds, ["retrieve", "--index", idx, "--queries", "beir/scifact/test", "--out", tmp_path / "a.trec",
-                     "--top-k", "3"],
+    by_id = ["retrieve", "--index", idx, "--queries", "beir/scifact/test", "--out", tmp_path / "a.trec", "--top-k", "3"]
+    res = cli(irds, by_id,
               ["retrieve", "--index", idx, "--queries", tmp_path / "q.tsv", "--out", tmp_path / "b.trec", "--top-k", "3"])
     assert all(rc == 0 for rc, _, _ in res), [r[2] for r in res]
+    before = (tmp_path / "a.trec.meta.json").read_bytes()
+    (rc, out, err), = cli(irds, by_id)  # the same again: the run is kept, named by its identifier
+    assert rc == 0 and "[retrieve] unchanged" in out, err
+    assert (tmp_path / "a.trec.meta.json").read_bytes() == before
     assert (tmp_path / "a.trec").read_text() == (tmp_path / "b.trec").read_text()
     assert len((tmp_path / "a.trec").read_text().splitlines()) == 3
     meta = json.loads((tmp_path / "a.trec.meta.json").read_text())
