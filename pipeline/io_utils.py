@@ -385,6 +385,20 @@ def same_output(a: str | os.PathLike, b: str | os.PathLike, ignore: tuple[str, .
     return fa.keys() == fb.keys() and all(filecmp.cmp(fa[r], fb[r], shallow=False) for r in fa)
 
 
+def request_differs(recorded: dict, asked: dict) -> str | None:
+    """The first of `asked` that an output's recorded metadata holds otherwise, said as "key X there, Y asked
+    now" (what a re-run's refusal names); None when every one agrees."""
+    for key, value in asked.items():
+        if recorded.get(key) != value:
+            return f"{key} {recorded.get(key)!r} there, {value!r} asked now"
+    return None
+
+
+def differing_keys(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The keys (but `ignore`) whose values differ between two metadata records, sorted."""
+    return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k) != b.get(k))
+
+
 def refuse_different(path: str | os.PathLike, kind: str, differs: str):
     """The error of a re-run whose result is not what `path` holds: nothing is written or replaced."""
     raise OutputError(f"{path} already holds {OUTPUT_KINDS[kind].what}, a different one ({differs}); pass "

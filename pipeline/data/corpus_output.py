@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import InputError, PipelineError
-from ..io_utils import same_output, write_json_atomic
+from ..io_utils import differing_keys, request_differs, same_output, write_json_atomic
 from .manifest import MANIFEST_NAME, describe, load_manifest
 
 _STAGE_PREFIX = ".tmp-ingest-"
@@ -126,11 +126,10 @@ class _Stage:
         if not self.rerun:
             return
         old = self.old_manifest
-        for key, value in asked.items():
-            have = [(s.get("path"), s.get("bytes")) for s in old.get("sources") or []] if key == "sources" \
-                else old.get(key)
-            if have != value:
-                raise _differs(self.out, old, f"{key} {have!r} there, {value!r} asked now")
+        recorded = {**old, "sources": [(s.get("path"), s.get("bytes")) for s in old.get("sources") or []]}
+        differs = request_differs(recorded, asked)
+        if differs:
+            raise _differs(self.out, old, differs)
 
     def unchanged(self, manifest: dict) -> bool:
         """On a re-run: True when `manifest` (the staged corpus's) describes the corpus there, which is kept as it
@@ -138,8 +137,7 @@ class _Stage:
         if not self.rerun:
             return False
         old = self.old_manifest
-        keys = sorted((set(old) | set(manifest)) - set(_VOLATILE))
-        diff = [k for k in keys if old.get(k) != manifest.get(k)]
+        diff = differing_keys(old, manifest, ignore=_VOLATILE)
         if diff:
             raise _differs(self.out, old, f"its {', '.join(diff)} differ")
         changed = [rel for rel in _owned(manifest)[1:]

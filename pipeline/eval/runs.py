@@ -18,7 +18,7 @@ import numpy as np
 
 from ..data.readers import read_run_file
 from ..errors import InputError, NonFiniteError
-from ..io_utils import atomic_path, is_rerun, refuse_different, same_output, scratch_beside
+from ..io_utils import atomic_path, is_rerun, refuse_different, request_differs, same_output, scratch_beside
 
 
 class RunNotGrouped(Exception):
@@ -120,11 +120,8 @@ class RunOutput:
     def __init__(self, run_path: str | Path, overwrite: bool, asked: dict | None = None):
         self.path = Path(run_path)
         self.rerun = is_rerun(run_path, "run", overwrite)
-        if self.rerun:
-            old = self.meta()
-            for key, value in (asked or {}).items():
-                if old.get(key) != value:
-                    refuse_different(run_path, "run", f"{key} {old.get(key)!r} there, {value!r} asked now")
+        if self.rerun and (differs := request_differs(self.meta(), asked or {})):
+            refuse_different(run_path, "run", differs)
 
     def meta(self) -> dict:
         """The `<run>.meta.json` already there ({} when none is readable)."""

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..config import IndexConfig
 from ..errors import ConfigError, InputError, PipelineError, ResourceError
-from ..io_utils import (OutputError, atomic_path, is_rerun, recover_stale, refuse_different, same_output,
-                        scratch_beside)
+from ..io_utils import (OutputError, atomic_path, differing_keys, is_rerun, recover_stale, refuse_different,
+                        request_differs, same_output, scratch_beside)
 from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
@@ -266,17 +266,16 @@ _VOLATILE = ("seconds", "gpu_build")  # index.json fields that say how a build w
 def _same_request(out_dir: Path, emb_dir, cfg: IndexConfig) -> None:
     """A re-run into an index this tool wrote: the same embeddings, factory and metric, or refused now."""
     old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
-    for key, value in (("embeddings", str(emb_dir)), ("factory", cfg.factory), ("metric", cfg.metric)):
-        if old.get(key) != value:
-            refuse_different(out_dir, "index", f"{key} {old.get(key)!r} there, {value!r} asked now")
+    differs = request_differs(old, {"embeddings": str(emb_dir), "factory": cfg.factory, "metric": cfg.metric})
+    if differs:
+        refuse_different(out_dir, "index", differs)
 
 
 def _unchanged(built: Path, out_dir: Path) -> dict:
     """The index.json of `out_dir`, kept, when `built` holds the same index and ids; otherwise refused."""
     old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
     new = json.loads((built / META_FILE).read_text(encoding="utf-8"))
-    drop = lambda m: {k: v for k, v in m.items() if k not in _VOLATILE}  # noqa: E731
-    if drop(old) != drop(new) or not same_output(built, out_dir, ignore=(META_FILE,)):
+    if differing_keys(old, new, ignore=_VOLATILE) or not same_output(built, out_dir, ignore=(META_FILE,)):
         refuse_different(out_dir, "index", "other vectors or ids: the embeddings changed since")
     return old
 
