@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -176,6 +177,11 @@ class RefresherConfig(Section):
     heartbeat_timeout_s: PosFloat = 120.0
 
     SECTION = "ance"
+    # where and how the refresher runs, not what a training step computes: left out of a run's identity
+    # (train/identity.loss_settings), so a run resumes with its refresher moved apart or given other resources
+    OPERATIONAL: ClassVar[tuple[str, ...]] = (
+        "start_refresher", "poll_seconds", "cpus", "gpus", "max_restarts", "refresh_retries", "retry_backoff_s",
+        "max_missed_refreshes", "on_refresher_failure", "heartbeat_timeout_s", "keep_versions")
 
     def __post_init__(self):
         from ..errors import ConfigError

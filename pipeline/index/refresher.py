@@ -62,7 +62,7 @@ def _location(p):
 def check_run_dir(run_dir, corpus_dir: str | Path) -> dict:
     """Refuse a folder that is not a training run, or a corpus other than the one it trains on."""
     run_dir = _location(run_dir)
-    if not run_dir.is_dir() or not ((run_dir / "config.yaml").exists() or list_checkpoints(run_dir)):
+    if not _is_run(run_dir):
         raise PipelineError(f"{run_dir}: not a training run (no config.yaml and no complete step-* checkpoint); "
                             "point the refresher at <train.storage_path>/<train.name>")
     manifest = load_manifest(corpus_dir)
@@ -437,7 +437,10 @@ def start_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str |
 
 def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | Path, once: bool = False,
                   idle_exit_s: float = 600.0, progress: bool = True) -> list[dict]:
-    """The refresher loop without Ray (`pipeline refresh`): until idle for `idle_exit_s`, or one refresh."""
+    """The refresher loop without Ray (`pipeline refresh`): until idle for `idle_exit_s`, or one refresh. Started
+    before its trainer has written the run folder, it waits for it as long as for a checkpoint (not with --once)."""
+    if not once:
+        wait_for_run(run_dir, idle_exit_s, cfg.poll_seconds, progress)
     state = Refresh(run_dir, cfg, corpus_dir)
     state.start_heartbeat()
     try:
@@ -447,6 +450,27 @@ def run_refresher(run_dir: str | Path, cfg: RefresherConfig, corpus_dir: str | P
                              else "interrupted (Ctrl-C)")
         raise
     return done
+
+
+def _is_run(run_dir) -> bool:
+    run_dir = _location(run_dir)
+    return run_dir.is_dir() and ((run_dir / "config.yaml").exists() or bool(list_checkpoints(run_dir)))
+
+
+def wait_for_run(run_dir, wait_s: float, poll_s: float, progress: bool = True) -> None:
+    """Wait until `run_dir` is a training run (the trainer writes its config.yaml once its examples are
+    built), saying so once; after `wait_s` seconds without it, `check_run_dir` refuses it as before."""
+    t0 = time.time()
+    said = False
+    while not _is_run(run_dir) and time.time() - t0 < wait_s:
+        if progress and not said:
+            print(f"[refresh] waiting for {run_dir} to become a training run (its config.yaml, written when the "
+                  f"trainer has built its examples); up to {wait_s:.0f}s (--idle-exit)", flush=True)
+            said = True
+        time.sleep(min(poll_s, max(0.0, wait_s - (time.time() - t0))) or 0.01)
+    if said and progress and _is_run(run_dir):
+        print(f"[refresh] {run_dir} is a training run after {time.time() - t0:.0f}s; following its checkpoints",
+              flush=True)
 
 
 def _run_finished(run_dir) -> bool:

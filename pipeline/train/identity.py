@@ -23,13 +23,29 @@ MAY_BE_UNKNOWN = ("amp", "attention")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+def loss_settings(job) -> dict:
+    """What a step computes with beyond `train.*`: the `loss:` block and the method's sections, less each
+    section's OPERATIONAL keys (where and how its helpers run: resources, polling, retries, failure rules),
+    which a run may change between resumes: an ANCE run trained with its refresher beside it resumes with
+    `ance.start_refresher=false` and the refresher as its own job."""
+    out = {"loss": to_dict(job.loss)}
+    for name, section in job.sections.items():
+        values = to_dict(section)
+        for key in getattr(type(section), "OPERATIONAL", ()):
+            values.pop(key, None)
+        out[name] = values
+    return out
+
+
+def _settings_sha(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def run_identity(job, meta: dict, digest: str, world: int, spe: int, amp: str | None = None) -> dict:
     """What a checkpoint must share with this run to be resumed. `amp` is the precision the run trains in
     (`train.amp` resolved on the workers' device: loop.resolve_amp), None where the driver cannot know it.
     `length_group_rows` changes what a step computes in training (dropout draws its masks per group)."""
-    loss = json.dumps({"loss": to_dict(job.loss), **{k: to_dict(v) for k, v in job.sections.items()}},
-                      sort_keys=True)
-    out = {"method": job.loss.name, "loss_config_sha256": hashlib.sha256(loss.encode()).hexdigest()[:16],
+    out = {"method": job.loss.name, "loss_config_sha256": _settings_sha(loss_settings(job)),
            "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
            "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed,
            "length_group_rows": job.train.length_group_rows,
@@ -54,11 +70,18 @@ def stored_identity(ckpt, state: dict) -> dict | None:
                          the workers, models/attention.py); a checkpoint made before it records none: it
                          trained with the towers' own, which `auto` keeps on resume; any explicit value is
                          accepted (MAY_BE_UNKNOWN)
+    and `loss_config_sha256` computed again from its config.yaml by today's rule (`loss_settings`: a
+    checkpoint made before a section named its OPERATIONAL keys hashed them too); the recorded settings
+    themselves are kept under `loss_settings` (not compared; `describe_diff` names the keys that differ).
     """
     then = state.get("identity")
     if then is None:
         return None
     then = dict(then)
+    recorded = _recorded_loss_settings(ckpt)
+    if recorded is not None:
+        then["loss_settings"] = recorded
+        then["loss_config_sha256"] = _settings_sha(recorded)
     if "length_group_rows" not in then:
         rows = _recorded_length_group_rows(ckpt)
         if rows is not None:
@@ -80,6 +103,36 @@ def _recorded_length_group_rows(ckpt) -> int | None:
         return None
 
 
+def _recorded_loss_settings(ckpt) -> dict | None:
+    """`loss_settings` of the job a checkpoint's config.yaml records; None where it cannot be read as a job
+    of this version (then the recorded hash stands)."""
+    import yaml
+
+    from ..errors import ConfigError
+    from .config import job_from_dict
+
+    try:
+        return loss_settings(job_from_dict(yaml.safe_load((ckpt / "config.yaml").read_text()) or {}))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, ConfigError, yaml.YAMLError):
+        return None
+
+
+def _flat(d, prefix: str = "") -> dict:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def settings_diff(then: dict, now: dict) -> str:
+    """The loss settings that differ, as "loss.tau (0.05 in the checkpoint, 0.1 now)", dotted as they are set."""
+    a, b = _flat(then), _flat(now)
+    return ", ".join(f"{k} ({a.get(k)!r} in the checkpoint, {b.get(k)!r} now)"
+                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+
 def identity_diff(then: dict, now: dict) -> dict:
     """{key: (in the checkpoint, now)} for every key that differs; a MAY_BE_UNKNOWN key missing on either
     side is not compared."""
@@ -87,12 +140,15 @@ def identity_diff(then: dict, now: dict) -> dict:
             if then.get(k) != v and not (k in MAY_BE_UNKNOWN and k not in then)}
 
 
-def describe_diff(diff: dict) -> str:
-    """The differences as one clause, with the setting that resumes for the ones a user sets."""
+def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None, None)) -> str:
+    """The differences as one clause, with the setting that resumes for the ones a user sets; `settings`
+    (the checkpoint's loss settings, this run's) names the loss keys behind a differing loss_config_sha256."""
     parts = []
     for k, (a, b) in sorted(diff.items()):
         text = f"{k} ({a!r} in the checkpoint, {b!r} now)"
-        if k == "amp" and a in PRECISIONS:
+        if k == "loss_config_sha256" and all(settings) and settings_diff(*settings):
+            text = "the loss settings: " + settings_diff(*settings)
+        elif k == "amp" and a in PRECISIONS:
             text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
         elif k == "attention" and a:
             setting = a if a in ("sdpa", "eager", "threshold-dropout") else "auto"
@@ -107,8 +163,9 @@ def describe_diff(diff: dict) -> str:
     return "; ".join(parts)
 
 
-def check_identity(resume, identity: dict) -> None:
-    """Refuse to resume from a checkpoint of another run (PipelineError naming every difference)."""
+def check_identity(resume, identity: dict, settings: dict | None = None) -> None:
+    """Refuse to resume from a checkpoint of another run (PipelineError naming every difference; `settings`,
+    this run's `loss_settings`, names the loss keys that differ)."""
     then = stored_identity(resume, read_state(resume) or {})
     if then is None:
         raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
@@ -116,7 +173,8 @@ def check_identity(resume, identity: dict) -> None:
     diff = identity_diff(then, identity)
     if diff:
         raise PipelineError(
-            f"cannot resume from {resume}: this run differs in " + describe_diff(diff)
+            f"cannot resume from {resume}: this run differs in "
+            + describe_diff(diff, (then.get("loss_settings"), settings))
             + ". Resuming needs the same method, loss settings, examples, workers, batch size, precision "
               "(train.amp as resolved), train.attention (as resolved), train.length_group_rows and the attention regularizers; "
               "use another train.name for a new run")

@@ -32,7 +32,7 @@ from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath, is_uri
 from .config import TrainJobConfig, dump_job, job_to_dict
-from .identity import check_identity, run_identity
+from .identity import check_identity, loss_settings, run_identity
 from .loop import train_loop_per_worker
 from .methods import get_method
 from .runner_choice import check_device, resolve_runner
@@ -281,7 +281,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     identity = run_identity(job, meta, digest, world, spe, amp)
     resume = resolve_resume(job, run_dir)
     if resume is not None:
-        check_identity(resume, identity)
+        check_identity(resume, identity, loss_settings(job))
     resume_state = read_state(resume) if resume is not None else None
     # a run the validation hook stopped early is complete too (`{"stop": True}`, see loop.py)
     complete = resume_state is not None and (resume_state["step"] >= total or bool(resume_state.get("stopped_early")))

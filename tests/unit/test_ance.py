@@ -139,6 +139,28 @@ def test_pinned_checkpoint_survives_rotation(run):
     assert pin_checkpoint(ckpt, run_dir / "pins") is None  # a vanished checkpoint is skipped
 
 
+def test_pipeline_refresh_started_before_its_trainer_waits_for_the_run_folder(tmp_path, capsys):
+    """ance.md's pair (trainer and `pipeline refresh` in two terminals) worked only trainer first: a refresher
+    started before the trainer had written its run folder was refused. It now waits for it (--idle-exit)."""
+    import threading
+
+    from pipeline.index.refresher import check_run_dir, wait_for_run
+
+    run_dir = tmp_path / "runs" / "ance-apart"
+    timer = threading.Timer(0.3, lambda: (run_dir.mkdir(parents=True), (run_dir / "config.yaml").write_text("{}\n")))
+    timer.start()
+    wait_for_run(run_dir, 60, 0.05)
+    timer.join()
+    out = capsys.readouterr().out
+    assert "[refresh] waiting for" in out and "is a training run after" in out
+    wait_for_run(run_dir, 60, 0.05)  # already a run: no wait, nothing said
+    assert capsys.readouterr().out == ""
+    never = tmp_path / "runs" / "never"
+    wait_for_run(never, 0.2, 0.05)  # gives up after its wait; the refusal is check_run_dir's, as before
+    with pytest.raises(PipelineError, match="not a training run"):
+        check_run_dir(never, tmp_path)
+
+
 def test_refresher_bad_input(tmp_path, run, faq):
     from pipeline.index.refresher import Refresh
 

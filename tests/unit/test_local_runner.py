@@ -4,14 +4,18 @@ they were still resume when they trained as the run would."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 from fixtures import dpr_job
 
+from pipeline.config import to_dict
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.models.checkpoint import finalize_checkpoint
 from pipeline.train import runner_choice
 from pipeline.train.config import dump_job, load_train_config
-from pipeline.train.identity import check_identity, run_identity
+from pipeline.train.identity import check_identity, loss_settings, run_identity
 from pipeline.train.trainer import train
 
 
@@ -154,6 +158,28 @@ def test_checkpoints_written_before_the_keys_joined_the_identity_still_resume(tm
                                         META, DIGEST, 1, 10, "bf16"))
     with pytest.raises(PipelineError, match=r"length_group_rows \(0 in the checkpoint, 16 now\)"):
         check_identity(before, now)
+
+
+def test_an_ance_run_resumes_with_its_refresher_moved_apart_and_a_loss_change_is_named(tmp_path):
+    """ance.start_refresher, the refresher's resources and failure rules went into the loss hash, so the
+    ance.md pair (`ance.start_refresher=false` + `pipeline refresh`) could not resume a run trained with the
+    refresher beside it ("loss_config_sha256 differs"), and a real loss change was named only by its hash."""
+    base = ["loss.name=ance"]
+    job = load_train_config(None, base)
+    ident = run_identity(job, META, DIGEST, 1, 10, "bf16")
+    ckpt = _checkpoint(tmp_path, "a", job, ident, "bf16")
+    moved = load_train_config(None, base + ["ance.start_refresher=false", "ance.cpus=2", "ance.poll_seconds=5",
+                                            "ance.on_refresher_failure=continue", "ance.keep_versions=4"])
+    check_identity(ckpt, run_identity(moved, META, DIGEST, 1, 10, "bf16"))
+    # a checkpoint hashed by the old rule (operational keys in): its config.yaml is hashed again by today's
+    old_rule = {"loss": to_dict(job.loss), **{k: to_dict(v) for k, v in job.sections.items()}}
+    old = dict(ident, loss_config_sha256=hashlib.sha256(json.dumps(old_rule, sort_keys=True).encode()).hexdigest()[:16])
+    assert old["loss_config_sha256"] != ident["loss_config_sha256"]
+    check_identity(_checkpoint(tmp_path, "b", job, old, "bf16"), run_identity(moved, META, DIGEST, 1, 10, "bf16"))
+    other = load_train_config(None, base + ["ance.negatives=8", "loss.temperature=0.1"])
+    with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
+                                            r"8 now\), loss.temperature \(None in the checkpoint, 0.1 now\)"):
+        check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), loss_settings(other))
 
 
 def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):

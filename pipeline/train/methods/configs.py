@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from annotated_types import Ge
 
@@ -43,6 +43,9 @@ class ANCESettings(RefresherConfig):
 @dataclass(frozen=True)
 class RCLSettings(Section):
     """The `rcl:` section: the stages of `pipeline train` with `loss.name: rcl` (pipeline/rcl.py)."""
+
+    # how the stages are scheduled, not what they compute: left out of a run's identity (train/identity.py)
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("concurrent", "max_concurrent", "entropy_cpus_per_worker")
 
     # stage 1: one entropy model per λ (paper: 0.01..0.04; 4 models = 8 regulators was best)
     entropy_lambdas: tuple[Real, ...] = (0.01, 0.02, 0.03, 0.04)
