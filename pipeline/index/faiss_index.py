@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -215,10 +216,14 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             raised = f" (index.train_sample={cfg.train_sample:,} raised to 39 a list)" if want > cfg.train_sample else ""
             print(f"[index] training {cfg.factory} on {len(sample):,} sampled vectors{raised}", flush=True)
         try:
-            index.train(sample)
+            with _faiss_warnings() as warned:
+                index.train(sample)
         except RuntimeError as e:
             raise ConfigError(f"index.factory={cfg.factory!r} cannot be trained on {len(sample):,} vectors: "
                               f"{_faiss_reason(e)}") from None
+        if progress:
+            for line in warned:
+                print(f"[index] {line}", flush=True)
     probe = sample[:2000] if sample is not None else _sample(emb_dir, n_total, 2000)
     per_vec, base = estimate_bytes(index, probe)
     need = per_vec * n_total + base
@@ -399,6 +404,51 @@ def local_index_dir(index_dir) -> Path:
         raise InputError(loc, None, "the index was replaced while it was being fetched; run again")
     part.rename(local)
     return local
+
+
+_SHORT_TRAINING = re.compile(r"WARNING clustering (\d+) points to (\d+) centroids: "
+                             r"please provide at least (\d+) training points")
+
+
+@contextlib.contextmanager
+def _faiss_warnings():
+    """FAISS's C++ code warns on the process's stderr, once per clustering: a PQ64 trained on a small corpus
+    printed the same line 64 times. Its stderr is held in a file while the block runs; each kind of "too
+    few training points" warning comes back as one line of ours (in the yielded list, for the caller to
+    print), anything else is passed on to stderr as it was."""
+    import os
+    import sys
+    import tempfile
+
+    notes: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield notes
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            counts: dict[tuple[int, int, int], int] = {}
+            other = []
+            for line in text.splitlines():
+                m = _SHORT_TRAINING.search(line)
+                if m:
+                    key = tuple(int(g) for g in m.groups())
+                    counts[key] = counts.get(key, 0) + 1
+                elif line.strip():
+                    other.append(line)
+            for (points, centroids, advised), times in counts.items():
+                what = f"{times} clusterings" if times > 1 else "one clustering"
+                notes.append(f"note: FAISS trained {what} of {centroids:,} centroids on {points:,} vectors, fewer "
+                             f"than the {advised:,} it advises: the codes are coarser than on a larger corpus "
+                             "(compare its recall with Flat; on a corpus this small Flat is exact and fast)")
+            if other:
+                print("\n".join(other), file=sys.stderr, flush=True)
 
 
 def _faiss_reason(e: Exception) -> str:

@@ -416,3 +416,22 @@ def test_an_index_with_one_code_array_is_sized_once_and_never_copied(factory):
 
     assert storage_moves(reserve=False) > 0
     assert storage_moves(reserve=True) == 0
+
+
+def test_faiss_training_warnings_come_back_as_one_line_of_ours(tmp_path, capfd):
+    """A PQ factory trained on a corpus smaller than FAISS advises printed FAISS's C++ warning once per
+    sub-quantizer (64 identical stderr lines for PQ64): now one `[index] note:` line, nothing on stderr."""
+    from pipeline.config import IndexConfig
+    from pipeline.index.faiss_index import build_index
+
+    emb = _corpus_with_vectors(tmp_path, 2_000, 500)
+    capfd.readouterr()
+    build_index(emb, tmp_path / "pq", IndexConfig(factory="PQ8"), progress=True)
+    out, err = capfd.readouterr()
+    assert "WARNING" not in err  # stderr holds only the progress bar
+    notes = [line for line in out.splitlines() if line.startswith("[index] note:")]
+    assert notes == ["[index] note: FAISS trained 8 clusterings of 256 centroids on 2,000 vectors, fewer than the "
+                     "9,984 it advises: the codes are coarser than on a larger corpus (compare its recall with Flat; "
+                     "on a corpus this small Flat is exact and fast)"]
+    build_index(emb, tmp_path / "flat", IndexConfig(factory="Flat"), progress=True)  # nothing to train: no note
+    assert "note:" not in capfd.readouterr().out
