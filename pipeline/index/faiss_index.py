@@ -268,20 +268,22 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
 _VOLATILE = ("seconds", "gpu_build")  # index.json fields that say how a build went, not what it holds
 
 
-def _same_request(out_dir: Path, emb_dir, cfg: IndexConfig) -> None:
-    """A re-run into an index this tool wrote: the same embeddings, factory and metric, or refused now."""
+def _same_request(out_dir, emb_dir, cfg: IndexConfig) -> None:
+    """A re-run into an index this tool wrote (a folder or a storage URI): the same embeddings, factory and
+    metric, or refused now."""
     old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
     differs = request_differs(old, {"embeddings": str(emb_dir), "factory": cfg.factory, "metric": cfg.metric})
     if differs:
         refuse_different(out_dir, "index", differs)
 
 
-def _unchanged(built: Path, out_dir: Path) -> dict:
-    """The index.json of `out_dir`, kept, when `built` holds the same index and ids; otherwise refused."""
+def _unchanged(built: Path, out_dir: Path, name=None) -> dict:
+    """The index.json of `out_dir`, kept, when `built` holds the same index and ids; otherwise refused (the
+    error names `name`, where `out_dir` is a local copy of it)."""
     old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
     new = json.loads((built / META_FILE).read_text(encoding="utf-8"))
     if differing_keys(old, new, ignore=_VOLATILE) or not same_output(built, out_dir, ignore=(META_FILE,)):
-        refuse_different(out_dir, "index", "other vectors or ids: the embeddings changed since")
+        refuse_different(name or out_dir, "index", "other vectors or ids: the embeddings changed since")
     return old
 
 
@@ -333,8 +335,9 @@ def _reserve_codes(index, n_total: int) -> None:
     codes.resize(0)
 
 
-def _check_remote_output(out: RemotePath, overwrite: bool) -> None:
-    """check_output's rules on an object store: new, empty, or an index this tool wrote (with overwrite)."""
+def _check_remote_output(out: RemotePath, overwrite: bool) -> bool:
+    """check_output's rules on an object store: new, empty, or an index this tool wrote; True when it is a
+    re-run (an index there and no `overwrite`)."""
     import fnmatch
 
     from ..io_utils import OUTPUT_KINDS
@@ -342,7 +345,7 @@ def _check_remote_output(out: RemotePath, overwrite: bool) -> None:
     spec = OUTPUT_KINDS["index"]
     names = sorted(p.name for p in out.iterdir())
     if not names:
-        return
+        return False
     if spec.marker not in names:
         raise OutputError(f"{out} already exists and is not {spec.what} (it holds {', '.join(names[:5])}); refusing "
                           "to replace it. Choose another output path; nothing was written or deleted.")
@@ -350,23 +353,35 @@ def _check_remote_output(out: RemotePath, overwrite: bool) -> None:
     if others:
         raise OutputError(f"{out} holds {spec.what} but also {', '.join(others[:5])}; move those away or choose "
                           "another output path. Nothing was written or deleted.")
-    if not overwrite:
-        raise OutputError(f"{out} already holds {spec.what}; pass --overwrite to replace it (nothing was written)")
+    return not overwrite  # an index this tool wrote, asked again without --overwrite: a re-run
 
 
 def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bool, overwrite: bool) -> dict:
     """Build in a local staging folder, then upload with index.json last: a reader sees the whole
-    index or none (index.json is the completion marker; a replaced index loses its marker first)."""
+    index or none (index.json is the completion marker; a replaced index loses its marker first).
+    Run again as it was run, the build is compared with (a cached local copy of) the index there and
+    that one kept when the two are the same, as for a local folder."""
     import shutil
 
     from ..storage_checks import check_writable
     from ..storage_io import staging_dir, upload_dir
 
-    _check_remote_output(out, overwrite)
+    rerun = _check_remote_output(out, overwrite)
+    if rerun:
+        _same_request(out, location(emb_dir), cfg)  # another request: refused before any work
     check_writable(out, who="pipeline index")
     local = staging_dir(out, "index") / "build"
     shutil.rmtree(local, ignore_errors=True)
     info = build_index(emb_dir, local, cfg, progress=False, overwrite=False)
+    if rerun:
+        try:
+            old = _unchanged(local, local_index_dir(out), name=out)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+        if progress:
+            print(f"[index] unchanged: {out} already holds this index ({info['ntotal']:,} vectors, {cfg.factory}, "
+                  "the same files); nothing was written", flush=True)
+        return old
     (out / META_FILE).unlink(missing_ok=True)
     upload_dir(local, out, marker=META_FILE)
     shutil.rmtree(local, ignore_errors=True)

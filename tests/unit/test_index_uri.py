@@ -5,6 +5,8 @@ index.json; the output rules of a local folder hold on the store."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,9 +47,13 @@ def test_an_index_on_s3_equals_the_local_one_and_is_read_back_from_the_uri(emb, 
     copy = local_index_dir(out)
     assert local_index_dir(out) == copy  # fetched once per index.json
 
-    # the rules of a local output folder: an index is replaced only with overwrite, anything else never
-    with pytest.raises(OutputError, match="--overwrite"):
-        build_index(emb, out, IndexConfig(), progress=False, overwrite=False)  # the CLI without --overwrite
+    # the rules of a local output folder: the same command again keeps the index there, another one is
+    # refused without overwrite, anything else is never replaced
+    before = {p.name: p.read_bytes() for p in remote.iterdir()}
+    assert build_index(emb, out, IndexConfig(), progress=False, overwrite=False) == json.loads(before["index.json"])
+    assert {p.name: p.read_bytes() for p in remote.iterdir()} == before  # nothing was written
+    with pytest.raises(OutputError, match=r"a different one \(factory 'Flat' there, 'HNSW8' asked now\); pass --overwrite"):
+        build_index(emb, out, IndexConfig(factory="HNSW8"), progress=False, overwrite=False)
     build_index(emb, out, IndexConfig(factory="HNSW8"), progress=False, overwrite=True)
     assert json.loads((remote / "index.json").read_text())["factory"] == "HNSW8"
     assert local_index_dir(out) != copy  # a replaced index is fetched again
@@ -56,6 +62,21 @@ def test_an_index_on_s3_equals_the_local_one_and_is_read_back_from_the_uri(emb, 
     with pytest.raises(OutputError, match="notes.txt"):
         build_index(emb, other, IndexConfig(), progress=False, overwrite=True)
     assert (resolve(other) / "notes.txt").read_text() == "mine"
+
+
+def test_an_index_on_a_uri_built_again_from_changed_vectors_is_refused_naming_the_uri(emb, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    out = uri(make_bucket(), "idx/changed")
+    build_index(emb, out, IndexConfig(), progress=False)
+    before = {p.name: p.read_bytes() for p in resolve(out).iterdir()}
+    corpus = json.loads((emb / "embeddings.json").read_text())["corpus"]
+    shutil.rmtree(emb)
+    random_embeddings(Path(corpus), emb, seed=1)  # other vectors under the same path
+    with pytest.raises(OutputError, match=re.escape(str(out)) + r" already holds .*other vectors or ids.*--overwrite"):
+        build_index(emb, out, IndexConfig(), progress=False, overwrite=False)
+    assert {p.name: p.read_bytes() for p in resolve(out).iterdir()} == before
 
 
 def test_a_uri_without_a_complete_index_is_a_clear_error(tmp_path, monkeypatch):
