@@ -222,8 +222,12 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             raise ConfigError(f"index.factory={cfg.factory!r} cannot be trained on {len(sample):,} vectors: "
                               f"{_faiss_reason(e)}") from None
         if progress:
-            for line in warned:
-                print(f"[index] {line}", flush=True)
+            for points, centroids, advised, times in warned:
+                fix = (f"raise index.train_sample to {advised:,}, or compare its recall with Flat" if points < n_total
+                       else "compare its recall with Flat; on a corpus this small Flat is exact and fast")
+                print(f"[index] note: FAISS trained {f'{times} clusterings' if times > 1 else 'one clustering'} of "
+                      f"{centroids:,} centroids on {points:,} vectors, fewer than the {advised:,} it advises: the "
+                      f"codes are coarser ({fix})", flush=True)
     probe = sample[:2000] if sample is not None else _sample(emb_dir, n_total, 2000)
     per_vec, base = estimate_bytes(index, probe)
     need = per_vec * n_total + base
@@ -369,7 +373,8 @@ def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bo
     rerun = _check_remote_output(out, overwrite)
     if rerun:
         _same_request(out, location(emb_dir), cfg)  # another request: refused before any work
-    check_writable(out, who="pipeline index")
+    else:  # a re-run writes nothing there
+        check_writable(out, who="pipeline index")
     local = staging_dir(out, "index") / "build"
     shutil.rmtree(local, ignore_errors=True)
     info = build_index(emb_dir, local, cfg, progress=False, overwrite=False)
@@ -429,13 +434,13 @@ _SHORT_TRAINING = re.compile(r"WARNING clustering (\d+) points to (\d+) centroid
 def _faiss_warnings():
     """FAISS's C++ code warns on the process's stderr, once per clustering: a PQ64 trained on a small corpus
     printed the same line 64 times. Its stderr is held in a file while the block runs; each kind of "too
-    few training points" warning comes back as one line of ours (in the yielded list, for the caller to
-    print), anything else is passed on to stderr as it was."""
+    few training points" warning comes back once, as (points, centroids, advised, times) in the yielded
+    list for the caller to say in its own words; anything else is passed on to stderr as it was."""
     import os
     import sys
     import tempfile
 
-    notes: list[str] = []
+    notes: list[tuple[int, int, int, int]] = []
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as held:
@@ -457,18 +462,13 @@ def _faiss_warnings():
                     counts[key] = counts.get(key, 0) + 1
                 elif line.strip():
                     other.append(line)
-            for (points, centroids, advised), times in counts.items():
-                what = f"{times} clusterings" if times > 1 else "one clustering"
-                notes.append(f"note: FAISS trained {what} of {centroids:,} centroids on {points:,} vectors, fewer "
-                             f"than the {advised:,} it advises: the codes are coarser than on a larger corpus "
-                             "(compare its recall with Flat; on a corpus this small Flat is exact and fast)")
+            notes.extend((*key, times) for key, times in counts.items())
             if other:
                 print("\n".join(other), file=sys.stderr, flush=True)
 
 
 def _faiss_reason(e: Exception) -> str:
     """FAISS errors carry a C++ signature and source location; keep what went wrong."""
-    import re
 
     text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
     text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)

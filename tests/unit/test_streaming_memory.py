@@ -431,7 +431,11 @@ def test_faiss_training_warnings_come_back_as_one_line_of_ours(tmp_path, capfd):
     assert "WARNING" not in err  # stderr holds only the progress bar
     notes = [line for line in out.splitlines() if line.startswith("[index] note:")]
     assert notes == ["[index] note: FAISS trained 8 clusterings of 256 centroids on 2,000 vectors, fewer than the "
-                     "9,984 it advises: the codes are coarser than on a larger corpus (compare its recall with Flat; "
-                     "on a corpus this small Flat is exact and fast)"]
+                     "9,984 it advises: the codes are coarser (compare its recall with Flat; on a corpus this small "
+                     "Flat is exact and fast)"]
+    build_index(emb, tmp_path / "pq-sample", IndexConfig(factory="PQ8", train_sample=1_000), progress=True)
+    assert [line for line in capfd.readouterr().out.splitlines() if "note:" in line] == [
+        "[index] note: FAISS trained 8 clusterings of 256 centroids on 1,000 vectors, fewer than the 9,984 it "
+        "advises: the codes are coarser (raise index.train_sample to 9,984, or compare its recall with Flat)"]
     build_index(emb, tmp_path / "flat", IndexConfig(factory="Flat"), progress=True)  # nothing to train: no note
     assert "note:" not in capfd.readouterr().out
