@@ -473,14 +473,30 @@ def wait_for_run(run_dir, wait_s: float, poll_s: float, progress: bool = True) -
               flush=True)
 
 
-def _run_finished(run_dir) -> bool:
-    """The training run this refresher follows has ended (its summary is written last)."""
-    return (_location(run_dir) / "summary.json").exists()
+def _summary(run_dir) -> bytes | None:
+    """The run's summary.json as it is now (None: none), written last when a training run ends."""
+    try:
+        return (_location(run_dir) / "summary.json").read_bytes()
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def _run_finished(run_dir, found: bytes | None = None) -> bool:
+    """The training run this refresher follows has ended: a summary.json other than `found`, the one that was
+    there when the refresher started (a finished run resumed to train further keeps its old summary until
+    it ends again)."""
+    now = _summary(run_dir)
+    return now is not None and now != found
 
 
 def _refresh_loop(state: "Refresh", run_dir, cfg: RefresherConfig, once: bool, idle_exit_s: float,
                   progress: bool) -> list[dict]:
     done, last = [], time.time()
+    found = None if once else _summary(run_dir)
+    if found is not None and progress:
+        print(f"[refresh] {run_dir} holds the summary.json of a run that finished; following it in case it is "
+              f"resumed (until it finishes again, or --idle-exit {idle_exit_s:g}s without a new checkpoint)",
+              flush=True)
     while True:
         rec = state.step_safely()
         if rec is not None:
@@ -505,7 +521,7 @@ def _refresh_loop(state: "Refresh", run_dir, cfg: RefresherConfig, once: bool, i
                 state.stop_heartbeat("stopped", "--once: the newest checkpoint has its version")
                 return done  # the newest checkpoint already has its version
             # else: a failed attempt waits for its retry
-        elif _run_finished(run_dir):
+        elif _run_finished(run_dir, found):
             state.stop_heartbeat("stopped", "the training run has finished")
             if progress:
                 print(f"[refresh] the training run at {run_dir} has finished; {len(done)} version(s) this time",

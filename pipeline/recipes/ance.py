@@ -29,7 +29,8 @@ version has come for `ance.max_missed_refreshes` refresh intervals (also when no
 started), the run fails at its next poll with one line saying which and why, or, with
 `ance.on_refresher_failure=continue`, says on every report line that its negatives are stale and
 since when. When training ends the refresher is stopped and its per-version record is added to the
-run's summary.json; `pipeline refresh` exits when the run's summary.json appears. `train.storage_path`
+run's summary.json; `pipeline refresh` exits when the run's summary.json appears (one written after it
+started: a finished run being resumed keeps its old one until it ends again). `train.storage_path`
 and `ance.versions_dir` may be storage URIs (s3://, gs://).
 """
 
@@ -129,7 +130,8 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
 
     from ..index.refresher import start_refresher
     from ..ray_runtime import check_resources, init_ray
-    from ..train.trainer import train
+    from ..train.identity import check_settings_early
+    from ..train.trainer import resolve_resume, train
 
     check_ance_inputs(job)
     s = job.section("ance")
@@ -152,6 +154,9 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
                                   max_missed_refreshes=s.max_missed_refreshes, on_failure=s.on_refresher_failure,
                                   heartbeat_timeout_s=s.heartbeat_timeout_s)
     actor, watch = None, {}
+    resume = resolve_resume(job, run_dir)  # a resume refused now, before a refresher writes into the run
+    if resume is not None:
+        check_settings_early(resume, job)
     if s.start_refresher:
         init_ray(replace(job.ray, dashboard=True))
         # the trainer checks its own workers; the refresher's share comes on top

@@ -163,6 +163,25 @@ def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None,
     return "; ".join(parts)
 
 
+def check_settings_early(resume, job) -> None:
+    """Refuse, before anything starts beside training, a resume whose loss or method settings differ from the
+    checkpoint's config.yaml, as `check_identity` will once the examples are built: ANCE's refresher writes
+    versions into the run, and one started for a refused resume would publish negatives made with the other
+    settings. `loss.similarity` and `loss.temperature` are left to `check_identity` (resolved there)."""
+    then = _recorded_loss_settings(resume)
+    if then is None:
+        return
+
+    def comparable(settings: dict) -> dict:
+        loss = {k: v for k, v in settings["loss"].items() if k not in ("similarity", "temperature")}
+        return {**settings, "loss": loss}
+
+    differs = settings_diff(comparable(then), comparable(loss_settings(job)))
+    if differs:
+        raise PipelineError(f"cannot resume from {resume}: this run differs in the loss settings: {differs}; "
+                            "use another train.name for a new run (nothing was started)")
+
+
 def check_identity(resume, identity: dict, settings: dict | None = None) -> None:
     """Refuse to resume from a checkpoint of another run (PipelineError naming every difference; `settings`,
     this run's `loss_settings`, names the loss keys that differ)."""

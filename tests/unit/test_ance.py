@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 
 import pytest
 import torch
@@ -159,6 +160,32 @@ def test_pipeline_refresh_started_before_its_trainer_waits_for_the_run_folder(tm
     wait_for_run(never, 0.2, 0.05)  # gives up after its wait; the refusal is check_run_dir's, as before
     with pytest.raises(PipelineError, match="not a training run"):
         check_run_dir(never, tmp_path)
+
+
+def test_pipeline_refresh_follows_a_finished_run_that_is_resumed_until_it_finishes_again(run, faq, capsys):
+    """A finished run resumed to train further (a larger train.max_steps) keeps its old summary.json until it
+    ends again: `pipeline refresh` started beside it took that summary for the end and exited at once, so the
+    resumed run trained on stale negatives."""
+    import threading
+
+    from pipeline.index.refresher import run_refresher
+
+    run_dir, model = run
+    _checkpoint(run_dir, 2, model)
+    (run_dir / "summary.json").write_text('{"step": 2}')  # the first run's end
+
+    def trainer_goes_on():
+        _checkpoint(run_dir, 4, model)
+        time.sleep(1.5)
+        (run_dir / "summary.json").write_text('{"step": 4}')  # the resumed run's end
+
+    timer = threading.Timer(1.0, trainer_goes_on)
+    timer.start()
+    done = run_refresher(run_dir, _cfg(poll_seconds=0.2), faq, idle_exit_s=60)
+    timer.join()
+    out = capsys.readouterr().out
+    assert "holds the summary.json of a run that finished; following it" in out
+    assert [r["checkpoint_step"] for r in done][-1] == 4 and "has finished; " in out
 
 
 def test_refresher_bad_input(tmp_path, run, faq):

@@ -15,7 +15,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.models.checkpoint import finalize_checkpoint
 from pipeline.train import runner_choice
 from pipeline.train.config import dump_job, load_train_config
-from pipeline.train.identity import check_identity, loss_settings, run_identity
+from pipeline.train.identity import check_identity, check_settings_early, loss_settings, run_identity
 from pipeline.train.trainer import train
 
 
@@ -180,6 +180,13 @@ def test_an_ance_run_resumes_with_its_refresher_moved_apart_and_a_loss_change_is
     with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
                                             r"8 now\), loss.temperature \(None in the checkpoint, 0.1 now\)"):
         check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), loss_settings(other))
+    # before ANCE's refresher starts (it writes into the run): the same refusal, operational keys and the
+    # loss's similarity/temperature (resolved against the model later) aside
+    check_settings_early(ckpt, moved)
+    check_settings_early(ckpt, load_train_config(None, base + ["loss.temperature=0.1"]))
+    with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
+                                            r"8 now\); use another train.name .*nothing was started"):
+        check_settings_early(ckpt, other)
 
 
 def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):
