@@ -477,7 +477,7 @@ def _summary(run_dir) -> bytes | None:
     """The run's summary.json as it is now (None: none), written last when a training run ends."""
     try:
         return (_location(run_dir) / "summary.json").read_bytes()
-    except (FileNotFoundError, OSError):
+    except OSError:  # none yet, or unreadable: not finished (the idle exit still applies)
         return None
 
 

@@ -146,8 +146,9 @@ def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None,
     parts = []
     for k, (a, b) in sorted(diff.items()):
         text = f"{k} ({a!r} in the checkpoint, {b!r} now)"
-        if k == "loss_config_sha256" and all(settings) and settings_diff(*settings):
-            text = "the loss settings: " + settings_diff(*settings)
+        named = settings_diff(*settings) if k == "loss_config_sha256" and all(settings) else ""
+        if named:
+            text = "the loss settings: " + named
         elif k == "amp" and a in PRECISIONS:
             text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
         elif k == "attention" and a:
