@@ -16,12 +16,11 @@ includes CPU contention that separate GPUs would not have; read the ratio as a l
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -47,7 +46,7 @@ def main() -> None:
     from pipeline.train.config import load_train_config
 
     setup_offline_env()
-    work = Path(tempfile.mkdtemp(prefix="bench-ance-"))
+    work = scratch("bench-ance-")
     model = str(build_tiny_bert(work / "tiny")) if args.model == "tiny" else args.model
     corpus = work / "corpus"
     ingest([python_faq_dir()], "beir", corpus, progress=False)

@@ -15,12 +15,11 @@ A speed lever must not change what is learned: the figure to read is whether the
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 ARMS = ("threshold-dropout", "sdpa")
@@ -53,7 +52,7 @@ def main() -> None:
 
     args.sets, args.long_tokens = "long", "200,256"
     check_vs_st_args(args)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-attention-quality-"))
+    tmp = scratch("bench-attention-quality-")
     model_dir = str(resolve_model_path("minilm"))
     native = cpu_has_bf16()
     peak = gemm_peak(args.threads, ("fp32", "bf16") if native else ("fp32",))

@@ -35,7 +35,7 @@ Memory: driver peak RSS/USS and Ray processes' PSS for a synthetic corpus at sev
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
@@ -43,7 +43,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -697,7 +696,7 @@ def main() -> None:
     if args.child:
         return child_rss(args)
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-encode-"))
+    tmp = scratch("bench-encode-")
     for attr in ("model", "rss_model"):
         if getattr(args, attr) == "tiny":
             from pipeline.models.tiny import build_tiny_bert

@@ -7,12 +7,11 @@ working set (Ray's in-process object store, malloc arenas) plateaus after the fi
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -37,7 +36,7 @@ def main() -> None:
     from pipeline.index.encode import encode_corpus
     from pipeline.models.tiny import build_tiny_bert
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-plateau-"))
+    tmp = scratch("bench-plateau-")
     model = build_tiny_bert(tmp / "tiny")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     corpus = make_corpus(tmp, args.n, part_rows=args.part_rows)

@@ -34,3 +34,16 @@ def cpu_line() -> str:
 
 def print_cpu() -> None:
     print(cpu_line(), flush=True)
+
+
+def scratch(prefix: str) -> Path:
+    """A temporary folder for a benchmark's models, corpora and indexes, removed when it exits
+    (BENCH_KEEP=1 keeps it, to look at)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    if not os.environ.get("BENCH_KEEP"):
+        atexit.register(shutil.rmtree, folder, True)
+    return folder

@@ -33,7 +33,7 @@ log). Two training sets, `--sets faq,long` (the default, both):
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
@@ -42,7 +42,6 @@ import random
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -404,7 +403,7 @@ def vs_st(args) -> None:
     from pipeline.models.precision import cpu_has_bf16
 
     check_vs_st_args(args)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-train-st-"))
+    tmp = scratch("bench-train-st-")
     model_dir = str(resolve_model_path("minilm"))
     native = cpu_has_bf16()
     peak = gemm_peak(args.threads, ("fp32", "bf16") if native else ("fp32",))
@@ -536,7 +535,7 @@ def main() -> None:
         out = ray_loop(args) if args.mode == "ray" else plain(args, args.mode)
         print("RESULT " + json.dumps(out))
         return
-    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    tmp = scratch("bench-train-")
     if args.model == "tiny":
         from pipeline.models.tiny import build_tiny_bert
 

@@ -12,14 +12,13 @@ start) and the speed-up.
 
 from __future__ import annotations
 
-from machine import print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import print_cpu, scratch  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def sweep_file(args, work: Path, corpus: Path, model: str, concurrent: int) -> P
             "train": {"name": "bench", "max_steps": args.steps, "batch_size": 8, "num_workers": 1,
                       "cpus_per_worker": 0.9, "report_every": 5, "checkpoint_every": args.steps, "seed": 0},
             "validation": {"corpus": str(corpus), "qrels": str(corpus / "qrels" / "test.trec"), "metric": "RR@10"},
-            "ray": {"num_cpus": 2, "temp_dir": tempfile.mkdtemp(prefix="ray-", dir="/tmp")},
+            "ray": {"num_cpus": 2, "temp_dir": str(scratch("ray-"))},
         },
         "space": {"loss.n_perturb": {"grid": list(range(1, args.trials + 1))}},
         "search": {"searcher": "grid", "metric": "val_metric", "scheduler": "none",
@@ -80,7 +79,7 @@ def main() -> None:
     from pipeline.runtime_env import setup_offline_env
 
     setup_offline_env()
-    work = Path(tempfile.mkdtemp(prefix="bench-tune-"))
+    work = scratch("bench-tune-")
     corpus = work / "faq"
     ingest([python_faq_dir()], "beir", corpus, progress=False)
     model = args.model

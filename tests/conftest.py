@@ -3,7 +3,9 @@ Ray per session. The builders they share with the tests are in fixtures.py."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -19,8 +21,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-tests-hf"))
-# encode.backend=openvino's converted towers: a folder of this session's, not the user's cache
-os.environ.setdefault("PIPELINE_EXPORT_CACHE", tempfile.mkdtemp(prefix="pipeline-tests-exports-"))
+# encode.backend=openvino's converted towers: a folder of this session's, not the user's cache, removed
+# when the session ends (a test run leaves nothing behind in the temporary folder)
+if not os.environ.get("PIPELINE_EXPORT_CACHE"):
+    os.environ["PIPELINE_EXPORT_CACHE"] = tempfile.mkdtemp(prefix="pipeline-tests-exports-")
+    atexit.register(shutil.rmtree, os.environ["PIPELINE_EXPORT_CACHE"], True)
 
 from pipeline.runtime_env import setup_offline_env  # noqa: E402
 
@@ -41,15 +46,19 @@ def ray_session(tmp_path_factory):
     """One local Ray for the whole session (2 CPUs, small object store, no dashboard)."""
     import ray
 
+    temp = None
     if not ray.is_initialized():
         from pipeline.ray_runtime import force_loopback
 
+        temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
         force_loopback()  # else Ray re-resolves 127.0.0.1 to the routable IP and listens everywhere
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  object_store_memory=256 * 1024 * 1024, _node_ip_address="127.0.0.1",
-                 _temp_dir=str(Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))))
+                 _temp_dir=str(temp))
     yield ray
     ray.shutdown()
+    if temp is not None:
+        shutil.rmtree(temp, ignore_errors=True)  # Ray's logs and sockets of this session
 
 
 @pytest.fixture(scope="session")

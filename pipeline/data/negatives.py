@@ -206,6 +206,11 @@ class NegativesVersion:
     texts: dict[str, list[str]] = field(default_factory=dict)
     lookup: "MappedNegatives | None" = None
 
+    def close(self) -> None:
+        """Release the memory-mapped texts and their temporary folder (a no-op for a dict's)."""
+        if self.lookup is not None:
+            self.lookup.close()
+
     def __len__(self) -> int:
         """Queries this version has negatives for."""
         return len(self.lookup.pids) if self.lookup is not None else len(self.texts)
@@ -240,6 +245,10 @@ class MappedNegatives:
         self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, True)
         self.store = PassageStore(corpus_dir, need, Path(tmp) / "passages.arrow", join=None)
         self.missing = self.store.missing.to_pylist()
+
+    def close(self) -> None:
+        """Remove the temporary folder now (a Ray worker that is killed runs no finalizer)."""
+        self._cleanup()
 
     def get(self, qid: str) -> list[str] | None:
         ps = self.pids.get(qid)

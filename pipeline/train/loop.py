@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import tempfile
 import time
 from dataclasses import replace
@@ -244,39 +245,35 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
     ckpt_path = choose_checkpoint(ray_path, loop_cfg.get("resume_from"))
     resume_state, train_state, history = None, None, []
     staged = None
-    if ckpt_path is not None and st.is_uri(str(ckpt_path)):  # read a local copy of a remote checkpoint
-        staged = tempfile.mkdtemp(prefix="ckpt-")
-        source, ckpt_path = str(ckpt_path), str(st.download_dir(st.resolve(str(ckpt_path)), staged))
-        if read_state(ckpt_path) is None:
-            raise RuntimeError(f"checkpoint {source} changed or vanished while it was downloaded")
-    if ckpt_path is not None:
-        d = Path(ckpt_path)
-        resume_state = json.loads((d / "state.json").read_text())
-        if resume_state.get("stopped_early"):
-            if staged is not None:
-                import shutil
-
-                shutil.rmtree(staged, ignore_errors=True)
-            return  # the validation hook ended this run: a restart inside fit() trains no further
-        model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
-        train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
-        history = json.loads((d / "history.json").read_text())
-        then = stored_identity(d, resume_state) or {}
-        identity["attention"] = use_attention(
-            [model.doc_encoder, model.query_encoder],
-            resolve_attention(tc.attention, device, checkpoint=then.get("attention"), resuming=True), tc.attention)
-        mismatch = identity_diff(then, identity)
-        if mismatch:  # the run's verdict (a retry changes nothing): one error line, no retry
-            raise PipelineError(f"cannot resume from {d.name}: it was made with a different "
-                                + describe_diff(mismatch, (then.get("loss_settings"), loss_settings(job))))
-    else:
-        model = BiEncoder.load(job.model)
-        identity["attention"] = use_attention([model.doc_encoder, model.query_encoder],
-                                              resolve_attention(tc.attention, device), tc.attention)
-    if staged is not None:
-        import shutil
-
-        shutil.rmtree(staged, ignore_errors=True)
+    try:
+        if ckpt_path is not None and st.is_uri(str(ckpt_path)):  # read a local copy of a remote checkpoint
+            staged = tempfile.mkdtemp(prefix="ckpt-")
+            source, ckpt_path = str(ckpt_path), str(st.download_dir(st.resolve(str(ckpt_path)), staged))
+            if read_state(ckpt_path) is None:
+                raise RuntimeError(f"checkpoint {source} changed or vanished while it was downloaded")
+        if ckpt_path is not None:
+            d = Path(ckpt_path)
+            resume_state = json.loads((d / "state.json").read_text())
+            if resume_state.get("stopped_early"):
+                return  # the validation hook ended this run: a restart inside fit() trains no further
+            model = BiEncoder.load(replace(job.model, name_or_path=str(d / "model"), query_name_or_path=None))
+            train_state = torch.load(d / "training_state.pt", map_location="cpu", weights_only=False)
+            history = json.loads((d / "history.json").read_text())
+            then = stored_identity(d, resume_state) or {}
+            identity["attention"] = use_attention(
+                [model.doc_encoder, model.query_encoder],
+                resolve_attention(tc.attention, device, checkpoint=then.get("attention"), resuming=True), tc.attention)
+            mismatch = identity_diff(then, identity)
+            if mismatch:  # the run's verdict (a retry changes nothing): one error line, no retry
+                raise PipelineError(f"cannot resume from {d.name}: it was made with a different "
+                                    + describe_diff(mismatch, (then.get("loss_settings"), loss_settings(job))))
+        else:
+            model = BiEncoder.load(job.model)
+            identity["attention"] = use_attention([model.doc_encoder, model.query_encoder],
+                                                  resolve_attention(tc.attention, device), tc.attention)
+    finally:  # the local copy of a remote checkpoint goes, whatever happened
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
     heads = method.heads(job, model)
     if heads:
         model.heads = torch.nn.ModuleDict(heads)
@@ -488,88 +485,99 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
 
     stopped = False
     model.train()
-    poll_negatives()
-    while step < total and not stopped:
-        epoch, skip = step // spe, step % spe
-        for b_idx, batch in enumerate(method.batches(iter(rows), job, epoch, rank, spe)):
-            if b_idx < skip:
-                continue  # trained before the checkpoint we resumed from
-            if tc.fail_at_step and step + 1 == tc.fail_at_step and not fail_marker.exists():
-                # a failure between steps: every rank's last report is done (rank 0's checkpoint upload
-                # too) before any rank raises, else a fast rank kills the group mid-upload
-                _barrier(world)
-                if rank == 0:
-                    fail_marker.touch()
-                raise RuntimeError(f"simulated failure at step {step + 1} (train.fail_at_step)")
-            if step > step_start and step % tc.negatives_poll_every == 0:
-                poll_negatives()
-            sctx = StepContext(job=job, device=device, rank=rank, world=world, step=step,
-                               rng=random.Random(tc.seed * 7919 + step), side=side, negatives=negatives)
-            with autocast():
-                out = method.forward(ddp, batch, sctx)
-            loss, terms = method.loss(method.assemble(out, sctx), job.loss, training=True)
-            check_finite_loss(loss, terms, step + 1, lambda: _stop_note(run_loc))
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            # the global gradient norm (the same on every rank after DDP's all-reduce), clipped when
-            # optim.grad_clip is set; a non-finite one stops the run before the update is applied (with
-            # fp16's GradScaler an overflow is expected: the scaler skips that step itself)
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), job.optim.grad_clip or float("inf"))
-            if scaler is None and not torch.isfinite(norm):
-                raise NonFiniteError(f"training stopped at step {step + 1}: the gradient norm is {float(norm)} "
-                                     f"(loss {float(loss.detach()):.6g}"
-                                     + "".join(f", {k} {float(v):.6g}" for k, v in terms.items())
-                                     + f"; optim.lr {job.optim.lr:g}); nothing of this step was applied. "
-                                     + _stop_note(run_loc))
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            step += 1
-            if tc.step_sleep_s:
-                time.sleep(tc.step_sleep_s)
-            if batch_log is not None:
-                batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch],
-                                            "negatives_version": negatives.version if negatives else None}) + "\n")
-                batch_log.flush()
-            window["loss"] = window.get("loss", 0.0) + float(loss.detach())
-            for k, v in terms.items():
-                window[k] = window.get(k, 0.0) + float(v)
-            for k, v in sctx.stats.items():
-                stat_keys.add(k)
-                window[k] = window.get(k, 0.0) + float(v)
-            n_window += 1
-            last = step >= total
-            do_ckpt = last or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
-            do_eval = last or (tc.eval_every and step % tc.eval_every == 0)
-            if do_ckpt or do_eval or step % tc.report_every == 0:
-                extra = validate() if do_eval else {}
-                if do_eval and validate_fn is not None and stop_requested(extra) and not last:
-                    stopped, do_ckpt = True, True  # ends here on every rank; the checkpoint says so
-                    extra["stopped_early"] = 1.0
-                if last or stopped:
-                    extra["train_seconds"] = time.time() - t_start  # the loop's wall time, all of it
-                    extra["loop_started_at"] = t_start  # wall clock: the driver splits its own time with it
-                    extra["validation_seconds"] = excluded["validation"]
-                    extra["checkpoint_seconds"] = excluded["checkpoint"]  # the last one not yet in it
-                    extra["train_steps_run"] = step - step_start
-                report(extra, checkpoint=bool(do_ckpt), stopped_early=stopped)
-                if do_ckpt and tc.fail_after_checkpoint == step and not fail_marker.exists():
+    try:
+        poll_negatives()
+        while step < total and not stopped:
+            epoch, skip = step // spe, step % spe
+            for b_idx, batch in enumerate(method.batches(iter(rows), job, epoch, rank, spe)):
+                if b_idx < skip:
+                    continue  # trained before the checkpoint we resumed from
+                if tc.fail_at_step and step + 1 == tc.fail_at_step and not fail_marker.exists():
+                    # a failure between steps: every rank's last report is done (rank 0's checkpoint upload
+                    # too) before any rank raises, else a fast rank kills the group mid-upload
                     _barrier(world)
                     if rank == 0:
                         fail_marker.touch()
-                    raise RuntimeError(f"simulated failure right after the checkpoint of step {step} "
-                                       "(train.fail_after_checkpoint)")
-            if last or stopped:
-                break
-    if load_pool is not None:
-        load_pool.shutdown(wait=False, cancel_futures=True)
-    if batch_log is not None:
-        upload_batch_log()
-        batch_log.close()
+                    raise RuntimeError(f"simulated failure at step {step + 1} (train.fail_at_step)")
+                if step > step_start and step % tc.negatives_poll_every == 0:
+                    poll_negatives()
+                sctx = StepContext(job=job, device=device, rank=rank, world=world, step=step,
+                                   rng=random.Random(tc.seed * 7919 + step), side=side, negatives=negatives)
+                with autocast():
+                    out = method.forward(ddp, batch, sctx)
+                loss, terms = method.loss(method.assemble(out, sctx), job.loss, training=True)
+                check_finite_loss(loss, terms, step + 1, lambda: _stop_note(run_loc))
+                optimizer.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(optimizer)
+                else:
+                    loss.backward()
+                # the global gradient norm (the same on every rank after DDP's all-reduce), clipped when
+                # optim.grad_clip is set; a non-finite one stops the run before the update is applied (with
+                # fp16's GradScaler an overflow is expected: the scaler skips that step itself)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), job.optim.grad_clip or float("inf"))
+                if scaler is None and not torch.isfinite(norm):
+                    raise NonFiniteError(f"training stopped at step {step + 1}: the gradient norm is {float(norm)} "
+                                         f"(loss {float(loss.detach()):.6g}"
+                                         + "".join(f", {k} {float(v):.6g}" for k, v in terms.items())
+                                         + f"; optim.lr {job.optim.lr:g}); nothing of this step was applied. "
+                                         + _stop_note(run_loc))
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                scheduler.step()
+                step += 1
+                if tc.step_sleep_s:
+                    time.sleep(tc.step_sleep_s)
+                if batch_log is not None:
+                    batch_log.write(json.dumps({"step": step, "idx": [int(r["idx"]) for r in batch],
+                                                "negatives_version": negatives.version if negatives else None}) + "\n")
+                    batch_log.flush()
+                window["loss"] = window.get("loss", 0.0) + float(loss.detach())
+                for k, v in terms.items():
+                    window[k] = window.get(k, 0.0) + float(v)
+                for k, v in sctx.stats.items():
+                    stat_keys.add(k)
+                    window[k] = window.get(k, 0.0) + float(v)
+                n_window += 1
+                last = step >= total
+                do_ckpt = last or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
+                do_eval = last or (tc.eval_every and step % tc.eval_every == 0)
+                if do_ckpt or do_eval or step % tc.report_every == 0:
+                    extra = validate() if do_eval else {}
+                    if do_eval and validate_fn is not None and stop_requested(extra) and not last:
+                        stopped, do_ckpt = True, True  # ends here on every rank; the checkpoint says so
+                        extra["stopped_early"] = 1.0
+                    if last or stopped:
+                        extra["train_seconds"] = time.time() - t_start  # the loop's wall time, all of it
+                        extra["loop_started_at"] = t_start  # wall clock: the driver splits its own time with it
+                        extra["validation_seconds"] = excluded["validation"]
+                        extra["checkpoint_seconds"] = excluded["checkpoint"]  # the last one not yet in it
+                        extra["train_steps_run"] = step - step_start
+                    report(extra, checkpoint=bool(do_ckpt), stopped_early=stopped)
+                    if do_ckpt and tc.fail_after_checkpoint == step and not fail_marker.exists():
+                        _barrier(world)
+                        if rank == 0:
+                            fail_marker.touch()
+                        raise RuntimeError(f"simulated failure right after the checkpoint of step {step} "
+                                           "(train.fail_after_checkpoint)")
+                if last or stopped:
+                    break
+        if batch_log is not None:
+            upload_batch_log()
+    finally:
+        # a worker that returns or raises leaves nothing in the machine's temporary folder
+        if loader:  # a version still loading is released when its load ends
+            loader["future"].add_done_callback(
+                lambda f: f.cancelled() or f.exception() is not None or getattr(f.result(), "close", bool)())
+        if load_pool is not None:
+            load_pool.shutdown(wait=False, cancel_futures=True)
+        if negatives is not None and hasattr(negatives, "close"):
+            negatives.close()
+        if batch_log is not None:
+            batch_log.close()
+        if log_local is not None:
+            shutil.rmtree(log_local.parent, ignore_errors=True)

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def head():
     finally:
         stop_head(proc, temp_dir)
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)  # the head's logs and sockets: nothing left in /tmp
 
 
 def ray_cli(head, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -5,6 +5,8 @@ BERT, 2 Ray Train workers."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import gcs_emulator
 import pytest
@@ -40,6 +42,13 @@ def _expected_batches(job, run_dir) -> dict[int, list]:
     return out
 
 
+def _worker_scratch() -> set[str]:
+    """The training workers' folders in the machine's temporary folder (a remote run's batch log, the local
+    copy of a remote checkpoint)."""
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for pattern in ("batch-log-*", "ckpt-*") for p in tmp.glob(pattern)}
+
+
 @pytest.mark.parametrize("store", ["s3", "gs"])
 def test_object_store_kill_resume_export(ray_session, tiny_model_dir, faq, tmp_path, store):
     """Killed right after its step-4 checkpoint on s3:// (gs://), resumed (reading the examples from
@@ -51,6 +60,7 @@ def test_object_store_kill_resume_export(ray_session, tiny_model_dir, faq, tmp_p
     common = ("loss.name=dpr", "train.max_steps=6", "train.checkpoint_every=2", "train.log_batches=true",
               "train.keep_checkpoints=2")
     job = dpr_job(tiny_model_dir, corpus, root, "s3run", *common, "train.fail_after_checkpoint=4")
+    scratch_before = _worker_scratch()
     with pytest.raises(Exception, match="simulated failure right after the checkpoint"):
         train(job, progress=False)
     run = storage.resolve(root) / "s3run"
@@ -61,6 +71,8 @@ def test_object_store_kill_resume_export(ray_session, tiny_model_dir, faq, tmp_p
                          "data.materialize=never"), progress=False)
     assert resumed["resumed_from"].startswith(f"{store}://") and "step-00000004" in resumed["resumed_from"]
     assert resumed["steps"] == 6 and resumed["final_metrics"]["train_steps_run"] == 2
+    # the workers' local copies (the batch log, the checkpoint resumed from) are gone, failed run and resumed
+    assert _worker_scratch() - scratch_before == set()
 
     steps: dict[int, list] = {}
     for rank_file in sorted((run / "batch_log").iterdir(), key=lambda p: p.name):

@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,7 +112,13 @@ def test_refresher_takes_the_newest_checkpoint_and_never_a_positive(run, faq):
     assert len(table) == len(judged)
     for row in table:
         assert len(row["negatives"]) == 5 and not set(row["negatives"]) & set(judged[row["qid"]])
-    assert v1.load(1).get(table[0]["qid"])
+    loaded = v1.load(1)
+    assert loaded.get(table[0]["qid"])
+    scratch = Path(loaded.lookup.store.path).parent  # the texts' memory-mapped copy, in a temporary folder
+    assert scratch.is_dir()
+    loaded.close()  # what the trainer does when it ends: a killed worker runs no finalizer
+    assert not scratch.exists()
+    loaded.close()  # twice is fine
     # the next checkpoints: new versions with a different seed; only the newest 2 kept
     _checkpoint(run_dir, 8, model)
     assert r.step_once()["version"] == 2
