@@ -25,6 +25,12 @@ waits, then finds the entry complete. A complete entry is never removed or repla
 or marker no longer match their digests is set aside and made again, once, with a note naming it. What
 a killed converter left (`.<entry>-tmp-*`) is removed by the next lock holder. The cache is not kept in
 the model's folder: a model may sit in a read-only package, and files added there would change its digest.
+
+The cache is bounded (`PIPELINE_EXPORT_CACHE_MAX_GB`, 10 by default, 0 for no bound): every trained
+checkpoint that is encoded is a new tower, so a sweep would otherwise fill the disk. An entry's folder is
+touched whenever it is used; after an entry is made, the least recently used ones are removed until the
+cache fits, never the one just made, one used in the last `PRUNE_GRACE_S` (a process may be reading it)
+or one whose lock another process holds. What was removed is said in a note; it is made again when needed.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -64,6 +71,26 @@ def export_cache_dir(cache: str | Path | None = None) -> Path:
         raise ConfigError(f"PIPELINE_EXPORT_CACHE={folder}: not a folder (a file is there); point it at a folder "
                           "for the converted models (or unset it: the default is ~/.cache/dense-retrieval-pipeline)")
     return folder
+
+
+KINDS = ("openvino", "openvino-graphs")  # the cache's folders of entries (an int8 tower sits in its tower's)
+DEFAULT_MAX_GB = 10.0
+PRUNE_GRACE_S = 600.0
+
+
+def cache_limit_bytes() -> int:
+    """The cache's bound from $PIPELINE_EXPORT_CACHE_MAX_GB (GB, 10 by default); 0 means none."""
+    raw = os.environ.get("PIPELINE_EXPORT_CACHE_MAX_GB", "").strip()
+    if not raw:
+        return int(DEFAULT_MAX_GB * 1e9)
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not gb >= 0 or gb == float("inf"):
+        raise ConfigError(f"PIPELINE_EXPORT_CACHE_MAX_GB={raw!r}: not a size in GB (a number >= 0; 0 for no bound, "
+                          f"unset for {DEFAULT_MAX_GB:g})")
+    return int(gb * 1e9)
 
 
 # ---------------------------------------------------------------------------------------- the keys
@@ -241,6 +268,73 @@ def _clean_temporaries(entry: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _top_entry(entry: Path) -> Path | None:
+    """The entry of a kind's folder that holds `entry` (itself, or the tower an int8 entry sits in)."""
+    for folder in (entry, *entry.parents):
+        if folder.parent.name in KINDS:
+            return folder
+    return None
+
+
+def mark_used(entry: Path) -> None:
+    """Touch the entry (and the tower folder an int8 entry sits in): the cache keeps the recently used."""
+    for folder in {entry, _top_entry(entry) or entry}:
+        with contextlib.suppress(OSError):
+            os.utime(folder)
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def prune(cache: Path, keep: Path | None = None, limit: int | None = None, now: float | None = None) -> str | None:
+    """Remove the least recently used entries of the cache until it is within `limit` bytes (the bound of
+    $PIPELINE_EXPORT_CACHE_MAX_GB), never `keep`, an entry used in the last PRUNE_GRACE_S or one another
+    process holds the lock of. Returns a note saying what was removed (None when nothing was)."""
+    limit = cache_limit_bytes() if limit is None else limit
+    if not limit:
+        return None
+    now = time.time() if now is None else now
+    entries = []
+    for kind in KINDS:
+        with contextlib.suppress(OSError):
+            entries += [e for e in (cache / kind).iterdir() if e.is_dir() and not e.name.startswith(".")]
+    sizes = {e: _size(e) for e in entries}
+    total = sum(sizes.values())
+    if total <= limit:
+        return None
+    used = {}
+    for e in entries:
+        with contextlib.suppress(OSError):
+            used[e] = e.stat().st_mtime
+    removed, freed = 0, 0
+    for e in sorted(used, key=used.get):
+        if total <= limit:
+            break
+        if e == keep or now - used[e] < PRUNE_GRACE_S:
+            continue
+        with entry_lock(e, wait=False) as held:
+            if not held:
+                continue
+            set_aside(e)
+        removed, freed, total = removed + 1, freed + sizes[e], total - sizes[e]
+    if not removed and total <= limit:
+        return None
+    said = (f"the export cache {cache} holds {total / 1e9:.1f} GB after removing the {removed} least recently "
+            f"used entr{'y' if removed == 1 else 'ies'} ({freed / 1e9:.1f} GB)")
+    if total > limit:
+        said += f"; still over its bound of {limit / 1e9:g} GB (what is left was used in the last " \
+                f"{PRUNE_GRACE_S / 60:g} min or is being made)"
+    else:
+        said += f" to keep within its bound of {limit / 1e9:g} GB"
+    return said + "; PIPELINE_EXPORT_CACHE_MAX_GB sets it (0: no bound)"
+
+
 def cached_entry(entry: Path, marker: str, make, notes: list[str]) -> bool:
     """Make sure `entry` holds a complete, whole export: `make(tmp)` writes one into a temporary folder
     (its files; the marker with their digests and its own is written here, last) when there is none, or
@@ -251,10 +345,12 @@ def cached_entry(entry: Path, marker: str, make, notes: list[str]) -> bool:
             with entry_lock(entry, wait=False) as held:
                 if held:
                     _clean_temporaries(entry)
+        mark_used(entry)
         return False
     with entry_lock(entry):
         problem = entry_problem(entry, marker)
         if problem is None:  # another process made it while this one waited
+            mark_used(entry)
             return False
         _clean_temporaries(entry)
         if problem != "missing" or entry.exists():
@@ -270,6 +366,12 @@ def cached_entry(entry: Path, marker: str, make, notes: list[str]) -> bool:
             os.rename(tmp, entry)  # the entry appears whole, marker included (nothing is there: checked above)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    mark_used(entry)
+    top = _top_entry(entry)
+    if top is not None:
+        note = prune(top.parent.parent, keep=top)
+        if note:
+            notes.append(note)
     return True
 
 

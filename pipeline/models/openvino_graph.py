@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir, graph_key,
-                           input_names, parameter_shapes, set_aside)
+                           input_names, mark_used, parameter_shapes, set_aside)
 from .tower_check import probe_batches
 
 
@@ -109,6 +109,7 @@ class RefreshableTower:
         try:
             if self.entry is not None and entry_problem(self.entry, self.MARKER) is None and self._read():
                 self.source, self.checked = "cache", True
+                mark_used(self.entry)
         except Exception as e:  # an entry OpenVINO cannot read: converted instead, and made again once it passes
             self.buffers, self.names, self.graph, self._unreadable = [], [], None, True
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]

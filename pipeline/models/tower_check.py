@@ -199,7 +199,7 @@ def verified_export(model, side: str, threads: int = 1, cache: str | Path | None
     (a bf16 or int8 tower's check on the corpus's passages, encode's check of the model's vectors): the fp32
     gate (no component off by more than 2.5e-6 of its vector's length) is far inside what those checks tell
     apart, and a first encode of a corpus with the export cached then loads no torch weights at all."""
-    from .export_cache import entry_problem, export_cache_dir, tower_digest
+    from .export_cache import entry_problem, export_cache_dir, mark_used, tower_digest
 
     try:
         digest = digest or tower_digest(model, side)
@@ -208,6 +208,7 @@ def verified_export(model, side: str, threads: int = 1, cache: str | Path | None
         return None
     if entry_problem(folder, "export.json") is not None:
         return None
+    mark_used(folder)
     figures = read_figures(check_memo(folder, "fp32", None, digest, folder.name))
     if figures is None or figures.get("precision") != "fp32" or not passes(figures, gates_for("fp32")):
         return None
