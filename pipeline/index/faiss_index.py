@@ -171,14 +171,14 @@ def _ivf_lists(index) -> int:
 
 
 def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, progress: bool = True,
-                overwrite: bool = True) -> dict:
+                overwrite: bool = True, say_done: bool = True) -> dict:
     """Build a FAISS index over all complete shards of `emb_dir`; returns index.json's content.
 
     `out_dir` must be new, empty, or an index this tool wrote (replaced only with
     `overwrite`; the CLI asks for `--overwrite`). Anything else there is refused before
     any work starts, and an existing index stays readable until the new one is complete.
     Run again as it was run, it builds beside the index there and keeps that one when the two
-    are the same (`_unchanged`).
+    are the same (`_unchanged`). `say_done` off: no done line (a build staged for upload says its own).
     """
     import psutil
 
@@ -263,7 +263,7 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
                 print(f"[index] unchanged: {out_dir} already holds this index ({info['ntotal']:,} vectors, "
                       f"{cfg.factory}, the same files); nothing was written", flush=True)
             return old
-    if progress:
+    if progress and say_done:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
               f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
     return info
@@ -377,7 +377,9 @@ def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bo
         check_writable(out, who="pipeline index")
     local = staging_dir(out, "index") / "build"
     shutil.rmtree(local, ignore_errors=True)
-    info = build_index(emb_dir, local, cfg, progress=False, overwrite=False)
+    # the build's own lines (the training sample, FAISS's notes, the size estimate), not its done line: the
+    # index is done once uploaded
+    info = build_index(emb_dir, local, cfg, progress=progress, overwrite=False, say_done=False)
     if rerun:
         try:
             old = _unchanged(local, local_index_dir(out), name=out)

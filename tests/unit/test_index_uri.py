@@ -93,3 +93,18 @@ def test_cli_refuses_pyserini_layout_on_a_uri(tmp_path, capsys):
     assert main(["index", "--embeddings", str(tmp_path), "--out", "s3://bucket/idx", "--pyserini"]) == 2
     err = capsys.readouterr().err
     assert "--pyserini writes pyserini's layout into a local folder" in err and "Traceback" not in err
+
+
+def test_an_index_built_for_a_uri_says_what_a_local_build_says_and_one_done_line_naming_the_uri(
+        emb, tmp_path, monkeypatch, capfd):
+    """The build staged for upload prints its training and FAISS's note as a local build does (they were lost),
+    and one done line: the URI's, never the staging folder's."""
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    out = uri(make_bucket(), "idx/pq")
+    capfd.readouterr()
+    build_index(emb, out, IndexConfig(factory="PQ2x2"), progress=True)
+    lines = capfd.readouterr().out.splitlines()
+    assert [ln for ln in lines if ln.startswith("[index] note: FAISS trained")]  # 10 vectors for 4 centroids
+    assert any(ln.startswith("[index] training PQ2x2 on 10 sampled vectors") for ln in lines)
+    done = [ln for ln in lines if ln.startswith("[index] done:")]
+    assert len(done) == 1 and done[0].endswith(f"uploaded -> {out}") and str(tmp_path / "staging") not in "\n".join(lines)
