@@ -26,6 +26,10 @@ os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-t
 if not os.environ.get("PIPELINE_EXPORT_CACHE"):
     os.environ["PIPELINE_EXPORT_CACHE"] = tempfile.mkdtemp(prefix="pipeline-tests-exports-")
     atexit.register(shutil.rmtree, os.environ["PIPELINE_EXPORT_CACHE"], True)
+# local copies of what the tests put on object stores (each test's bucket is new): this session's, removed too
+if not os.environ.get("PIPELINE_STAGING_DIR"):
+    os.environ["PIPELINE_STAGING_DIR"] = tempfile.mkdtemp(prefix="pipeline-tests-staging-")
+    atexit.register(shutil.rmtree, os.environ["PIPELINE_STAGING_DIR"], True)
 
 from pipeline.runtime_env import setup_offline_env  # noqa: E402
 
