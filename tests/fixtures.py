@@ -12,8 +12,11 @@ the real formats, the small training job the trainer tests run, and the resume s
 
 from __future__ import annotations
 
+import atexit
 import json
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 from pipeline.index import encode as encode_mod
@@ -156,3 +159,11 @@ def tower_tokens(model, texts=TOWER_TEXTS):
 
     tok, prefix, max_len = model.token_spec("doc")
     return tokenize_sorted(tok, texts, prefix, max_len)
+
+
+def short_temp_dir(prefix: str) -> Path:
+    """A folder for a Ray of a test's own: short, under /tmp (unix socket paths in it must stay short), removed
+    when the test session ends."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder

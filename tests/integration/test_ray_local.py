@@ -8,7 +8,6 @@ Run under the Ray lock: `flock /tmp/ray-tests.lock .venv/bin/python -m pytest -q
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fixtures import short_temp_dir
 from listening import cmdline, is_loopback, listening
 from subprocs import terminal_signals
 
@@ -54,25 +54,13 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-_TEMP_DIRS: list[Path] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _remove_ray_temp_dirs():
-    """Each driver's Ray folder (short, under /tmp: unix socket paths) goes when the module ends."""
-    yield
-    for temp in _TEMP_DIRS:
-        shutil.rmtree(temp, ignore_errors=True)
-
-
 def start_driver(tmp_path: Path, sleep: float, mode: str = "cli", dashboard: bool = False):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.format(repo=str(REPO)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # init_ray must set it itself
-    temp = Path("/tmp") / f"rayt-{os.getpid()}-{time.monotonic_ns() % 10**6}"  # short: unix socket paths
-    _TEMP_DIRS.append(temp)
+    temp = short_temp_dir("rayt-")
     # a terminal's Ctrl-C and hangup, not a background job's (`terminal_signals`)
     p = subprocess.Popen([sys.executable, str(script), str(sleep), mode, str(temp), "dash" if dashboard else "x"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
@@ -157,7 +145,7 @@ def test_cli_ray_is_gone_when_the_cli_is(tmp_path, sig):
 def test_error_exit_stops_ray(tmp_path):
     """A PipelineError raised after Ray started: exit 2, message, and Ray is stopped."""
     script = tmp_path / "err.py"
-    _TEMP_DIRS.append(Path("/tmp") / f"rayerr-{os.getpid()}")
+    temp = short_temp_dir("rayerr-")
     script.write_text(textwrap.dedent(f"""
         import os, sys, psutil
         sys.path.insert(0, {str(REPO)!r})
@@ -166,7 +154,7 @@ def test_error_exit_stops_ray(tmp_path):
         from pipeline.errors import PipelineError
         from pipeline.ray_runtime import init_ray
         def boom(args):
-            init_ray(RayConfig(num_cpus=2, temp_dir={str(_TEMP_DIRS[-1])!r}))
+            init_ray(RayConfig(num_cpus=2, temp_dir={str(temp)!r}))
             kids = [q for q in psutil.Process().children(recursive=True)]
             print(" ".join(str(q.pid) + ":" + str(q.create_time()) for q in kids), flush=True)
             raise PipelineError("boom after Ray started")

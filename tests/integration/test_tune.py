@@ -17,15 +17,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import short_temp_dir
 from listening import ListenWatch
 from subprocs import RAY_START_WINDOWS, Watched
 
@@ -66,22 +65,6 @@ def _watched(sweep: Path, out: Path, *extra: str) -> Watched:
     return Watched(_argv(sweep, *extra), watch=out, merge_stderr=True, cwd=REPO, env=_env())
 
 
-_RAY_TEMP_DIRS: list[str] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _remove_ray_temp_dirs():
-    """Each sweep's Ray folder (short, under /tmp: unix socket paths) goes when the module ends."""
-    yield
-    for temp in _RAY_TEMP_DIRS:
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _ray_temp_dir() -> str:
-    _RAY_TEMP_DIRS.append(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    return _RAY_TEMP_DIRS[-1]
-
-
 def _sweep(tiny_model_dir, faq, out: Path) -> dict:
     # τ = 0.02 with dot scores on a random tiny BERT gives a loss ~40x the others' from step 1:
     # ASHA (metric loss, min) must stop it at its first rung (step 2), whenever it gets there.
@@ -95,7 +78,7 @@ def _sweep(tiny_model_dir, faq, out: Path) -> dict:
             "train": {"name": "tiny", "max_steps": 4, "batch_size": 8, "num_workers": 1, "cpus_per_worker": 0.4,
                       "report_every": 1, "eval_every": 2, "checkpoint_every": 2, "seed": 3},
             "validation": {"dev_split": 0.1, "metric": "RR@10"},  # held-out training queries, never test
-            "ray": {"num_cpus": 2, "temp_dir": _ray_temp_dir()},
+            "ray": {"num_cpus": 2, "temp_dir": str(short_temp_dir("ray-"))},
         },
         "space": {"loss.temperature": {"grid": [1.0, 0.9, 0.02]}},
         "search": {"searcher": "grid", "metric": "loss", "scheduler": "asha", "grace_period": 2,
