@@ -65,7 +65,9 @@ def export_cache() -> Path:
 
 
 def export_cache_dir(cache: str | Path | None = None) -> Path:
-    """The cache folder, checked: $PIPELINE_EXPORT_CACHE (or `cache`) naming a file is a ConfigError."""
+    """The cache folder, checked: $PIPELINE_EXPORT_CACHE (or `cache`) naming a file, or a bound
+    ($PIPELINE_EXPORT_CACHE_MAX_GB) that is not a size, is a ConfigError before anything is converted."""
+    cache_limit_bytes()
     folder = Path(cache) if cache is not None else export_cache()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"PIPELINE_EXPORT_CACHE={folder}: not a folder (a file is there); point it at a folder "

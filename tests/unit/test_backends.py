@@ -209,6 +209,14 @@ def test_an_export_cache_that_is_a_file_is_one_clear_error(tiny_model_dir, tmp_p
         tower_runner(_model(tiny_model_dir), "doc", "auto", "fp32", 1, cache=f)
 
 
+def test_an_export_cache_bound_that_is_not_a_size_is_one_clear_error_before_any_conversion(tiny_model_dir, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE_MAX_GB", "10GB")
+    with pytest.raises(PipelineError, match=r"PIPELINE_EXPORT_CACHE_MAX_GB='10GB': not a size in GB"):
+        tower_runner(_model(tiny_model_dir), "doc", "auto", "fp32", 1, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # refused before anything was converted or written
+
+
 def _nudge(model, seed: int, scale: float = 0.05):
     """Change every weight in place, as an optimizer step does."""
     g = torch.Generator().manual_seed(seed)
