@@ -40,6 +40,15 @@ def definition_digest(exp: Experiment, arm: Arm) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def shared(load: dict | None) -> bool:
+    """Whether a run shared its machine: a mean load above the machine's cores by more than one runnable process
+    (a run alone keeps about as many busy as it has cores). False when its load was not sampled."""
+    try:
+        return float(load["mean"]) > int(load["cpus"]) + 1
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def rounded(per_query: dict | None) -> dict | None:
     return None if per_query is None else {q: round(float(v), DIGITS) for q, v in per_query.items()}
 
@@ -110,6 +119,8 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
                      "date": r.get("date"), "code_digest": r.get("code_digest")}
             if r.get("machine"):
                 entry["machine"] = r["machine"]
+            if r.get("load"):
+                entry["load"] = r["load"]
             if r.get("training"):
                 entry["training"] = r["training"]
             if r.get("refreshed") is not None:
@@ -120,6 +131,9 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
         walls = [r["wall_seconds"] for r in by_seed.values() if r.get("wall_seconds") is not None]
         arms[a] = {"title": exp.arms[a].title, "definition": definition_digest(exp, exp.arms[a]), "seeds": seeds,
                    "wall_seconds_mean": round(sum(walls) / len(walls), 1) if walls else None}
+        n_shared = sum(shared(r.get("load")) for r in by_seed.values())
+        if n_shared:  # their wall times are longer than the arm's alone (the page marks them)
+            arms[a]["shared_seeds"] = n_shared
     comparisons = {}
     for c in exp.comparisons.values():
         row = {"method": c.method, "baseline": c.baseline, "direction": c.direction, "claim": c.claim,
@@ -132,6 +146,8 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
                                   c.direction)
                      for part in PARTS}  # no seed in common (none kept): effect's own "not run", 0 seeds
             row["wall_seconds_per_seed"] = arms[c.method]["wall_seconds_mean"]
+            if arms[c.method].get("shared_seeds"):
+                row["shared_seeds"] = arms[c.method]["shared_seeds"]
             before = ((earlier or {}).get("comparisons") or {}).get(c.id) or {}
             if (before.get("parts") or {}).get("all", {}).get("n_seeds", 0) > parts["all"]["n_seeds"]:
                 row.update({k: v for k, v in before.items() if k in ("parts", "verdict", "not_comparable")})
@@ -171,7 +187,7 @@ def runs_of(record: dict) -> dict:
                           {q: x for q, x in zip(queries.get(p) or [], kept.get(p) or []) if x is not None}}
                       for p in PARTS}
             out.setdefault(a, {})[_seed_of(key)] = {
-                "scores": scores, "wall_seconds": v.get("wall_seconds"), "date": v.get("date"),
+                "scores": scores, "wall_seconds": v.get("wall_seconds"), "load": v.get("load"), "date": v.get("date"),
                 "code_digest": v.get("code_digest"), "machine": v.get("machine") or record.get("machine"),
                 "training": v.get("training"), "refreshed": v.get("refreshed_versions")}
     return out

@@ -1,7 +1,8 @@
 """An experiment's result as a page section and a figure (`pipeline reproduce report`).
 
 The table: one row per comparison (method, baseline, difference, 95 % interval, p, verdict, seeds, the smallest
-detectable effect, wall time per seed) and the same on DAR's labeled and unlabeled parts. The figure: per
+detectable effect, wall time per seed, marked where seeds shared the machine: `record.shared`) and the same on
+DAR's labeled and unlabeled parts. The figure: per
 comparison, each seed's difference as a dot, the mean and its interval as a bar, a line at 0.
 """
 
@@ -26,7 +27,19 @@ def _row(cid: str, row: dict, part: str) -> str | None:
     return (f"| {cid} | {row['method']} | {row['baseline']} | {_f(e['method_mean'], '.4f')} | "
             f"{_f(e['baseline_mean'], '.4f')} | {_f(e['difference'])} ± {_f(e.get('sd'), '.4f')} | "
             + (f"[{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "—") + f" | {_f(p, '.3f')} | {e['verdict']} | "
-            f"{e['n_seeds']} | {_f(e.get('mde'), '.4f')} | " + ("—" if wall is None else f"{wall / 60:.1f} min") + " |")
+            f"{e['n_seeds']} | {_f(e.get('mde'), '.4f')} | " + ("—" if wall is None else f"{wall / 60:.1f} min")
+            + (f" ({row['shared_seeds']} shared)" if row.get("shared_seeds") else "") + " |")
+
+
+def _wall(v: dict) -> str:
+    """A run's wall time, with the load it ran under when it shared the machine."""
+    from .record import shared
+
+    if v.get("wall_seconds") is None:
+        return "—"
+    load = v.get("load")
+    return f"{v['wall_seconds'] / 60:.1f} min" + (f" (shared: load {load['mean']:.1f} on {load['cpus']} cores)"
+                                                   if shared(load) else "")
 
 
 def markdown(result: dict, figure: str | None = None) -> list[str]:
@@ -60,6 +73,10 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
             "each query's value, so it cannot be computed again with the runs added since; its figures are "
             "those runs' (the table of arms and seeds below shows the newest run of each seed)."
             for cid, row in result["comparisons"].items() if row.get("as_recorded")]
+    if any(row.get("shared_seeds") for row in result["comparisons"].values()):
+        odd.append("* A wall time marked *shared* is a mean over seeds some of which shared the machine with other "
+                   "work (a mean load above its cores by more than one process, sampled while they ran): alone they "
+                   "take less; the table of arms and seeds below names them.")
     if odd:
         out += odd + [""]
     if figure:
@@ -74,8 +91,7 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
             for s, v in info["seeds"].items():
                 m = v.get("machine") or result.get("machine") or {}
                 out.append(f"| {a} | {s} | {_f(v.get('all'), '.4f')} | {_f(v.get('labeled'), '.4f')} | "
-                           f"{_f(v.get('unlabeled'), '.4f')} | "
-                           + ("—" if v.get("wall_seconds") is None else f"{v['wall_seconds'] / 60:.1f} min") + " |"
+                           f"{_f(v.get('unlabeled'), '.4f')} | " + _wall(v) + " |"
                            + (f" {m.get('cpu', '?')} ({m.get('cores', '?')} cores) | {str(v.get('date'))[:10]} |"
                               if several else ""))
         out.append("")

@@ -56,6 +56,46 @@ class WorkFolder:
             self._lock = None
 
 
+class LoadSampler:
+    """The machine's load while a run goes on (its 1-minute load average every `every` seconds, on a thread):
+    a run whose mean load was above the machine's cores shared it with something else, and its wall time says
+    more about that than about the arm (`record.shared`)."""
+
+    def __init__(self, every: float = 15.0):
+        import threading
+
+        self.every, self.samples = every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="effects-load", daemon=True)
+
+    def _sample(self) -> None:
+        import os
+
+        while True:
+            try:
+                self.samples.append(os.getloadavg()[0])
+            except OSError:  # no load average on this system: nothing is said
+                return
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict | None:
+        import os
+
+        if not self.samples:
+            return None
+        return {"mean": round(sum(self.samples) / len(self.samples), 2), "max": round(max(self.samples), 2),
+                "cpus": os.cpu_count(), "samples": len(self.samples)}
+
+
 def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str, float]:
     """Run `pipeline` commands one after another as subprocesses, each one's output in logs/<name>.log;
     a failed command raises naming its log's last line."""
@@ -307,7 +347,8 @@ class ExperimentRun:
             write_json_atomic(folder / "started.json", {"commands": [c for _, c in steps], "repo": self.base["repo"]})
             t0 = time.time()
             try:
-                seconds = _run_steps(steps, folder / "logs", lambda s, w=what: self.say(f"{w}: {s}"))
+                with LoadSampler() as load:
+                    seconds = _run_steps(steps, folder / "logs", lambda s, w=what: self.say(f"{w}: {s}"))
             except PipelineError as e:  # this run failed: said, kept out of the figures, the others go on
                 self.failed.append(f"{what}: {e}")
                 self.say(f"{what}: FAILED: {e} [{i}/{len(todo)}]; the other runs go on, and a re-run tries it again")
@@ -317,7 +358,8 @@ class ExperimentRun:
             wall = round(time.time() - t0, 1)
             write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "repo": self.base["repo"],
                                                      "seconds": seconds,
-                                                     "wall_seconds": wall, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                     "wall_seconds": wall, "load": load.summary(),
+                                                     "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                      "code_digest": self.code, "machine": self.machine})
             spent.append(wall)
             left = len(todo) - i
@@ -354,6 +396,7 @@ class ExperimentRun:
                 scores = {p: {"mean": scores[p]["mean"], "per_query": rounded(scores[p]["per_query"])}
                           for p in PARTS}  # as the record keeps them: its comparisons recompute to the same
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
+                                                  "load": done.get("load"),
                                                   "date": done.get("date"), "code_digest": done.get("code_digest"),
                                                   "machine": done.get("machine"),
                                                   "training": _training(summary), "refreshed": _refreshed(summary)}

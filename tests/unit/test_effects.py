@@ -553,3 +553,61 @@ def test_the_run_summary_gives_a_not_comparable_cell_its_reason_and_no_figure():
     assert said == ["ance-vs-dpr: not comparable: seed 0: the trainer used no refreshed negatives version",
                     "a-vs-b: +0.0016 [+0.0010, +0.0021], p 0.047, 4 seed(s): holds beyond noise "
                     "(smallest detectable 0.0022)"]
+
+
+def test_a_run_that_shared_the_machine_is_marked_with_its_load_and_its_rows_say_so(tmp_path, monkeypatch):
+    """The load sampled while a run went on is in its marker and the record; a seed whose mean load was above the
+    cores by more than one process is marked *shared* in the table of arms and seeds, and the rows whose wall
+    time it is part of say how many seeds shared (a wall time that says more about the machine than the arm)."""
+    import json
+
+    from pipeline.effects import record, report
+    from pipeline.effects import runner as R
+
+    loads = iter([1.0, 6.0, 1.0])  # in the plan's order: the zero-shot arm alone, dpr seed 0 beside other work, seed 1 alone
+
+    class FakeSampler:
+        def __init__(self, every=15.0):
+            self.value = next(loads)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def summary(self):
+            return {"mean": self.value, "max": self.value, "cpus": 2, "samples": 3}
+
+    monkeypatch.setattr(R, "LoadSampler", FakeSampler)
+    train = _summaries_only(monkeypatch, R, lambda steps, logs, say: {name: 1.0 for name, _ in steps})
+    arms = [{"id": "zero", "title": "zero", "train": None}, {"id": "dpr", "title": "dpr", "train": ["loss.name=dpr"]}]
+    comps = [{"id": "dpr-vs-zero", "method": "dpr", "baseline": "zero", "direction": 1, "claim": "c", "source": "s"}]
+    exp = load_experiment(_raw(train=train, arms=arms, comparisons=comps), "fx", "f.yaml", {"d": {}})
+    result = R.ExperimentRun(exp, "d", "/data", tmp_path / "w", seeds=[0, 1], print_fn=lambda *a, **k: None).run()
+    done = json.loads((tmp_path / "w" / "arms" / "dpr" / "seed-0" / "done.json").read_text())
+    assert done["load"] == {"mean": 6.0, "max": 6.0, "cpus": 2, "samples": 3}
+    assert result["arms"]["dpr"]["seeds"]["0"]["load"]["mean"] == 6.0 and result["arms"]["dpr"]["shared_seeds"] == 1
+    assert "shared_seeds" not in result["arms"]["zero"] and result["comparisons"]["dpr-vs-zero"]["shared_seeds"] == 1
+    page = "\n".join(report.markdown(result))
+    assert "| dpr | 0 | 0.5000 | 0.5000 | 0.5000 | 0.0 min (shared: load 6.0 on 2 cores) |" in page
+    assert "| dpr | 1 | 0.5000 | 0.5000 | 0.5000 | 0.0 min |" in page
+    assert "0.0 min (1 shared) |" in page and "A wall time marked *shared*" in page
+    # the threshold: more than one runnable process above the cores; no sample, no verdict
+    assert record.shared({"mean": 3.01, "cpus": 2}) and not record.shared({"mean": 3.0, "cpus": 2})
+    assert not record.shared(None) and not record.shared({"mean": 9.0})
+
+
+def test_the_load_sampler_samples_the_machine_while_a_run_goes_on():
+    import os
+    import time
+
+    from pipeline.effects.runner import LoadSampler
+
+    with LoadSampler(every=0.01) as load:
+        time.sleep(0.1)
+    got = load.summary()
+    assert got["samples"] >= 2 and got["cpus"] == os.cpu_count() and 0 <= got["mean"] <= got["max"]
+    n = got["samples"]
+    time.sleep(0.05)
+    assert load.summary()["samples"] == n  # stopped when the run ended
