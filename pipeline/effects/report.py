@@ -105,8 +105,30 @@ def plotted(result: dict) -> list[tuple[str, dict]]:
             if (row.get("parts") or {}).get("all", {}).get("n_seeds") and not row.get("not_comparable")]
 
 
+OFF_SCALE = 8.0  # a row reaching this many times further from 0 than the median row is drawn at the edge
+
+
+def scale(rows: list[tuple[str, dict]]) -> tuple[float | None, list[str]]:
+    """The figure's half-width and the rows too far out for it: a row whose seeds or interval reach more than
+    OFF_SCALE times as far from 0 as the median row's would squash every other row into a point (a collapsed
+    method against effects of a few thousandths), so it is drawn at the edge with its figures written out.
+    (None, []) when every row fits: matplotlib's own limits then."""
+    import statistics
+
+    reach = {cid: max([abs(x) for x in e["per_seed"]] + [abs(x) for x in (e.get("interval") or [])]
+                      + [abs(e["difference"])]) for cid, e in rows}
+    if len(reach) < 3:
+        return None, []
+    typical = statistics.median(reach.values())
+    off = [cid for cid, r in reach.items() if typical > 0 and r > OFF_SCALE * typical]
+    if not off or len(off) == len(reach):
+        return None, []
+    return 1.15 * max(r for cid, r in reach.items() if cid not in off), off
+
+
 def figure(result: dict, path: Path) -> bool:
-    """Each comparison's per-seed differences as dots, mean and 95 % interval as a bar; False when nothing ran."""
+    """Each comparison's per-seed differences as dots, mean and 95 % interval as a bar; a row far off the others'
+    scale at the edge, its figures written beside it (`scale`); False when nothing ran."""
     rows = plotted(result)
     if not rows:
         return False
@@ -115,15 +137,25 @@ def figure(result: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    limit, off = scale(rows)
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))
     for y, (cid, e) in enumerate(reversed(rows)):
-        ax.scatter(e["per_seed"], [y] * len(e["per_seed"]), s=14, color="0.45", zorder=3)
         iv = e.get("interval")
         color = {"holds beyond noise": "tab:green", "opposite beyond noise": "tab:red",
                  "no difference": "tab:gray"}.get(e["verdict"], "tab:blue")
+        if cid in off:
+            side = -1 if e["difference"] < 0 else 1
+            ax.scatter([side * limit * 0.97], [y], marker="<" if side < 0 else ">", s=60, color=color, zorder=4)
+            ax.annotate(f"{e['difference']:+.4f}" + (f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "")
+                        + ", off this scale", (side * limit * 0.92, y), va="center", ha="left" if side < 0 else "right",
+                        fontsize=8, color=color)
+            continue
+        ax.scatter(e["per_seed"], [y] * len(e["per_seed"]), s=14, color="0.45", zorder=3)
         if iv:
             ax.plot(iv, [y, y], color=color, linewidth=3, alpha=0.6, zorder=2)
         ax.scatter([e["difference"]], [y], marker="D", s=36, color=color, zorder=4)
+    if limit is not None:
+        ax.set_xlim(-limit, limit)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)), [cid for cid, _ in reversed(rows)])
     ax.set_xlabel(f"{result['metric']} difference to the baseline (dots: seeds; bar: 95 % interval)")

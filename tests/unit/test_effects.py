@@ -611,3 +611,22 @@ def test_the_load_sampler_samples_the_machine_while_a_run_goes_on():
     n = got["samples"]
     time.sleep(0.05)
     assert load.summary()["samples"] == n  # stopped when the run ended
+
+
+def test_a_row_far_off_the_others_scale_is_drawn_at_the_edge_with_its_figures(tmp_path):
+    """A collapsed method (-0.24) beside effects of a few thousandths: the figure keeps the others' scale and
+    writes the far row's figures at the edge, instead of squashing every other row into a point."""
+    from pipeline.effects import report
+
+    def row(d, spread=0.002):
+        return {"per_seed": [d - spread, d + spread], "interval": [d - spread, d + spread], "difference": d,
+                "verdict": "inconclusive", "n_seeds": 2}
+
+    rows = [("a", row(0.003)), ("b", row(-0.004)), ("c", row(0.001)), ("collapsed", row(-0.24, 0.02))]
+    limit, off = report.scale(rows)
+    assert off == ["collapsed"] and limit == pytest.approx(1.15 * 0.006)
+    assert report.scale(rows[:3]) == (None, [])  # all on one scale: matplotlib's own limits
+    assert report.scale([("a", row(0.003)), ("x", row(-0.24))]) == (None, [])  # two rows: no median to judge by
+    result = {"dataset": "d", "metric": "nDCG@10", "comparisons": {
+        cid: {"parts": {"all": e}} for cid, e in rows}}
+    assert report.figure(result, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 5000
