@@ -325,7 +325,7 @@ def prune(cache: Path, keep: Path | None = None, limit: int | None = None, now: 
                 continue
             set_aside(e)
         removed, freed, total = removed + 1, freed + sizes[e], total - sizes[e]
-    if not removed and total <= limit:
+    if not removed:  # nothing could go (all in use): said once something does, not at every entry made
         return None
     said = (f"the export cache {cache} holds {total / 1e9:.1f} GB after removing the {removed} least recently "
             f"used entr{'y' if removed == 1 else 'ies'} ({freed / 1e9:.1f} GB)")

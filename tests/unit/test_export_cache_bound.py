@@ -104,3 +104,9 @@ def test_a_use_keeps_an_entry_and_making_one_prunes_the_others(tmp_path, monkeyp
     int8 = new / "int8-abc"
     assert ec.cached_entry(int8, "quantized.json", make, []) is True
     assert ec._top_entry(int8) == new and (int8 / "quantized.json").is_file()
+
+
+def test_over_the_bound_with_nothing_removable_says_nothing(tmp_path):
+    _entry(tmp_path, "openvino", "recent", 500, NOW - 5)
+    made = _entry(tmp_path, "openvino", "made", 500, NOW)
+    assert ec.prune(tmp_path, keep=made, limit=100, now=NOW) is None and _left(tmp_path) == {"recent", "made"}
