@@ -130,7 +130,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
 
     from ..index.refresher import start_refresher
     from ..ray_runtime import check_resources, init_ray
-    from ..train.identity import check_settings_early
+    from ..train.identity import check_resume_early
     from ..train.trainer import resolve_resume, train
 
     check_ance_inputs(job)
@@ -156,7 +156,7 @@ def run_ance(job, validate_fn: Callable | None = None, progress: bool = True, ca
     actor, watch = None, {}
     resume = resolve_resume(job, run_dir)  # a resume refused now, before a refresher writes into the run
     if resume is not None:
-        check_settings_early(resume, job)
+        check_resume_early(resume, job)
     if s.start_refresher:
         init_ray(replace(job.ray, dashboard=True))
         # the trainer checks its own workers; the refresher's share comes on top

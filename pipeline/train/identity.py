@@ -164,23 +164,46 @@ def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None,
     return "; ".join(parts)
 
 
-def check_settings_early(resume, job) -> None:
-    """Refuse, before anything starts beside training, a resume whose loss or method settings differ from the
-    checkpoint's config.yaml, as `check_identity` will once the examples are built: ANCE's refresher writes
-    versions into the run, and one started for a refused resume would publish negatives made with the other
-    settings. `loss.similarity` and `loss.temperature` are left to `check_identity` (resolved there)."""
-    then = _recorded_loss_settings(resume)
+RESUMING_NEEDS = ("Resuming needs the same method, loss settings, examples, workers, batch size, precision (train.amp "
+                  "as resolved), train.attention (as resolved), train.length_group_rows and the attention "
+                  "regularizers; use another train.name for a new run")
+
+# the identity keys a run's config alone decides; the examples' count and digest need the examples built, and
+# the precision and attention the workers' device
+CONFIG_KEYS = ("world_size", "batch_per_worker", "seed", "length_group_rows", "attention_regularizers")
+
+
+def check_resume_early(resume, job) -> None:
+    """Refuse, before the examples are built and before anything starts beside training, a resume that
+    `check_identity` would refuse once they are for what the config alone decides: the loss and method
+    settings (against the checkpoint's config.yaml) and the CONFIG_KEYS of its identity. A refused resume
+    then costs no examples build (minutes on a big corpus; it would also replace the run's examples with
+    those of the other settings), and ANCE's refresher, which writes versions into the run, never starts
+    for it. `loss.similarity` and `loss.temperature` are left to `check_identity` (resolved against the
+    model there), as are the examples, the precision and the attention implementation."""
+    then = stored_identity(resume, read_state(resume) or {})
     if then is None:
-        return
+        _refuse_unrecorded(resume)
+    now = {k: v for k, v in run_identity(job, {"examples": None}, "", job.train.num_workers, 0).items()
+           if k in CONFIG_KEYS}
+    parts = [describe_diff(identity_diff(then, now))] if identity_diff(then, now) else []
+    recorded = _recorded_loss_settings(resume)
+    if recorded is not None:
+        def comparable(settings: dict) -> dict:
+            loss = {k: v for k, v in settings["loss"].items() if k not in ("similarity", "temperature")}
+            return {**settings, "loss": loss}
 
-    def comparable(settings: dict) -> dict:
-        loss = {k: v for k, v in settings["loss"].items() if k not in ("similarity", "temperature")}
-        return {**settings, "loss": loss}
+        differs = settings_diff(comparable(recorded), comparable(loss_settings(job)))
+        if differs:
+            parts.insert(0, "the loss settings: " + differs)
+    if parts:
+        raise PipelineError(f"cannot resume from {resume}: this run differs in {'; '.join(parts)}. "
+                            f"{RESUMING_NEEDS} (nothing was built or started)")
 
-    differs = settings_diff(comparable(then), comparable(loss_settings(job)))
-    if differs:
-        raise PipelineError(f"cannot resume from {resume}: this run differs in the loss settings: {differs}; "
-                            "use another train.name for a new run (nothing was started)")
+
+def _refuse_unrecorded(resume) -> None:
+    raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
+                        "start a new run (another train.name) or train.resume=never")
 
 
 def check_identity(resume, identity: dict, settings: dict | None = None) -> None:
@@ -188,13 +211,8 @@ def check_identity(resume, identity: dict, settings: dict | None = None) -> None
     this run's `loss_settings`, names the loss keys that differ)."""
     then = stored_identity(resume, read_state(resume) or {})
     if then is None:
-        raise PipelineError(f"cannot resume from {resume}: it records no run identity (made by an older version); "
-                            "start a new run (another train.name) or train.resume=never")
+        _refuse_unrecorded(resume)
     diff = identity_diff(then, identity)
     if diff:
-        raise PipelineError(
-            f"cannot resume from {resume}: this run differs in "
-            + describe_diff(diff, (then.get("loss_settings"), settings))
-            + ". Resuming needs the same method, loss settings, examples, workers, batch size, precision "
-              "(train.amp as resolved), train.attention (as resolved), train.length_group_rows and the attention regularizers; "
-              "use another train.name for a new run")
+        raise PipelineError(f"cannot resume from {resume}: this run differs in "
+                            + describe_diff(diff, (then.get("loss_settings"), settings)) + f". {RESUMING_NEEDS}")

@@ -32,7 +32,7 @@ from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath, is_uri
 from .config import TrainJobConfig, dump_job, job_to_dict
-from .identity import check_identity, loss_settings, run_identity
+from .identity import check_identity, check_resume_early, loss_settings, run_identity
 from .loop import train_loop_per_worker
 from .methods import get_method
 from .runner_choice import check_device, resolve_runner
@@ -255,6 +255,9 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
     from .. import storage as st
 
     tc = job.train
+    resume = resolve_resume(job, run_dir)
+    if resume is not None:  # what the config alone decides is refused before the examples are built
+        check_resume_early(resume, job)
     if remote:
         _fetch_examples(run_dir / "examples", work / "examples")
     from .. import progress as prog
@@ -279,7 +282,6 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
         raise ConfigError(f"{meta['examples']} examples are too few for {world} worker(s) x batch {B}")
     total = tc.max_steps or tc.epochs * spe
     identity = run_identity(job, meta, digest, world, spe, amp)
-    resume = resolve_resume(job, run_dir)
     if resume is not None:
         check_identity(resume, identity, loss_settings(job))
     resume_state = read_state(resume) if resume is not None else None

@@ -15,7 +15,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.models.checkpoint import finalize_checkpoint
 from pipeline.train import runner_choice
 from pipeline.train.config import dump_job, load_train_config
-from pipeline.train.identity import check_identity, check_settings_early, loss_settings, run_identity
+from pipeline.train.identity import check_identity, check_resume_early, loss_settings, run_identity
 from pipeline.train.trainer import train
 
 
@@ -182,11 +182,35 @@ def test_an_ance_run_resumes_with_its_refresher_moved_apart_and_a_loss_change_is
         check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), loss_settings(other))
     # before ANCE's refresher starts (it writes into the run): the same refusal, operational keys and the
     # loss's similarity/temperature (resolved against the model later) aside
-    check_settings_early(ckpt, moved)
-    check_settings_early(ckpt, load_train_config(None, base + ["loss.temperature=0.1"]))
+    check_resume_early(ckpt, moved)
+    check_resume_early(ckpt, load_train_config(None, base + ["loss.temperature=0.1"]))
     with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
-                                            r"8 now\); use another train.name .*nothing was started"):
-        check_settings_early(ckpt, other)
+                                            r"8 now\)\. Resuming needs .*use another train.name .*nothing was built or started"):
+        check_resume_early(ckpt, other)
+    # and the train.* keys of the identity the config alone decides, each named with the setting that resumes
+    for extra, named in [("train.batch_size=8", r"batch_per_worker \(32 in the checkpoint, 8 now\)"),
+                         ("train.seed=7", r"seed \(0 in the checkpoint, 7 now\)"),
+                         ("train.num_workers=2", r"world_size \(1 in the checkpoint, 2 now\)"),
+                         ("train.length_group_rows=0", r"length_group_rows \(16 in the checkpoint, 0 now\); "
+                                                       r"train.length_group_rows=16 computes as the checkpoint did"),
+                         ("train.drophead=0.1", r"attention_regularizers .*train.drophead=0 trains as")]:
+        with pytest.raises(PipelineError, match=named):
+            check_resume_early(ckpt, load_train_config(None, base + [extra]))
+
+
+def test_a_resume_refused_for_a_train_setting_builds_no_examples(tiny_model_dir, faq, tmp_path):
+    """A resume with another train.seed (or batch size, workers, length groups, attention regularizers) was
+    refused only after the examples were built: minutes on a big corpus, and a data setting changed with it
+    rebuilt the run's own examples with the other settings before the refusal."""
+    import json
+
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local"), progress=False)
+    meta = tmp_path / "run" / "examples" / "examples.json"
+    before = meta.read_text()
+    with pytest.raises(PipelineError, match=r"differs in seed \(3 in the checkpoint, 7 now\)\. Resuming .*nothing was built"):
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", "train.seed=7",
+                   "data.negatives_depth=50"), progress=False)
+    assert meta.read_text() == before and json.loads(before)["depth"] == 100
 
 
 def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):
