@@ -130,7 +130,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _replace_dir(new: Path, path: Path) -> None:
+def replace_dir(new: Path, path: Path) -> None:
     """Put directory `new` at `path`, where a directory already is; old content removed after."""
     if _exchange(new, path):
         remove_path(new)  # `new` now holds the old content
@@ -171,7 +171,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 have, new = ("directory", "file") if path.is_dir() else ("file", "directory")
                 raise OutputError(f"{path} is a {have}; refusing to replace it by a {new}")
             if path.is_dir():
-                _replace_dir(target, path)
+                replace_dir(target, path)
             else:
                 os.replace(target, path)
         else:

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import PipelineError
-from ..io_utils import atomic_path, sha256_file, sha256_files
+from ..io_utils import atomic_path, remove_path, replace_dir, sha256_file, sha256_files
 from .corpus import PassageTexts
 
 EXAMPLES_META = "examples.json"
@@ -267,3 +267,51 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
                 "digest": digest, **extra}
         (tmp / EXAMPLES_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
+
+
+def store_digest(examples_dir: Path, meta: dict) -> str:
+    """The examples' digest: the one their meta records, else the sha256 of their files."""
+    if meta.get("digest"):
+        return meta["digest"]
+    return sha256_files(sorted(Path(examples_dir).glob("part-*.parquet")) + sorted(Path(examples_dir).glob(PASSAGES_FILE)))
+
+
+RESUME_STAGING = ".examples-resume"
+
+
+def stage_for_resume(examples_dir: Path) -> Path:
+    """Where a resumed run builds its examples, so that a resume refused for its examples (another
+    negatives run, other judgements) leaves the run's own as they were: a folder beside them holding
+    hard links to their files, which the build reuses as it would the run's (the same check of every
+    byte) or rebuilds in its place. The run's folder itself where there is nothing to protect, or where
+    the filesystem makes no hard links."""
+    if not (examples_dir / EXAMPLES_META).is_file():
+        return examples_dir
+    staged = examples_dir.parent / RESUME_STAGING
+    remove_path(staged)  # a killed resume's
+    try:
+        for src in sorted(examples_dir.rglob("*")):
+            dst = staged / src.relative_to(examples_dir)
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(src, dst)
+    except OSError:
+        remove_path(staged)
+        return examples_dir
+    return staged
+
+
+def settle_staged(staged: Path, examples_dir: Path, accepted: bool) -> None:
+    """After the resume's identity check: a refused resume's build is dropped; an accepted one that
+    rebuilt (the same digest the checkpoint records, from changed sources or a damaged store) replaces
+    the run's examples; one that reused them leaves them as they are."""
+    if staged == examples_dir:
+        return
+    reused = (staged / EXAMPLES_META).exists() and os.path.samefile(staged / EXAMPLES_META,
+                                                                     examples_dir / EXAMPLES_META)
+    if not accepted or reused:
+        remove_path(staged)
+        return
+    replace_dir(staged, examples_dir)

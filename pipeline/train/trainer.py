@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import to_dict
+from ..data.examples_store import settle_staged, stage_for_resume, store_digest
 from ..errors import ConfigError, PipelineError, worker_error
-from ..io_utils import atomic_path, missing_dirs, remove_empty_dirs, sha256_files, write_json_atomic, write_text_atomic
+from ..io_utils import atomic_path, missing_dirs, remove_empty_dirs, write_json_atomic, write_text_atomic
 from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath, is_uri
@@ -103,13 +104,8 @@ def _child_main(task_file: str) -> None:
     setup_offline_env()
     task = Path(task_file)
     job, out, progress = pickle.loads(task.read_bytes())
-
-    def sink(r: dict) -> None:
-        if r["total"] > 1:
-            print(f"[train-data] {job.train.name}: {prog.line(r)}", flush=True)
-
     try:
-        with prog.sink(sink if progress else None):
+        with prog.sink(_examples_sink(job.train.name) if progress else None):
             result = ("ok", get_method(job.loss.name).build_examples(job, Path(out), progress=progress))
     except PipelineError as e:
         result = ("error", e)
@@ -204,12 +200,24 @@ def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
     return replace(job, loss=loss, model=model)
 
 
-def examples_digest(examples_dir: Path, meta: dict) -> str:
-    if meta.get("digest"):
-        return meta["digest"]
-    from ..data.examples_store import PASSAGES_FILE
+def _build_examples(job: TrainJobConfig, method, out: Path, progress: bool, runner: str) -> dict:
+    """The run's training examples at `out` (built, or reused when their sources are unchanged)."""
+    from .. import progress as prog
 
-    return sha256_files(sorted(examples_dir.glob("part-*.parquet")) + sorted(examples_dir.glob(PASSAGES_FILE)))
+    if method.builds_apart and _build_apart(job.data):
+        # Ray starts while the child builds (~5 s of start-up off a long build)
+        return _build_examples_in_child(job, out, progress,
+                                        meanwhile=None if runner == "local" else lambda: _start_ray(job))
+    with prog.sink(_examples_sink(job.train.name) if progress else None):
+        return method.build_examples(job, out, progress=progress)
+
+
+def _examples_sink(name: str) -> Callable[[dict], None]:
+    """Building examples over a big corpus (passage lookups part by part) shows progress on the terminal;
+    a one-part corpus is read in one go: nothing to follow."""
+    from .. import progress as prog
+
+    return lambda r: print(f"[train-data] {name}: {prog.line(r)}", flush=True) if r["total"] > 1 else None
 
 
 def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True,
@@ -260,30 +268,26 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
         check_resume_early(resume, job)
     if remote:
         _fetch_examples(run_dir / "examples", work / "examples")
-    from .. import progress as prog
-
-    # building examples over a big corpus (passage lookups part by part) shows progress on the terminal
-    def sink(r: dict) -> None:
-        if r["total"] > 1:  # a one-part corpus is read in one go: nothing to follow
-            print(f"[train-data] {tc.name}: {prog.line(r)}", flush=True)
-    if method.builds_apart and _build_apart(job.data):
-        # Ray starts while the child builds (~5 s of start-up off a long build)
-        meta = _build_examples_in_child(job, work / "examples", progress,
-                                        meanwhile=None if runner == "local" else lambda: _start_ray(job))
-    else:
-        with prog.sink(sink if progress else None):
-            meta = method.build_examples(job, work / "examples", progress=progress)
-    if remote:
-        _publish_examples(work / "examples", run_dir / "examples", meta)
-    digest = examples_digest(work / "examples", meta)
     world, B = tc.num_workers, tc.batch_size
-    spe = method.steps_per_epoch(meta, world, B)
-    if spe == 0:
-        raise ConfigError(f"{meta['examples']} examples are too few for {world} worker(s) x batch {B}")
-    total = tc.max_steps or tc.epochs * spe
-    identity = run_identity(job, meta, digest, world, spe, amp)
-    if resume is not None:
-        check_identity(resume, identity, loss_settings(job))
+    # a resume builds beside the run's examples: one refused for its examples leaves them as they were
+    examples = work / "examples"
+    built = stage_for_resume(examples) if resume is not None else examples
+    try:
+        meta = _build_examples(job, method, built, progress, runner)
+        digest = store_digest(built, meta)
+        spe = method.steps_per_epoch(meta, world, B)
+        if spe == 0:
+            raise ConfigError(f"{meta['examples']} examples are too few for {world} worker(s) x batch {B}")
+        total = tc.max_steps or tc.epochs * spe
+        identity = run_identity(job, meta, digest, world, spe, amp)
+        if resume is not None:
+            check_identity(resume, identity, loss_settings(job))
+    except BaseException:
+        settle_staged(built, examples, accepted=False)
+        raise
+    settle_staged(built, examples, accepted=True)
+    if remote:
+        _publish_examples(examples, run_dir / "examples", meta)
     resume_state = read_state(resume) if resume is not None else None
     # a run the validation hook stopped early is complete too (`{"stop": True}`, see loop.py)
     complete = resume_state is not None and (resume_state["step"] >= total or bool(resume_state.get("stopped_early")))

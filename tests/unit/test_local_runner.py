@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from fixtures import dpr_job
@@ -211,6 +212,36 @@ def test_a_resume_refused_for_a_train_setting_builds_no_examples(tiny_model_dir,
         train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", "train.seed=7",
                    "data.negatives_depth=50"), progress=False)
     assert meta.read_text() == before and json.loads(before)["depth"] == 100
+
+
+def test_a_resume_refused_for_its_examples_leaves_the_runs_examples_as_they_were(tiny_model_dir, faq, tmp_path):
+    """A resume with other judgements (another examples digest) rebuilt the run's own examples in place before
+    the refusal: the run's folder then held examples its checkpoints were not trained on. It now builds beside
+    them; a resume whose rebuilt examples are the same ones (another negatives depth without a negatives run)
+    is accepted and keeps them, and a plain resume leaves every file as it was."""
+    import json
+    import os
+
+    from pipeline.data.examples_store import RESUME_STAGING
+
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local"), progress=False)
+    examples = tmp_path / "run" / "examples"
+    before = {p.name: p.read_bytes() for p in examples.iterdir()}
+    inode = os.stat(examples / "examples.json").st_ino
+    lines = (Path(faq) / "qrels" / "train.trec").read_text().splitlines()
+    half = tmp_path / "half.trec"
+    half.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    with pytest.raises(PipelineError, match=r"differs in .*examples"):
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", f"data.qrels={half}"),
+              progress=False)
+    assert {p.name: p.read_bytes() for p in examples.iterdir()} == before
+    assert not (tmp_path / "run" / RESUME_STAGING).exists()
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=3"), progress=False)
+    assert os.stat(examples / "examples.json").st_ino == inode  # reused, not rewritten
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", "data.negatives_depth=50"),
+          progress=False)
+    assert json.loads((examples / "examples.json").read_text())["depth"] == 50
+    assert not (tmp_path / "run" / RESUME_STAGING).exists()
 
 
 def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):
