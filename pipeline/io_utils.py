@@ -530,24 +530,25 @@ def remove_empty_dirs(created: list[Path]) -> None:
 WORK_MARKER = ".reproduce-work"
 
 
-def claim_work_folder(path: Path, own: set[str], made_by: str = "`pipeline reproduce`"):
-    """A work folder this tool runs in, locked (fcntl) for the caller: new, or one it made before (its marker
-    `WORK_MARKER`) holding only the entries in `own`. Anything else there is refused, never touched. Returns the
-    lock's open file (closing it releases the lock)."""
+def claim_work_folder(path: Path, own: set[str], made_by: str = "`pipeline reproduce`", marker: str = WORK_MARKER,
+                      flag: str = "--work"):
+    """A work folder this tool runs in, locked (fcntl) for the caller: new, or one it made before (its `marker`)
+    holding only the entries in `own`; `flag` is the option that names the folder. Anything else there is
+    refused, never touched. Returns the lock's open file (closing it releases the lock)."""
     import fcntl
 
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise PipelineError(f"{path}: exists and is not a folder; choose another --work")
+        raise PipelineError(f"{path}: exists and is not a folder; choose another {flag}")
     if path.exists() and any(path.iterdir()):
-        if not (path / WORK_MARKER).is_file():
+        if not (path / marker).is_file():
             raise PipelineError(f"{path}: exists and was not made by {made_by}; refusing to use it "
-                                "(choose another --work)")
-        foreign = sorted(e.name for e in path.iterdir() if e.name not in own | {WORK_MARKER, ".lock"})
+                                f"(choose another {flag})")
+        foreign = sorted(e.name for e in path.iterdir() if e.name not in own | {marker, ".lock"})
         if foreign:
             raise PipelineError(f"{path}: holds {', '.join(foreign[:5])}" + (" ..." if len(foreign) > 5 else "")
                                 + f", which {made_by} did not make; nothing was run or removed (move them, or "
-                                "choose another --work)")
+                                f"choose another {flag})")
     try:
         path.mkdir(parents=True, exist_ok=True)
         lock = open(path / ".lock", "w")
@@ -558,6 +559,6 @@ def claim_work_folder(path: Path, own: set[str], made_by: str = "`pipeline repro
     except OSError:
         lock.close()
         raise PipelineError(f"{path}: another {made_by} run is using this work folder; wait for it or choose "
-                            "another --work") from None
-    (path / WORK_MARKER).write_text(f"made by {made_by.strip('`')}\n")
+                            f"another {flag}") from None
+    (path / marker).write_text(f"made by {made_by.strip('`')}\n")
     return lock

@@ -18,12 +18,13 @@ Config keys: the pipeline config (`model.*`, `encode.*`, `index.*`, `retrieve.*`
 demo's own run folders (`train.storage_path=<out>/train`, `train.name=dpr|dar`), so a user's `pipeline train
 --config jobs/configs/dpr.yaml` (runs/train/dpr) and the demo never share a run.
 Steps whose output is complete are reused (pass --fresh to recompute; with --no-train, --fresh recomputes
-the zero-shot steps and leaves a full run's training and report in place).
+the zero-shot steps and leaves a full run's training and report in place). The folder is the demo's own
+(`claim_demo_folder`: marked, locked while a demo runs; a folder holding anything else is refused, never
+touched, and --fresh removes only what the demo writes).
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,37 @@ from ..io_utils import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: pipeline/recipes/demo.py -> the repository
 METHODS = ("dpr", "dar")
+DEMO_MARKER = ".pipeline-demo"
+FAQ_VARIANT = "beir-python_faq"  # the variant ingest gives the bundled corpus (its folder's name)
+
+
+def own_entries() -> set[str]:
+    """What the demo writes in its folder; `--fresh` removes these and nothing else."""
+    reports = [p.name for train in (True, False) for p in report_files(Path("."), train)]
+    return {"corpus", "zero_shot", "train", *METHODS, *reports, "training_curves.png"}
+
+
+def claim_demo_folder(out: Path):
+    """The demo's folder, locked for this run: new, one the demo made (its marker), or one made before the
+    marker existed that holds only the demo's entries with the bundled FAQ as its corpus (adopted). Anything
+    else is refused before any work, never touched: a folder of the user's would otherwise have its corpus
+    read as the FAQ's, or, with --fresh, been removed."""
+    import json
+
+    from ..data.manifest import MANIFEST_NAME
+    from ..io_utils import claim_work_folder
+
+    own = own_entries()
+    if out.is_dir() and not (out / DEMO_MARKER).exists():
+        names = {e.name for e in out.iterdir()} - {".lock"}
+        manifest = out / "corpus" / MANIFEST_NAME
+        try:
+            faq = not (out / "corpus").exists() or json.loads(manifest.read_text()).get("variant") == FAQ_VARIANT
+        except (OSError, ValueError, AttributeError):
+            faq = False
+        if names and names <= own and faq:
+            (out / DEMO_MARKER).write_text("made by pipeline demo\n")
+    return claim_work_folder(out, own, "`pipeline demo`", marker=DEMO_MARKER, flag="--out")
 
 
 def _spine(corpus: Path, work: Path, cfg: PipelineConfig, split_files: dict[str, Path]) -> dict:
@@ -68,9 +100,7 @@ def _train(method: str, corpus: Path, out: Path) -> dict:
     from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
 
-    cfg_path = REPO / "jobs" / "configs" / f"{method}.yaml"
-    if not cfg_path.exists():
-        raise PipelineError(f"{cfg_path} not found: run the demo from a checkout of the repository")
+    cfg_path = _config_path(method)
     # the curves validate on a seeded 10 % of the training queries held out (validation.dev_split),
     # never on the test split the table reports; the runs are the demo's own (<out>/train/<method>),
     # whatever run folder the shipped config names for a user's runs
@@ -130,25 +160,38 @@ def _training_md(summaries: dict[str, dict]) -> list[str]:
 
 
 def run_demo(out: Path, cfg: PipelineConfig, fresh: bool = False, train: bool = True) -> dict:
+    t0 = time.time()
+    if train:  # before any work: the training half reads the checkout's configs
+        for method in METHODS:
+            if not _config_path(method).exists():
+                raise PipelineError(f"{_config_path(method)} not found: the demo's training half reads the "
+                                    "repository's jobs/configs; run it from a checkout, or `pipeline demo "
+                                    "--no-train` for the zero-shot half (nothing was run)")
+    lock = claim_demo_folder(out)
+    try:
+        return _run_demo(out, cfg, fresh, train, t0)
+    finally:
+        lock.close()
+
+
+def _config_path(method: str) -> Path:
+    return REPO / "jobs" / "configs" / f"{method}.yaml"
+
+
+def _run_demo(out: Path, cfg: PipelineConfig, fresh: bool, train: bool, t0: float) -> dict:
     from ..data.ingest import ingest
     from ..data.manifest import MANIFEST_NAME
     from ..eval.report import format_table
-
+    from ..io_utils import remove_path
     from ..ray_runtime import init_ray
 
-    t0 = time.time()
     if train:  # one local Ray for every step; Ray Train needs its dashboard (bound to 127.0.0.1)
         init_ray(replace(cfg.ray, dashboard=True))
-    if fresh and out.exists():
-        if train:
-            shutil.rmtree(out)
-        else:  # a zero-shot run recomputes its own steps; a full run's training and report stay
-            for p in (out / "corpus", out / "zero_shot", *report_files(out, train)):
-                if p.is_dir():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    if fresh:  # only what the demo writes; a zero-shot run recomputes its own steps (a full run's training
+        # and report stay)
+        zero_shot = {"corpus", "zero_shot", *(p.name for p in report_files(out, False))}
+        for name in sorted(own_entries() if train else zero_shot):
+            remove_path(out / name)
     data = python_faq_dir()
     corpus = out / "corpus"
     print(f"[demo] Python FAQ corpus ({data}) -> {out}", flush=True)

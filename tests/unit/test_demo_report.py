@@ -62,3 +62,42 @@ def test_the_report_files_of_each_kind_of_run():
     out = Path("runs/demo")
     assert demo.report_files(out, train=True) == (out / "report.md", out / "results.json")
     assert demo.report_files(out, train=False) == (out / "report-zero-shot.md", out / "results-zero-shot.json")
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_folder_of_the_users_is_refused_and_left_as_it_was(tmp_path, spine, fresh):
+    """`pipeline demo --out DIR` read a corpus already in DIR/corpus as the FAQ's, and with --fresh removed
+    DIR whole (`shutil.rmtree(out)`), whatever it held. A folder the demo did not make is refused now."""
+    from pipeline.errors import PipelineError
+
+    mine = tmp_path / "mine"
+    (mine / "corpus").mkdir(parents=True)
+    (mine / "corpus" / "manifest.json").write_text('{"variant": "beir-scifact"}\n')
+    (mine / "notes.txt").write_text("mine\n")
+    before = sorted(p.relative_to(mine) for p in mine.rglob("*"))
+    with pytest.raises(PipelineError, match=r"mine: exists and was not made by `pipeline demo`.*another --out"):
+        demo.run_demo(mine, load_config(None, []), fresh=fresh, train=False)
+    (mine / "notes.txt").unlink()  # only a corpus, but another one: not the demo's either
+    with pytest.raises(PipelineError, match=r"exists and was not made by `pipeline demo`.*another --out"):
+        demo.run_demo(mine, load_config(None, []), fresh=fresh, train=False)
+    assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == [p for p in before if p.name != "notes.txt"]
+
+
+def test_fresh_removes_only_what_the_demo_wrote_and_a_demo_folder_is_marked(tmp_path, spine):
+    out = tmp_path / "demo"
+    demo.run_demo(out, load_config(None, []), fresh=False, train=False)
+    assert (out / demo.DEMO_MARKER).is_file()
+    (out / "zero_shot" / "mine.txt").write_text("inside an entry the demo owns: recomputed with it\n")
+    demo.run_demo(out, load_config(None, []), fresh=True, train=False)
+    assert not (out / "zero_shot" / "mine.txt").exists() and (out / "report-zero-shot.md").is_file()
+    assert {p.name for p in out.iterdir()} <= demo.own_entries() | {demo.DEMO_MARKER, ".lock"}
+
+
+def test_the_training_half_outside_a_checkout_is_refused_before_any_work(tmp_path, monkeypatch, spine):
+    from pipeline.errors import PipelineError
+
+    monkeypatch.setattr(demo, "REPO", tmp_path / "site-packages")
+    with pytest.raises(PipelineError, match=r"jobs/configs/dpr.yaml not found: .*run it from a checkout, or "
+                                            r"`pipeline demo --no-train` for the zero-shot half \(nothing was run\)"):
+        demo.run_demo(tmp_path / "demo", load_config(None, []), train=True)
+    assert not (tmp_path / "demo").exists()
