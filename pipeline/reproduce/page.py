@@ -30,7 +30,9 @@ def render_report(matrix: Matrix, work_root: Path | None = None, folder: str | P
     for cell in matrix.cells.values():
         st = cell_status(cell, work_root, folder)
         exp = "—" if cell.expected is None else f"{cell.expected:g}"
-        out.append(f"| [`{cell.id}`](#{cell.id.replace('.', '')}) | {cell.metric['name']}"
+        # a cell's own section; an effect cell's row is in its experiment's table for its dataset
+        anchor = cell.data[0] if cell.experiment else cell.id.replace(".", "")
+        out.append(f"| [`{cell.id}`](#{anchor}) | {cell.metric['name']}"
                    + (" *(project)*" if cell.project else "")
                    + f" | {exp} | ±{cell.tolerance:g} | {cell.hardware.get('class')}, {cell.hardware.get('wall')} | "
                    f"{_status_text(st, cell, relative=False)} |")
