@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit test-integration test-stress bench clean
+.PHONY: setup demo test test-unit test-integration test-stress bench clean docs docs-serve
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q "$(TORCH)"
 	@if [ "$(FAISS)" = gpu ]; then $(BIN)/pip uninstall -y -q faiss-cpu || true; fi
 	@if [ "$(FAISS)" = cpu ]; then $(BIN)/pip uninstall -y -q faiss-gpu || true; fi
-	$(BIN)/pip install -q -c constraints.txt -e ".[$(FAISS),dev]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[$(FAISS),dev,docs]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -39,6 +39,13 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q tests/integration
 
+# the manual as a site (properdocs.yml): built into site/ with warnings as errors, or served with live reload
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/properdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/properdocs serve -a 127.0.0.1:8000
+
 # The integration tests 3 times back to back while one core is kept busy (scripts/test_stress.py)
 test-stress: setup
 	$(BIN)/python scripts/test_stress.py $(STRESS_ARGS)
@@ -47,4 +54,4 @@ bench: setup
 	$(BIN)/python bench/encode.py
 
 clean:
-	rm -rf runs .ray_tmp .pytest_cache .stress
+	rm -rf runs .ray_tmp .pytest_cache .stress site

@@ -90,7 +90,7 @@ def judge(got: float, cell: Cell) -> tuple[bool, float | None]:
 
 
 def dig(data, key: str):
-    """`metrics.nDCG@10` -> data["metrics"]["nDCG@10"] (a key may hold dots when it is a whole key)."""
+    """`metrics.nDCG@10` -> `data["metrics"]["nDCG@10"]` (a key may hold dots when it is a whole key)."""
     if key in data:
         return data[key]
     head, _, rest = key.partition(".")
