@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# what caps the kernels below the CPU's ISA: oneDNN's (torch's and OpenVINO's), MKL's and ATen's own; an
+# AVX512 CPU run under all three at AVX2 stands in for an AVX2-only one (ONNX Runtime's MLAS has no such cap)
+CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 ISA = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("avx512_vnni", "AVX512-VNNI"),
        ("avx512f", "AVX512F"), ("avx2", "AVX2"))
 
@@ -28,8 +31,10 @@ def cpu_line() -> str:
     have = [name for flag, name in ISA if flag in flags]
     missing = [name for flag, name in ISA if flag not in flags]
     fam = f" (family {family})" if family else ""
+    caps = [f"{var}={os.environ[var]}" for var in CAPS if os.environ.get(var)]
     return (f"CPU: {model}{fam}, {os.cpu_count()} cores; ISA: {', '.join(have) or 'none of the listed'}"
-            + (f" (no {', '.join(missing)})" if missing else ""))
+            + (f" (no {', '.join(missing)})" if missing else "")
+            + (f"; kernels capped: {' '.join(caps)}" if caps else ""))
 
 
 def print_cpu() -> None:

@@ -3,6 +3,7 @@ CPUs and bf16 GPUs, else fp32)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -25,24 +26,39 @@ def _cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
+# oneDNN's instruction-set levels, lowest first, as ONEDNN_MAX_CPU_ISA names them: the cap torch's and
+# OpenVINO's oneDNN kernels honour (an AVX512-BF16 CPU capped at AVX2 runs no bf16 kernel; OpenVINO then
+# refuses a bf16 graph)
+ONEDNN_ISA = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+              "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX",
+              "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2")
+
+
+def onednn_isa_cap() -> str | None:
+    """ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA) when it caps the kernels at a known level;
+    None when unset, ALL/DEFAULT or a name oneDNN does not use."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return cap if cap in ONEDNN_ISA else None
+
+
+def _allowed(level: str) -> bool:
+    cap = onednn_isa_cap()
+    return cap is None or ONEDNN_ISA.index(cap) >= ONEDNN_ISA.index(level)
+
+
 def cpu_has_vnni(cpuinfo: str | None = None) -> bool:
-    """True when the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8); without
-    them int8 matmuls go through AVX2's 16-bit saturating path: no faster than fp32, and less exact."""
-    return bool(_cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    """True when the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8) and oneDNN's
+    cap lets them run; without them int8 matmuls go through AVX2's 16-bit saturating path: no faster than
+    fp32, and less exact."""
+    flags = _cpu_flags(cpuinfo)
+    return bool((_allowed("AVX512_CORE_VNNI") and flags & {"avx512_vnni", "amx_int8"})
+                or (_allowed("AVX2_VNNI") and "avx_vnni" in flags))
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU has native bf16 matmuls (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo flags)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return bool(flags & {"amx_bf16", "avx512_bf16"})
-    return False
+    """True when the CPU has native bf16 matmuls (AMX-BF16 or AVX512-BF16 in /proc/cpuinfo flags) and oneDNN's
+    cap (ONEDNN_MAX_CPU_ISA) lets them run."""
+    return _allowed("AVX512_CORE_BF16") and bool(_cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16"})
 
 
 QUERY_PRECISION = "fp32"

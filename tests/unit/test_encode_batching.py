@@ -146,6 +146,25 @@ def test_auto_precision_follows_the_cpu_flags(flags, expected):
         assert resolve_precision(explicit, "cpu", cpuinfo=cpuinfo) == explicit
 
 
+@pytest.mark.parametrize("cap, bf16, vnni", [
+    ("AVX2", False, False), ("avx512_core", False, False), ("AVX512_CORE_VNNI", False, True),
+    ("AVX512_CORE_BF16", True, True), ("AVX512_CORE_AMX", True, True), ("ALL", True, True),
+    ("no-such-level", True, True), (None, True, True)])
+def test_auto_precision_follows_onednn_isa_cap(monkeypatch, cap, bf16, vnni):
+    """An AVX512-BF16 CPU with its oneDNN kernels capped below AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA, which
+    torch and OpenVINO honour) has no native bf16: auto is fp32 there (OpenVINO refuses a bf16 graph)."""
+    from pipeline.models.precision import cpu_has_vnni
+
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+    assert cpu_has_bf16(cpuinfo) is bf16 and cpu_has_vnni(cpuinfo) is vnni
+    assert resolve_precision("auto", "cpu", cpuinfo=cpuinfo) == ("bf16" if bf16 else "fp32")
+
+
 def test_unknown_precision_is_a_config_error():
     with pytest.raises(ConfigError, match="precision"):
         resolve_precision("int8", "cpu")
