@@ -109,7 +109,9 @@ def _differs(out: Path, old: dict, what: str) -> PipelineError:
                          "ingest wrote are replaced; other files there are kept), or choose another --out")
 
 
-_VOLATILE = ("created_at",)  # manifest fields that say when, not what
+# manifest fields that say when and by which release, not what: the same corpus ingested again after an upgrade
+# is kept (a release that writes it otherwise differs in the files, which are compared)
+_VOLATILE = ("created_at", "tool_version")
 
 
 class _Stage:

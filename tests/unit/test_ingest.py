@@ -145,6 +145,19 @@ def test_unknown_doc_in_qrels(tmp_path):
     assert (out / "qrels" / "test.trec").read_text() == "q1 0 d1 1\nq2 0 d3 2\n"
 
 
+def test_the_same_ingest_after_an_upgrade_keeps_the_corpus(tmp_path, monkeypatch, capsys):
+    """The manifest's tool_version was compared as a setting: after a release bump every corpus ingested
+    before was "a different one (its tool_version differ)" and its own ingest command refused."""
+    import pipeline.data.ingest as ingest_module
+
+    folder = _beir_folder(tmp_path)
+    out = tmp_path / "out"
+    first = ingest([folder], "beir", out, progress=False)
+    monkeypatch.setattr(ingest_module, "__version__", "99.0.0")
+    assert ingest([folder], "beir", out) == first  # the corpus as that release wrote it, tool_version kept
+    assert "[ingest] unchanged" in capsys.readouterr().out
+
+
 def test_the_same_ingest_again_keeps_the_corpus_and_another_is_refused_without_overwrite(tmp_path, capsys):
     folder = _beir_folder(tmp_path)
     out = tmp_path / "out"
