@@ -507,7 +507,9 @@ def rates_table(args, model, texts: list[str], auto: str, rates: dict, cosines: 
     tok, prefix, max_len = model.token_spec("doc")
     lengths = [len(x) for x in tok([prefix + t for t in texts], truncation=True, max_length=max_len)["input_ids"]]
     gflop = encoder_gflop(model.doc_encoder.config, lengths) / n  # per passage
-    peak = gemm_peak(T)
+    from pipeline.models.precision import cpu_has_bf16
+
+    peak = gemm_peak(T, ("fp32", "bf16") if cpu_has_bf16() else ("fp32",))  # emulated bf16: minutes, no use
     print(f"\nwork: {gflop:.2f} GFLOP per passage ({sum(lengths) / n:.0f} tokens on average); this CPU's measured "
           f"matmul peak with {T} threads: fp32 {peak['fp32']:.0f} GFLOP/s (best of torch.mm and numpy), bf16 "
           f"{peak['bf16']:.0f} GFLOP/s (torch.mm), 2048x2048", flush=True)
