@@ -1,3 +1,3 @@
 """Ray-distributed training and indexing pipeline for dense retrieval."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
