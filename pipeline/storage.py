@@ -32,5 +32,5 @@ from .remote_path import (OBJECT_STORES, Location, RemotePath, error_reason, fro
 from .remote_path import error_reason as _reason  # noqa: F401
 from .storage_checks import (CHECK_NOTICE_S, CHECK_TIMEOUT_S, _bounded, _probe_task, check_writable,  # noqa: F401
                              check_writable_on_nodes)
-from .storage_io import (copy_dir, download_dir, read_json, remove, rmtree, staging_dir, upload_dir,  # noqa: F401
-                         write_bytes_atomic, write_json_atomic, write_text_atomic)
+from .storage_io import (copy_dir, download_dir, read_json, remove, rmtree, staging_dir, staging_root,  # noqa: F401
+                         upload_dir, write_bytes_atomic, write_json_atomic, write_text_atomic)

@@ -115,10 +115,16 @@ def copy_dir(src: Location, dst: Location) -> None:
         pafs.copy_files((src / rel).path, (dst / rel).path, source_filesystem=src.fs, destination_filesystem=dst.fs)
 
 
+def staging_root() -> Path:
+    """Where this machine keeps its local copies of remote locations (a cache: safe to delete):
+    $PIPELINE_STAGING_DIR, else <tmp>/pipeline-staging."""
+    return Path(os.environ.get("PIPELINE_STAGING_DIR") or Path(tempfile.gettempdir()) / "pipeline-staging")
+
+
 def staging_dir(location: Location, kind: str = "runs") -> Path:
     """A local working folder that stands for a remote location on this machine (a cache:
-    safe to delete). $PIPELINE_STAGING_DIR, else <tmp>/pipeline-staging."""
-    root = Path(os.environ.get("PIPELINE_STAGING_DIR") or Path(tempfile.gettempdir()) / "pipeline-staging")
+    safe to delete), under `staging_root()`."""
+    root = staging_root()
     key = hashlib.sha256(str(location).encode()).hexdigest()[:16]
     name = location.name if location.name else "root"
     out = root / kind / f"{name}-{key}"

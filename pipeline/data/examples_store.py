@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -128,7 +127,8 @@ def check_store(examples_dir, meta: dict | None = None, full: bool = False) -> N
 def open_passages(examples_dir, digest: str | None = None) -> PassageTexts | None:
     """The example store's `passages.arrow` memory-mapped (kept open for the process's next batches),
     or None for a store in the texts form. A store on remote storage (a `RemotePath`) is copied once
-    per machine into the temp folder under its digest: never a copy made for other examples."""
+    per machine into the staging folder (`$PIPELINE_STAGING_DIR`, a cache) under its digest: never a copy made
+    for other examples."""
     import os
 
     from ..storage import RemotePath
@@ -148,7 +148,9 @@ def open_passages(examples_dir, digest: str | None = None) -> PassageTexts | Non
         if key not in _OPEN_PASSAGES:
             import pyarrow.fs as pafs
 
-            local = Path(tempfile.gettempdir()) / "pipeline-examples" / digest / PASSAGES_FILE
+            from ..storage import staging_root
+
+            local = staging_root() / "examples-passages" / digest / PASSAGES_FILE
             if not local.exists():
                 local.parent.mkdir(parents=True, exist_ok=True)
                 part = local.with_name(f".{PASSAGES_FILE}.{os.getpid()}.part")
@@ -273,7 +275,8 @@ def store_digest(examples_dir: Path, meta: dict) -> str:
     """The examples' digest: the one their meta records, else the sha256 of their files."""
     if meta.get("digest"):
         return meta["digest"]
-    return sha256_files(sorted(Path(examples_dir).glob("part-*.parquet")) + sorted(Path(examples_dir).glob(PASSAGES_FILE)))
+    folder = Path(examples_dir)
+    return sha256_files(sorted(folder.glob("part-*.parquet")) + sorted(folder.glob(PASSAGES_FILE)))
 
 
 RESUME_STAGING = ".examples-resume"
