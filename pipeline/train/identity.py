@@ -186,8 +186,9 @@ def check_resume_early(resume, job) -> None:
         _refuse_unrecorded(resume)
     now = {k: v for k, v in run_identity(job, {"examples": None}, "", job.train.num_workers, 0).items()
            if k in CONFIG_KEYS}
-    parts = [describe_diff(identity_diff(then, now))] if identity_diff(then, now) else []
-    recorded = _recorded_loss_settings(resume)
+    diff = identity_diff(then, now)
+    parts = [describe_diff(diff)] if diff else []
+    recorded = then.get("loss_settings")  # stored_identity read them from the checkpoint's config.yaml
     if recorded is not None:
         def comparable(settings: dict) -> dict:
             loss = {k: v for k, v in settings["loss"].items() if k not in ("similarity", "temperature")}
