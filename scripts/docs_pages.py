@@ -1,4 +1,4 @@
-"""Pages of the documentation site made at build time (mkdocs-gen-files, see mkdocs.yml); nothing here is
+"""Pages of the documentation site made at build time (mkdocs-gen-files, see properdocs.yml); nothing here is
 written into docs/.
 
   index.md                 README.md, its links into docs/ made relative to the site
