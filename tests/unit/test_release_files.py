@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import datetime
 import re
-import tomllib
+import sys
 from pathlib import Path
 
 import yaml
 
 import pipeline
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the dev extra installs tomli there (tomllib is tomli, taken into the standard library)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
