@@ -18,9 +18,9 @@ FOLDERS = ("pipeline", "tests", "scripts", "bench", "jobs")
 
 
 def _oldest_python() -> str:
-    """The lower bound of `requires-python` (">=3.10" -> "3.10")."""
-    m = re.search(r'^requires-python\s*=\s*">=\s*(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert m, "pyproject.toml declares requires-python as \">=X.Y\""
+    """The lower bound of `requires-python` (">=3.10,<3.14" -> "3.10")."""
+    m = re.search(r'^requires-python\s*=\s*">=\s*(\d+\.\d+)[,"]', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert m, "pyproject.toml declares requires-python as \">=X.Y\" or \">=X.Y,<X.Z\""
     return m.group(1)
 
 
