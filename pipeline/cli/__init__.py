@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     _exit_on_hangup()
     rc = None  # the exit status, known before the finally block runs
     try:
+        _refuse_symlink_loops(argv)
         rc = args.func(args) or 0  # a verb may return its own status (reproduce run: 1 = ran and missed)
         return rc
     except PipelineError as e:
@@ -94,6 +95,45 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(1 if rc is None else rc)
     return 0
+
+
+def _refuse_symlink_loops(argv: list[str]) -> None:
+    """A path given on the command line (an argument, `--flag=PATH` or a `key=PATH` override) that runs through a
+    symlink loop is refused before any work, naming the link that loops. Up to Python 3.12 `Path.resolve()`
+    raised wherever a command met such a path (caught below); 3.13's returns quietly, and the loop then surfaced
+    as whatever the command checked first ("not a folder of embeddings", or a missing file of another option)."""
+    for token in argv:
+        value = token.split("=", 1)[1] if "=" in token else token
+        loop = _first_loop(value) if value and "://" not in value else None
+        if loop is not None:
+            at = "" if loop == value else f": {loop}"
+            raise PipelineError(f"{value}: a symlink loop (a link that leads back to itself{at}); point the option "
+                                "at a real folder or file")
+
+
+def _first_loop(path: str) -> str | None:
+    """The first part of `path` that is a symlink loop, or None (a path that exists, or is missing, or is no
+    path at all)."""
+    import errno
+    import os
+    from pathlib import Path
+
+    def loops(p) -> bool:
+        try:
+            os.stat(p)
+        except OSError as e:
+            return e.errno == errno.ELOOP
+        except (ValueError, TypeError):  # a NUL byte: not a path
+            return False
+        return False
+
+    if not loops(path):
+        return None
+    parts = Path(path).parts
+    for i in range(1, len(parts) + 1):
+        if loops(Path(*parts[:i])):
+            return str(Path(*parts[:i]))
+    return path
 
 
 def symlink_loop(e: BaseException) -> str | None:

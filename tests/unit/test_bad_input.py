@@ -400,6 +400,23 @@ def test_a_beir_folder_without_queries_and_qrels_of_only_a_header_are_errors(tmp
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_symlink_loop_is_named_where_path_resolve_passes_it_quietly(tmp_path, capsys, monkeypatch):
+    """Python 3.13's `Path.resolve()` returns quietly on a loop where 3.12's raised, and the loop surfaced as
+    "not a folder of embeddings": the command line's paths are checked themselves (3.13 simulated here)."""
+    import os
+    import pathlib
+
+    monkeypatch.setattr(pathlib.Path, "resolve", lambda self, strict=False: pathlib.Path(os.path.realpath(self)))
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = tmp_path / "a" / "x"
+    assert main(["index", f"--embeddings={loop}", "--out", str(tmp_path / "i")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {loop}: a symlink loop (a link that leads back to itself: {tmp_path / 'a'}); point the "
+                   "option at a real folder or file"]
+    assert not (tmp_path / "i").exists()
+
+
 @pytest.mark.parametrize("verb", ["encode", "index", "retrieve", "train"])
 def test_a_symlink_loop_is_one_line_not_a_traceback(tmp_path, capsys, verb, faq):
     (tmp_path / "a").symlink_to(tmp_path / "b")
