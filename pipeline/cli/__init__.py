@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = symlink_loop(e)  # a path that is a symlink loop, wherever the command met it
         if loop is None:
             raise
-        print(f"error: {loop}: a symlink loop (a link that leads back to itself); point the option at a real "
-              "folder or file", file=sys.stderr)
+        print(f"error: {_loop_line(loop)}", file=sys.stderr)
         rc = 2
         return 2
     except SystemExit as e:  # e.g. SIGHUP (see _exit_on_hangup)
@@ -106,15 +105,19 @@ def _refuse_symlink_loops(argv: list[str]) -> None:
         value = token.split("=", 1)[1] if "=" in token else token
         loop = _first_loop(value) if value and "://" not in value else None
         if loop is not None:
-            at = "" if loop == value else f": {loop}"
-            raise PipelineError(f"{value}: a symlink loop (a link that leads back to itself{at}); point the option "
-                                "at a real folder or file")
+            raise PipelineError(_loop_line(value, at=None if loop == value else loop))
+
+
+def _loop_line(path: str, at: str | None = None) -> str:
+    """The error for a path that is (or, `at` a link on its way, runs through) a symlink loop."""
+    where = f": {at}" if at else ""
+    return (f"{path}: a symlink loop (a link that leads back to itself{where}); point the option at a real folder "
+            "or file")
 
 
 def _first_loop(path: str) -> str | None:
     """The first part of `path` that is a symlink loop, or None (a path that exists, or is missing, or is no
     path at all)."""
-    import errno
     import os
     from pathlib import Path
 
@@ -122,8 +125,8 @@ def _first_loop(path: str) -> str | None:
         try:
             os.stat(p)
         except OSError as e:
-            return e.errno == errno.ELOOP
-        except (ValueError, TypeError):  # a NUL byte: not a path
+            return symlink_loop(e) is not None
+        except ValueError:  # a NUL byte: not a path
             return False
         return False
 

@@ -128,7 +128,8 @@ def test_retrieve_help_names_pyserinis_spellings_and_default(capsys):
         main(["retrieve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     # argparse writes the metavar after each spelling up to Python 3.12 and once after the last from 3.13 on
-    for a, b, meta in (("--queries", "--topics", "QUERIES"), ("--out", "--output", "OUT"), ("--top-k", "--hits", "TOP_K")):
+    for a, b, meta in (("--queries", "--topics", "QUERIES"), ("--out", "--output", "OUT"),
+                       ("--top-k", "--hits", "TOP_K")):
         assert f"{a} {meta}, {b} {meta}" in out or f"{a}, {b} {meta}" in out
     assert "default 100, where pyserini's --hits defaults to 1000" in out
 

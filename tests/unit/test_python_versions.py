@@ -28,8 +28,8 @@ def _vermin(target: str, *paths: Path) -> subprocess.CompletedProcess:
     # --eval-annotations: annotations count too (`from __future__ import annotations` defers them, but
     # typing.get_type_hints and the config's dataclasses evaluate them); --violations: only what fails the target
     return subprocess.run([sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())",
-                           f"-t={target}-", "--violations", "--no-tips", "--eval-annotations", "--no-make-paths-absolute",
-                           *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
+                           f"-t={target}-", "--violations", "--no-tips", "--eval-annotations",
+                           "--no-make-paths-absolute", *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_every_file_runs_on_the_oldest_declared_python():
