@@ -81,6 +81,12 @@ class TrainConfig(Section):
     # auto: continue from the newest complete checkpoint of this run if there is one;
     # never: refuse to reuse a run name that has checkpoints; or a checkpoint path.
     resume: str = "auto"
+    # Start a NEW run from another run's weights: a checkpoint folder (step-XXXXXXXX), or a run folder (its
+    # newest complete checkpoint). The towers start from that checkpoint's model; the optimizer, the schedule,
+    # the step and the data position start fresh, under this run's settings (any optim.*, lengths, total
+    # steps). The checkpoint it resolves to is recorded (config.yaml, summary.json) and is part of the run's
+    # identity. This, not a resume, is how a run goes on with other settings: a resume refuses them.
+    init_from: str | None = None
     epochs: PosInt = 1
     max_steps: NonNegInt = 0                # 0 = epochs x steps per epoch
     batch_size: PosInt = 32                 # per worker

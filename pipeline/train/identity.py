@@ -37,6 +37,24 @@ def loss_settings(job) -> dict:
     return out
 
 
+# the model keys that change what a step computes: how texts are cut and prefixed and how vectors are pooled
+MODEL_STEP_KEYS = ("pooling", "normalize", "query_prefix", "doc_prefix", "query_max_length", "doc_max_length")
+
+
+def step_settings(job) -> dict:
+    """What a step computes with beyond the loss and method settings (#60): the optimizer and its schedule
+    (every `optim.*` key, and the schedule's length, `train.epochs` and `train.max_steps`: the learning
+    rate a step takes is warm-up and linear decay over the total), the model's text handling and pooling
+    (MODEL_STEP_KEYS), and how examples become a step's rows (`data.shuffle_window`, `data.hard_negatives`).
+    A resume with other values would train on with the checkpoint's optimizer state under a schedule and
+    inputs the checkpoint never had, while config.yaml and summary.json named only the new values; it is
+    refused, naming each key (an intended continuation is a new train.name with train.init_from)."""
+    return {"optim": to_dict(job.optim),
+            "train": {"epochs": job.train.epochs, "max_steps": job.train.max_steps},
+            "model": {k: getattr(job.model, k) for k in MODEL_STEP_KEYS},
+            "data": {"shuffle_window": job.data.shuffle_window, "hard_negatives": job.data.hard_negatives}}
+
+
 def _settings_sha(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -49,7 +67,8 @@ def run_identity(job, meta: dict, digest: str, world: int, spe: int, amp: str | 
            "examples_sha256": digest[:16], "examples": meta["examples"], "world_size": world,
            "steps_per_epoch": spe, "batch_per_worker": job.train.batch_size, "seed": job.train.seed,
            "length_group_rows": job.train.length_group_rows,
-           "attention_regularizers": {"attention_dropout": job.train.attention_dropout, "drophead": job.train.drophead}}
+           "attention_regularizers": {"attention_dropout": job.train.attention_dropout, "drophead": job.train.drophead},
+           "step_settings_sha256": _settings_sha(step_settings(job)), "init_from": job.train.init_from}
     if amp is not None:
         out["amp"] = amp
     return out
@@ -70,18 +89,25 @@ def stored_identity(ckpt, state: dict) -> dict | None:
                          the workers, models/attention.py); a checkpoint made before it records none: it
                          trained with the towers' own, which `auto` keeps on resume; any explicit value is
                          accepted (MAY_BE_UNKNOWN)
+      init_from          none (train.init_from came later: such a run started from model.name_or_path)
     and `loss_config_sha256` computed again from its config.yaml by today's rule (`loss_settings`: a
-    checkpoint made before a section named its OPERATIONAL keys hashed them too); the recorded settings
-    themselves are kept under `loss_settings` (not compared; `describe_diff` names the keys that differ).
+    checkpoint made before a section named its OPERATIONAL keys hashed them too), `step_settings_sha256`
+    likewise (`step_settings`; a checkpoint made before the key joined is judged by what its config.yaml
+    records, so an older run resumes when its optimizer, schedule and lengths are this run's); the recorded
+    settings themselves are kept under `loss_settings` and `step_settings` (not compared; `describe_diff`
+    names the keys that differ).
     """
     then = state.get("identity")
     if then is None:
         return None
     then = dict(then)
-    recorded = _recorded_loss_settings(ckpt)
-    if recorded is not None:
-        then["loss_settings"] = recorded
+    job = _recorded_job(ckpt)
+    if job is not None:
+        then["loss_settings"] = recorded = loss_settings(job)
         then["loss_config_sha256"] = _settings_sha(recorded)
+        then["step_settings"] = steps = step_settings(job)
+        then["step_settings_sha256"] = _settings_sha(steps)
+    then.setdefault("init_from", None)
     if "length_group_rows" not in then:
         rows = _recorded_length_group_rows(ckpt)
         if rows is not None:
@@ -103,16 +129,16 @@ def _recorded_length_group_rows(ckpt) -> int | None:
         return None
 
 
-def _recorded_loss_settings(ckpt) -> dict | None:
-    """`loss_settings` of the job a checkpoint's config.yaml records; None where it cannot be read as a job
-    of this version (then the recorded hash stands)."""
+def _recorded_job(ckpt):
+    """The job a checkpoint's config.yaml records; None where it cannot be read as a job of this version
+    (then the recorded loss hash stands, and the step settings are unknown: a resume is refused)."""
     import yaml
 
     from ..errors import ConfigError
     from .config import job_from_dict
 
     try:
-        return loss_settings(job_from_dict(yaml.safe_load((ckpt / "config.yaml").read_text()) or {}))
+        return job_from_dict(yaml.safe_load((ckpt / "config.yaml").read_text()) or {})
     except (OSError, ValueError, TypeError, AttributeError, KeyError, ConfigError, yaml.YAMLError):
         return None
 
@@ -127,7 +153,7 @@ def _flat(d, prefix: str = "") -> dict:
 
 
 def settings_diff(then: dict, now: dict) -> str:
-    """The loss settings that differ, as "loss.tau (0.05 in the checkpoint, 0.1 now)", dotted as they are set."""
+    """The settings that differ, as "loss.tau (0.05 in the checkpoint, 0.1 now)", dotted as they are set."""
     a, b = _flat(then), _flat(now)
     return ", ".join(f"{k} ({a.get(k)!r} in the checkpoint, {b.get(k)!r} now)"
                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
@@ -140,15 +166,34 @@ def identity_diff(then: dict, now: dict) -> dict:
             if then.get(k) != v and not (k in MAY_BE_UNKNOWN and k not in then)}
 
 
-def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None, None)) -> str:
+# the identity keys that hash settings, and what `describe_diff` calls them when it names the keys behind one
+HASHED = {"loss_config_sha256": ("loss_settings", "the loss settings"),
+          "step_settings_sha256": ("step_settings", "the optimizer, schedule and model settings")}
+
+
+def named_settings(then: dict, job) -> dict:
+    """{hash key: (the checkpoint's settings, this run's)} for `describe_diff`."""
+    return {"loss_config_sha256": (then.get("loss_settings"), loss_settings(job)),
+            "step_settings_sha256": (then.get("step_settings"), step_settings(job))}
+
+
+def describe_diff(diff: dict, settings: dict | None = None) -> str:
     """The differences as one clause, with the setting that resumes for the ones a user sets; `settings`
-    (the checkpoint's loss settings, this run's) names the loss keys behind a differing loss_config_sha256."""
+    (`named_settings`: for each hash key, the checkpoint's settings and this run's) names the keys behind a
+    differing loss_config_sha256 or step_settings_sha256."""
     parts = []
     for k, (a, b) in sorted(diff.items()):
         text = f"{k} ({a!r} in the checkpoint, {b!r} now)"
-        named = settings_diff(*settings) if k == "loss_config_sha256" and all(settings) else ""
+        pair = (settings or {}).get(k, (None, None))
+        named = settings_diff(*pair) if k in HASHED and all(p is not None for p in pair) else ""
         if named:
-            text = "the loss settings: " + named
+            text = f"{HASHED[k][1]}: " + named
+        elif k == "step_settings_sha256" and pair[0] is None:
+            text = ("the optimizer, schedule and model settings (unknown in the checkpoint: its config.yaml "
+                    "cannot be read as a run's config)")
+        elif k == "init_from":
+            text = (f"train.init_from ({a or 'none: it started from model.name_or_path'} in the checkpoint, "
+                    f"{b or 'none'} now)")
         elif k == "amp" and a in PRECISIONS:
             text += f"; train.amp={'no' if a == 'fp32' else a} trains as the checkpoint did"
         elif k == "attention" and a:
@@ -164,13 +209,15 @@ def describe_diff(diff: dict, settings: tuple[dict | None, dict | None] = (None,
     return "; ".join(parts)
 
 
-RESUMING_NEEDS = ("Resuming needs the same method, loss settings, examples, workers, batch size, precision (train.amp "
-                  "as resolved), train.attention (as resolved), train.length_group_rows and the attention "
-                  "regularizers; use another train.name for a new run")
+RESUMING_NEEDS = ("Resuming needs the same method, loss settings, optimizer settings and schedule (optim.*, "
+                  "train.epochs, train.max_steps), model lengths, prefixes and pooling, examples, workers, batch "
+                  "size, precision (train.amp as resolved), train.attention (as resolved), train.length_group_rows, "
+                  "the attention regularizers and train.init_from; to go on from this checkpoint with other "
+                  "settings, start a new run from its weights (another train.name with train.init_from=<checkpoint>)")
 
 # the identity keys a run's config alone decides; the examples' count and digest need the examples built, and
 # the precision and attention the workers' device
-CONFIG_KEYS = ("world_size", "batch_per_worker", "seed", "length_group_rows", "attention_regularizers")
+CONFIG_KEYS = ("world_size", "batch_per_worker", "seed", "length_group_rows", "attention_regularizers", "init_from")
 
 
 def check_resume_early(resume, job) -> None:
@@ -195,8 +242,13 @@ def check_resume_early(resume, job) -> None:
             return {**settings, "loss": loss}
 
         differs = settings_diff(comparable(recorded), comparable(loss_settings(job)))
+        steps = settings_diff(then["step_settings"], step_settings(job))
+        if steps:
+            parts.insert(0, f"{HASHED['step_settings_sha256'][1]}: " + steps)
         if differs:
             parts.insert(0, "the loss settings: " + differs)
+    else:
+        parts.insert(0, describe_diff({"step_settings_sha256": (None, "")}))
     if parts:
         raise PipelineError(f"cannot resume from {resume}: this run differs in {'; '.join(parts)}. "
                             f"{RESUMING_NEEDS} (nothing was built or started)")
@@ -207,13 +259,14 @@ def _refuse_unrecorded(resume) -> None:
                         "start a new run (another train.name) or train.resume=never")
 
 
-def check_identity(resume, identity: dict, settings: dict | None = None) -> None:
-    """Refuse to resume from a checkpoint of another run (PipelineError naming every difference; `settings`,
-    this run's `loss_settings`, names the loss keys that differ)."""
+def check_identity(resume, identity: dict, job=None) -> None:
+    """Refuse to resume from a checkpoint of another run (PipelineError naming every difference; with `job`,
+    this run's config, the loss and step settings that differ are named key by key)."""
     then = stored_identity(resume, read_state(resume) or {})
     if then is None:
         _refuse_unrecorded(resume)
+    settings = named_settings(then, job) if job is not None else None
     diff = identity_diff(then, identity)
     if diff:
         raise PipelineError(f"cannot resume from {resume}: this run differs in "
-                            + describe_diff(diff, (then.get("loss_settings"), settings)) + f". {RESUMING_NEEDS}")
+                            + describe_diff(diff, settings) + f". {RESUMING_NEEDS}")

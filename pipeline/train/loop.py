@@ -31,7 +31,7 @@ from ..models import BiEncoder
 from ..models.attention import resolve_attention, use_attention
 from ..models.checkpoint import checkpoint_dir_name, finalize_checkpoint, library_versions, read_state
 from .config import dump_job, job_from_dict
-from .identity import describe_diff, identity_diff, loss_settings, stored_identity
+from .identity import describe_diff, identity_diff, named_settings, stored_identity
 from .methods import StepContext, check_frozen, get_method
 from .optim import build_optimizer, warmup_linear, warmup_steps
 
@@ -266,7 +266,7 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
             mismatch = identity_diff(then, identity)
             if mismatch:  # the run's verdict (a retry changes nothing): one error line, no retry
                 raise PipelineError(f"cannot resume from {d.name}: it was made with a different "
-                                    + describe_diff(mismatch, (then.get("loss_settings"), loss_settings(job))))
+                                    + describe_diff(mismatch, named_settings(then, job)))
         else:
             model = BiEncoder.load(job.model)
             identity["attention"] = use_attention([model.doc_encoder, model.query_encoder],

@@ -33,7 +33,7 @@ from ..losses.base import resolve_similarity
 from ..models.checkpoint import latest_checkpoint, library_versions, read_state
 from ..storage import RemotePath, is_uri
 from .config import TrainJobConfig, dump_job, job_to_dict
-from .identity import check_identity, check_resume_early, loss_settings, run_identity
+from .identity import check_identity, check_resume_early, run_identity
 from .loop import train_loop_per_worker
 from .methods import get_method
 from .runner_choice import check_device, resolve_runner
@@ -174,6 +174,36 @@ def resolve_resume(job: TrainJobConfig, run_dir):
     return path
 
 
+def resolve_init_from(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
+    """`train.init_from` resolved: the complete checkpoint it names (a run folder: its newest complete one)
+    becomes `train.init_from`, and its model the towers' start (`model.name_or_path`; a two-tower checkpoint
+    holds both towers). Refused in one line when it names no complete checkpoint, or names this run itself
+    (that is a resume: train.resume)."""
+    given = job.train.init_from
+    if is_uri(given):
+        raise ConfigError(f"train.init_from={given}: a local checkpoint or run folder (download a remote one first)")
+    path = Path(given).expanduser()
+    if read_state(path) is None:
+        newest = latest_checkpoint(path) if path.is_dir() else None
+        if newest is None:
+            raise PipelineError(f"train.init_from={given}: not a complete checkpoint (no valid state.json), nor a "
+                                "run folder holding one")
+        path = newest
+    path = path.resolve()
+    own = Path(str(job.train.storage_path)).expanduser() / job.train.name
+    if not is_uri(job.train.storage_path) and path.parent == own.resolve():
+        raise PipelineError(f"train.init_from={given}: a checkpoint of this run ({job.train.name}); to go on with it, "
+                            "resume it (train.resume=auto); to start anew from it, give the new run another train.name")
+    if not (path / "model").is_dir():
+        raise PipelineError(f"train.init_from={given}: {path} holds no model/ folder")
+    step = (read_state(path) or {}).get("step")
+    if progress:
+        print(f"[train] {job.train.name}: starting from the weights of {path} (step {step} of run "
+              f"{path.parent.name}); the optimizer, schedule and data position start fresh", flush=True)
+    model = replace(job.model, name_or_path=str(path / "model"), query_name_or_path=None)
+    return replace(job, model=model, train=replace(job.train, init_from=str(path)))
+
+
 def resolve_job(job: TrainJobConfig, progress: bool = True) -> TrainJobConfig:
     """Make the score function follow the model (docs/METHODS.md §1).
 
@@ -242,6 +272,8 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
     remote = isinstance(run_dir, RemotePath)
+    if tc.init_from is not None:
+        job = resolve_init_from(job, progress)
     job = resolve_job(job, progress)  # a model that cannot load is refused before any folder is made
     if remote:
         st.check_writable(run_dir, who="the driver")
@@ -281,7 +313,7 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
         total = tc.max_steps or tc.epochs * spe
         identity = run_identity(job, meta, digest, world, spe, amp)
         if resume is not None:
-            check_identity(resume, identity, loss_settings(job))
+            check_identity(resume, identity, job)
     except BaseException:
         settle_staged(built, examples, accepted=False)
         raise
@@ -323,7 +355,8 @@ def _train(job: TrainJobConfig, method, storage, run_dir, work, remote: bool, va
                "stopped_early": bool(state.get("stopped_early")), "precision": state.get("precision"),
                "attention": state.get("attention"),
                "final_metrics": state["metrics"], "checkpoint": str(final), "model": str(run_dir / "model"),
-               "resumed_from": str(resume) if resume else None, "versions": library_versions(),
+               "resumed_from": str(resume) if resume else None, "init_from": tc.init_from,
+               "versions": library_versions(),
                "negatives_versions": state.get("negatives_log", []), "history": history}
     m = state["metrics"]
     if not complete and m.get("train_seconds") is not None:  # this call trained: how its wall time split

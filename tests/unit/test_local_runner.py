@@ -180,13 +180,13 @@ def test_an_ance_run_resumes_with_its_refresher_moved_apart_and_a_loss_change_is
     other = load_train_config(None, base + ["ance.negatives=8", "loss.temperature=0.1"])
     with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
                                             r"8 now\), loss.temperature \(None in the checkpoint, 0.1 now\)"):
-        check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), loss_settings(other))
+        check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), other)
     # before ANCE's refresher starts (it writes into the run): the same refusal, operational keys and the
     # loss's similarity/temperature (resolved against the model later) aside
     check_resume_early(ckpt, moved)
     check_resume_early(ckpt, load_train_config(None, base + ["loss.temperature=0.1"]))
     with pytest.raises(PipelineError, match=r"differs in the loss settings: ance.negatives \(20 in the checkpoint, "
-                                            r"8 now\)\. Resuming needs .*use another train.name .*nothing was built or started"):
+                                            r"8 now\)\. Resuming needs .*another train.name .*nothing was built or started"):
         check_resume_early(ckpt, other)
     # and the train.* keys of the identity the config alone decides, each named with the setting that resumes
     for extra, named in [("train.batch_size=8", r"batch_per_worker \(32 in the checkpoint, 8 now\)"),
@@ -209,7 +209,7 @@ def test_a_resume_refused_for_a_train_setting_builds_no_examples(tiny_model_dir,
     meta = tmp_path / "run" / "examples" / "examples.json"
     before = meta.read_text()
     with pytest.raises(PipelineError, match=r"differs in seed \(3 in the checkpoint, 7 now\)\. Resuming .*nothing was built"):
-        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", "train.seed=7",
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.seed=7",
                    "data.negatives_depth=50"), progress=False)
     assert meta.read_text() == before and json.loads(before)["depth"] == 100
 
@@ -232,13 +232,13 @@ def test_a_resume_refused_for_its_examples_leaves_the_runs_examples_as_they_were
     half = tmp_path / "half.trec"
     half.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
     with pytest.raises(PipelineError, match=r"differs in .*examples"):
-        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", f"data.qrels={half}"),
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", f"data.qrels={half}"),
               progress=False)
     assert {p.name: p.read_bytes() for p in examples.iterdir()} == before
     assert not (tmp_path / "run" / RESUME_STAGING).exists()
-    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=3"), progress=False)
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local"), progress=False)
     assert os.stat(examples / "examples.json").st_ino == inode  # reused, not rewritten
-    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "train.max_steps=4", "data.negatives_depth=50"),
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "data.negatives_depth=50"),
           progress=False)
     assert json.loads((examples / "examples.json").read_text())["depth"] == 50
     assert not (tmp_path / "run" / RESUME_STAGING).exists()
@@ -282,3 +282,91 @@ def test_the_attention_a_run_trains_with_joins_its_identity_and_auto_resumes_wit
     assert done["resumed_from"].endswith("step-00000002") and done["attention"] == "sdpa" and done["steps"] == 4
     fresh = train(_job(tiny_model_dir, faq, tmp_path / "fresh", *steps), progress=False)
     assert fresh["attention"] == "threshold-dropout" and fresh["resumed_from"] is None
+
+
+# --------------------------------------------------------------------------- settings that change a step (#60)
+
+@pytest.mark.parametrize("change, named", [
+    ("optim.lr=0.5", r"optim.lr \(2e-05 in the checkpoint, 0.5 now\)"),
+    ("optim.warmup_steps=3", r"optim.warmup_steps \(0 in the checkpoint, 3 now\)"),
+    ("model.doc_max_length=64", r"model.doc_max_length \(None in the checkpoint, 64 now\)"),
+    ("train.max_steps=40", r"train.max_steps \(0 in the checkpoint, 40 now\)"),
+    ("train.epochs=3", r"train.epochs \(1 in the checkpoint, 3 now\)"),
+    ("data.shuffle_window=5", r"data.shuffle_window \(10000 in the checkpoint, 5 now\)"),
+])
+def test_a_resume_with_another_optimizer_schedule_or_length_setting_is_refused_naming_the_key(tmp_path, change,
+                                                                                             named):
+    """A resume with another optim.lr, warm-up, model.doc_max_length or total steps was accepted: the optimizer
+    state brought back the checkpoint's learning rate, the schedule was rebuilt with the new total, and
+    config.yaml / summary.json recorded only the new values. Each is refused, before anything is built and
+    again on the checkpoint the loop loads, naming the key and both values."""
+    job = load_train_config(None, [])
+    ident = run_identity(job, META, DIGEST, 1, 10, "bf16")
+    ckpt = _checkpoint(tmp_path, "step-00000002", job, ident, "bf16")
+    check_identity(ckpt, ident, job)
+    check_resume_early(ckpt, job)
+    other = load_train_config(None, [change])
+    assert run_identity(other, META, DIGEST, 1, 10, "bf16")["step_settings_sha256"] != ident["step_settings_sha256"]
+    with pytest.raises(PipelineError, match=r"differs in the optimizer, schedule and model settings: " + named
+                       + r".*another train.name with train.init_from=<checkpoint>.*nothing was built"):
+        check_resume_early(ckpt, other)
+    with pytest.raises(PipelineError, match=r"differs in the optimizer, schedule and model settings: " + named):
+        check_identity(ckpt, run_identity(other, META, DIGEST, 1, 10, "bf16"), other)
+
+
+def test_a_checkpoint_made_before_the_step_settings_joined_resumes_by_what_its_config_records(tmp_path):
+    """A checkpoint whose identity has no step_settings_sha256 (made before it joined) is judged by its
+    config.yaml: the same settings resume, another optim.lr is refused; an unreadable config.yaml refuses."""
+    job = load_train_config(None, ["optim.lr=1e-4"])
+    old = {k: v for k, v in run_identity(job, META, DIGEST, 1, 10, "fp32").items()
+           if k not in ("step_settings_sha256", "init_from")}
+    ckpt = _checkpoint(tmp_path, "old", job, old, "fp32")
+    check_identity(ckpt, run_identity(job, META, DIGEST, 1, 10, "fp32"), job)
+    with pytest.raises(PipelineError, match=r"optim.lr \(0.0001 in the checkpoint, 0.5 now\)"):
+        check_identity(ckpt, run_identity(load_train_config(None, ["optim.lr=0.5"]), META, DIGEST, 1, 10, "fp32"),
+                       load_train_config(None, ["optim.lr=0.5"]))
+    size = (ckpt / "config.yaml").stat().st_size  # the same size: state.json still vouches for the file
+    (ckpt / "config.yaml").write_text("[" + " " * (size - 1))
+    with pytest.raises(PipelineError, match=r"unknown in the checkpoint: its config.yaml cannot be read"):
+        check_resume_early(ckpt, job)
+
+
+def test_a_real_resume_with_another_lr_is_refused_and_a_new_run_from_its_checkpoint_starts_from_its_weights(
+        tiny_model_dir, faq, tmp_path, capsys):
+    """The tiny run resumed with optim.lr=0.5 trained on at the checkpoint's rate and reported 0.5. Now it is
+    refused and leaves the run as it was; `train.init_from` starts another run from that checkpoint's weights
+    with a fresh optimizer and schedule, records the checkpoint it started from, and refuses to name the run
+    itself or a folder without a checkpoint."""
+    import torch
+    from safetensors.torch import load_file
+
+    train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local"), progress=False)
+    run = tmp_path / "run"
+    before = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    with pytest.raises(PipelineError, match=r"optim.lr \(0.0001 in the checkpoint, 0.5 now\).*nothing was built"):
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", "optim.lr=0.5"), progress=False)
+    assert {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+    with pytest.raises(PipelineError, match=r"a checkpoint of this run \(run\)"):
+        train(_job(tiny_model_dir, faq, tmp_path, "train.runner=local", f"train.init_from={run}"), progress=False)
+    with pytest.raises(PipelineError, match=r"not a complete checkpoint .*nor a run folder holding one"):
+        train(dpr_job(tiny_model_dir, faq, tmp_path, "next", "train.runner=local", "train.num_workers=1", "train.max_steps=2",
+                      f"train.init_from={tmp_path / 'nothing'}"), progress=False)
+    # a rate so small the weights cannot move: the new run ends where the checkpoint it started from was
+    ckpt = run / "step-00000002"
+    done = train(dpr_job(tiny_model_dir, faq, tmp_path, "next", "train.runner=local", "train.num_workers=1", "train.max_steps=2",
+                         f"train.init_from={run}", "optim.lr=1e-30"), progress=True)
+    assert "starting from the weights of" in capsys.readouterr().out
+    assert done["init_from"] == str(ckpt.resolve()) and done["resumed_from"] is None and done["steps"] == 2
+    assert done["optim"]["lr"] == 1e-30
+    start = load_file(next((ckpt / "model").rglob("model.safetensors")))
+    end = load_file(next((tmp_path / "next" / "model").rglob("model.safetensors")))
+    base = load_file(next(Path(tiny_model_dir).rglob("model.safetensors")))
+    assert all(torch.equal(start[k], end[k]) for k in start)
+    assert any(not torch.equal(start[k], base[k]) for k in start if k in base)
+    # the new run resumes as any run; another starting checkpoint is refused by name
+    again = train(dpr_job(tiny_model_dir, faq, tmp_path, "next", "train.runner=local", "train.num_workers=1", "train.max_steps=2",
+                          f"train.init_from={run}", "optim.lr=1e-30"), progress=False)
+    assert again["steps"] == 2
+    with pytest.raises(PipelineError, match=r"train.init_from \(.*step-00000002 in the checkpoint, none now\)"):
+        train(dpr_job(tiny_model_dir, faq, tmp_path, "next", "train.runner=local", "train.num_workers=1", "train.max_steps=2",
+                      "optim.lr=1e-30"), progress=False)
