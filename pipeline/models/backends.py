@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, PipelineError
-from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir,  # noqa: F401
+from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir, in_use,  # noqa: F401
                            graph_cached, graph_key, input_names, parameter_shapes, set_aside, tower_digest)
 # the gates live in tower_check (a test changes them there); the probe texts are named here too
 from .tower_check import (PROBE_WORDS, SHORT_PROBE_WORDS, against_torch, check_figures, check_memo,  # noqa: F401
@@ -117,17 +117,24 @@ class OpenVinoTower:
     def __init__(self, model, side: str = "doc", precision: str = "fp32", threads: int = 1,
                  cache: str | Path | None = None, calibration: list[str] | None = None, keep: bool = True,
                  refreshable: "RefreshableTower | None" = None):
-        import openvino as ov
-
         self.side, self.names = side, input_names(model, side)
         self.threads = max(1, int(threads))
         self.converted = self.quantized = self.refreshed = False
         self.stale: str | None = None  # why this tower may no longer be used (RefreshableTower.refreshed)
         self.notes: list[str] = []
         self.keep, self._cache = keep, cache
+        # the cache entry read here is held in use (shared) until it is compiled: no prune removes it meanwhile
+        with contextlib.ExitStack() as held:
+            self._build(model, side, precision, calibration, refreshable, held)
+
+    def _build(self, model, side, precision, calibration, refreshable, held) -> None:
+        import openvino as ov
+
+        keep, cache = self.keep, self._cache
         if keep:
             self.digest = tower_digest(model, side)
             self.folder = export_cache_dir(cache) / "openvino" / self.digest[:32]
+            held.enter_context(in_use(self.folder))
             xml = self._export(model)
             if precision == "int8":
                 xml = self._quantize(model, xml, calibration or [])

@@ -29,8 +29,14 @@ the model's folder: a model may sit in a read-only package, and files added ther
 The cache is bounded (`PIPELINE_EXPORT_CACHE_MAX_GB`, 10 by default, 0 for no bound): every trained
 checkpoint that is encoded is a new tower, so a sweep would otherwise fill the disk. An entry's folder is
 touched whenever it is used; after an entry is made, the least recently used ones are removed until the
-cache fits, never the one just made, one used in the last `PRUNE_GRACE_S` (a process may be reading it)
-or one whose lock another process holds. What was removed is said in a note; it is made again when needed.
+cache fits. Only entries the cache made are ever removed: a folder whose marker is the cache's own sealed
+record (`owned_entry`); anything else under `openvino/` or `openvino-graphs/` (a user's own IR folder, an
+entry whose marker was altered) is left as it is and not counted. Never removed either: the one just made,
+one used in the last `PRUNE_GRACE_S`, one whose making lock another process holds, and one a process is
+using: every reader holds a shared lock on the entry (`in_use`, `.<entry>.use` beside it) from before it
+checks the entry until it has compiled what it read, and a prune removes an entry only under that lock
+taken exclusively, so an encode of any length never has its entry removed under it. What was removed is
+said in a note; it is made again when needed.
 """
 
 from __future__ import annotations
@@ -216,6 +222,65 @@ def entry_lock(entry: Path, wait: bool = True):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def in_use(entry: Path):
+    """A shared lock on the entry (the tower entry an int8 entry sits in) while this process reads it: from
+    before its check to after what it read is compiled. Waits while a prune removes it (then the entry is
+    missing and is made again); a prune skips an entry any process holds this of. Shared: any number of
+    readers at once; apart from the making lock (`entry_lock`), so a reader never blocks a repair."""
+    import fcntl
+
+    top = _top_entry(entry) or entry
+    try:  # no cache folder yet: nothing to protect (an entry made now is the prune's `keep`, then fresh)
+        f = open(top.parent / f".{top.name}.use", "a+") if top.parent.is_dir() else None
+    except OSError:  # a read-only cache: nothing there can be pruned by anyone
+        f = None
+    if f is None:
+        yield
+        return
+    with f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _removable(entry: Path):
+    """Yields True holding the entry's use lock exclusively when no process is using it (else False)."""
+    import fcntl
+
+    with open(entry.parent / f".{entry.name}.use", "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+MARKERS = {"openvino": "export.json", "openvino-graphs": GRAPH_MARKER}  # each kind's entry marker
+
+
+def owned_entry(entry: Path) -> bool:
+    """Whether the cache made `entry`: its kind's marker is a record sealed by `seal` (its own digest
+    matches). A user's folder, or an entry whose marker is unreadable or altered, is not: never pruned
+    (an altered one is set aside and made again only when it is used, by `cached_entry`)."""
+    marker = MARKERS.get(entry.parent.name)
+    if marker is None:
+        return False
+    try:
+        record = json.loads((entry / marker).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("files"), dict) \
+        and record.get("record_digest") == record_digest(record)
+
+
 def _file_digests(folder: Path, names) -> dict[str, str]:
     from ..io_utils import sha256_file
 
@@ -297,7 +362,8 @@ def _size(folder: Path) -> int:
 def prune(cache: Path, keep: Path | None = None, limit: int | None = None, now: float | None = None) -> str | None:
     """Remove the least recently used entries of the cache until it is within `limit` bytes (the bound of
     $PIPELINE_EXPORT_CACHE_MAX_GB), never `keep`, an entry used in the last PRUNE_GRACE_S or one another
-    process holds the lock of. Returns a note saying what was removed (None when nothing was)."""
+    process holds the making lock of or is using (`in_use`). Only entries the cache made are removed or counted
+    (`owned_entry`). Returns a note saying what was removed (None when nothing was)."""
     limit = cache_limit_bytes() if limit is None else limit
     if not limit:
         return None
@@ -305,7 +371,8 @@ def prune(cache: Path, keep: Path | None = None, limit: int | None = None, now: 
     entries = []
     for kind in KINDS:
         with contextlib.suppress(OSError):
-            entries += [e for e in (cache / kind).iterdir() if e.is_dir() and not e.name.startswith(".")]
+            entries += [e for e in (cache / kind).iterdir()
+                        if e.is_dir() and not e.name.startswith(".") and owned_entry(e)]
     sizes = {e: _size(e) for e in entries}
     total = sum(sizes.values())
     if total <= limit:
@@ -320,8 +387,8 @@ def prune(cache: Path, keep: Path | None = None, limit: int | None = None, now: 
             break
         if e == keep or now - used[e] < PRUNE_GRACE_S:
             continue
-        with entry_lock(e, wait=False) as held:
-            if not held:
+        with entry_lock(e, wait=False) as held, _removable(e) as unused:
+            if not (held and unused):
                 continue
             set_aside(e)
         removed, freed, total = removed + 1, freed + sizes[e], total - sizes[e]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .export_cache import (GRAPH_MARKER, cached_entry, entry_lock, entry_problem, export_cache_dir, graph_key,
-                           input_names, mark_used, parameter_shapes, set_aside)
+                           in_use, input_names, mark_used, parameter_shapes, set_aside)
 from .tower_check import probe_batches
 
 
@@ -107,9 +107,8 @@ class RefreshableTower:
         except Exception as e:  # a cache path naming a file, say: converted, not kept (and said)
             self.notes.append(f"the converted graph is not kept in the export cache ({e})")
         try:
-            if self.entry is not None and entry_problem(self.entry, self.MARKER) is None and self._read():
+            if self.entry is not None and self._read_held():
                 self.source, self.checked = "cache", True
-                mark_used(self.entry)
         except Exception as e:  # an entry OpenVINO cannot read: converted instead, and made again once it passes
             self.buffers, self.names, self.graph, self._unreadable = [], [], None, True
             first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
@@ -179,6 +178,15 @@ class RefreshableTower:
         except Exception as e:  # a read-only or full cache: the next run converts again
             self.notes.append(f"the converted graph could not be kept in the export cache "
                               f"({getattr(e, 'strerror', None) or e})")
+
+    def _read_held(self) -> bool:
+        """The kept graph read, in use (export_cache.in_use) from its check until it is read: a prune in
+        another process cannot remove it in between."""
+        with in_use(self.entry):
+            if entry_problem(self.entry, self.MARKER) is not None or not self._read():
+                return False
+            mark_used(self.entry)
+            return True
 
     def failed(self, reason: str) -> None:
         """The graph with real weights written in failed its first check: it cannot be refreshed."""

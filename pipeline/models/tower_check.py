@@ -199,13 +199,20 @@ def verified_export(model, side: str, threads: int = 1, cache: str | Path | None
     (a bf16 or int8 tower's check on the corpus's passages, encode's check of the model's vectors): the fp32
     gate (no component off by more than 2.5e-6 of its vector's length) is far inside what those checks tell
     apart, and a first encode of a corpus with the export cached then loads no torch weights at all."""
-    from .export_cache import entry_problem, export_cache_dir, mark_used, tower_digest
+    from .export_cache import export_cache_dir, in_use, tower_digest
 
     try:
         digest = digest or tower_digest(model, side)
         folder = export_cache_dir(cache) / "openvino" / digest[:32]
     except Exception:  # a cache path that is a file, a model folder that cannot be read: torch's vectors then
         return None
+    with in_use(folder):  # from its check until it is compiled: no prune in another process removes it between
+        return _verified_export(folder, model, side, threads, digest)
+
+
+def _verified_export(folder, model, side, threads, digest) -> _Fp32Export | None:
+    from .export_cache import entry_problem, mark_used
+
     if entry_problem(folder, "export.json") is not None:
         return None
     mark_used(folder)
