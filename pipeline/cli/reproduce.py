@@ -90,7 +90,7 @@ def cmd_run(args) -> int:
     if args.family and args.cells:
         raise ConfigError("give CELL ids or --family, not both")
     experiment_flags = [f for f, v in (("--seeds", args.seeds), ("--arms", args.arms), ("--set", args.set),
-                                       ("--on", args.on)) if v]
+                                       ("--on", args.on)) if v is not None and v != []]
     if args.family:
         return _run_family(args, matrix, given)
     cells = [matrix.cell(c) for c in args.cells]
@@ -109,17 +109,56 @@ def cmd_run(args) -> int:
     return 1 if 1 in codes else (EXIT_RECORDED if EXIT_RECORDED in codes else 0)
 
 
-def _seeds_arg(text: str | None) -> list[int] | None:
-    if not text:
+def _seeds_arg(text: str | None, defined: list[int] | None = None) -> list[int] | None:
+    """--seeds as a list (None: not given). Refused: an empty value, a range that runs backwards (4-0), a seed
+    named twice, and (with `defined`, the experiment's seeds) a seed the experiment does not name: its run could
+    never be recorded."""
+    if text is None:
         return None
     out = []
     for part in text.split(","):
         a, dash, b = part.strip().partition("-")
         try:
-            out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
+            lo, hi = int(a), int(b) if dash else int(a)
         except ValueError:
             raise ConfigError(f"--seeds {text!r}: seeds as 0,1,2 or 0-4") from None
+        if hi < lo:
+            raise ConfigError(f"--seeds {text!r}: the range {part.strip()} runs backwards (write {hi}-{lo})")
+        out += list(range(lo, hi + 1))
+    twice = sorted({s for s in out if out.count(s) > 1})
+    if twice:
+        raise ConfigError(f"--seeds {text!r}: seed {', '.join(map(str, twice))} named twice")
+    if defined is not None:
+        foreign = [s for s in out if s not in defined]
+        if foreign:
+            raise ConfigError(f"--seeds {text!r}: seed {', '.join(map(str, foreign))} is not one the experiment "
+                              f"names ({', '.join(map(str, defined))}); its run could not be recorded. Add it to the "
+                              "experiment's seeds to run it")
     return out
+
+
+def _arms_arg(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    arms = [a.strip() for a in text.split(",")]
+    if not all(arms):
+        raise ConfigError(f"--arms {text!r}: arm ids, comma-separated (an empty one is not an arm)")
+    twice = sorted({a for a in arms if arms.count(a) > 1})
+    if twice:
+        raise ConfigError(f"--arms {text!r}: {', '.join(twice)} named twice")
+    return arms
+
+
+def set_work_folder(work: Path, exp, set_vars: dict) -> Path:
+    """Where a run with --set values goes: a folder of its own beside the experiment's, named by the values
+    (`<family>-<dataset>-set-<digest>`), so a smoke run never shares, nor sets aside, a defined run."""
+    import hashlib
+    import json
+
+    changed = {k: str(v) for k, v in sorted(set_vars.items()) if str(exp.vars.get(k)) != str(v)}
+    if not changed:
+        return work
+    return work.with_name(f"{work.name}-set-{hashlib.sha256(json.dumps(changed).encode()).hexdigest()[:8]}")
 
 
 def _set_args(pairs: list[str] | None) -> dict:
@@ -157,13 +196,17 @@ def _run_family(args, matrix, given: dict, arms: list[str] | None = None) -> int
             raise PipelineError(missing_line(exp.cell_id(d, next(iter(exp.comparisons))), d, matrix.datasets[d])
                                 .replace(f"reproduce run {exp.cell_id(d, next(iter(exp.comparisons)))}",
                                          f"reproduce run --family {exp.family}"))
-    seeds = _seeds_arg(args.seeds)
-    arm_ids = arms or ([a.strip() for a in args.arms.split(",")] if args.arms else None)
+    seeds = _seeds_arg(args.seeds, list(exp.seeds))
+    arm_ids = arms or _arms_arg(args.arms)
+    set_vars = _set_args(args.set)
     worst = 0
     for d in datasets:
-        work = Path(args.work) / f"{exp.family}-{d}"
+        work = set_work_folder(Path(args.work) / f"{exp.family}-{d}", exp, set_vars)
         loc = resolve_data(f"{exp.family} on {d}", [d], matrix, given, work)[d]
-        run = ExperimentRun(exp, d, loc, work, seeds=seeds, arms=arm_ids, set_vars=_set_args(args.set))
+        run = ExperimentRun(exp, d, loc, work, seeds=seeds, arms=arm_ids, set_vars=set_vars)
+        if run.changed_vars:
+            run.say(f"vars changed ({', '.join(f'{k}={v}' for k, v in run.changed_vars.items())}): this run has a "
+                    f"work folder of its own, {work}, and is never recorded")
         if args.record and (run.changed_vars or args.on or arm_ids or seeds is not None):
             raise ConfigError("--record keeps a run of the experiment as it is defined: every arm and seed, no --set, "
                               "--arms, --seeds or --on")
@@ -222,7 +265,14 @@ def _keep_family_record(exp, d: str, r: dict, folder, work: Path, say) -> None:
     from ..reproduce.run import relative_record
     from ..reproduce.status import read_result
 
+    from ..effects.record import recordable
+
     out = results_dir(folder) / f"{exp.family}-{d}.json"
+    wrong = recordable(exp, r)
+    if wrong:
+        raise PipelineError(f"{work / 'result.json'}: not the experiment as the matrix defines it: "
+                            + "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+                            + "; nothing was recorded (run it as defined, or keep it local)")
     new = relative_record(r, {d: r.get("data") or "", "work": str(work.resolve())})
     earlier = read_result(out) if out.exists() else None
     if out.exists() and earlier is None:

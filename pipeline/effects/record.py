@@ -8,13 +8,21 @@ never grow: a lost work folder would take the paired test of every comparison wi
 
 `merge(exp, earlier, new)` is what recording does when the matrix already holds a record of the experiment on
 that dataset:
-- the runs are those of both, the new one's where both hold an arm and seed;
+- the runs are those of both; where both hold an arm and seed, the newer run (by its date) is kept, and said;
 - each comparison is computed from the merged runs, over the seeds whose runs on both sides keep their
-  per-query values; where the earlier record's row covers more seeds than that (its runs were recorded before
-  per-query values were kept), that row stays as recorded, marked `as_recorded` with its date and commit;
-- a run of an arm whose definition (its commands and model path, the experiment's prepare, vars, metric and
-  judgements: `definition_digest`) differs from the new result's is not the arm's any more: it is left out,
-  and said; an earlier record made with other vars is refused, never mixed.
+  per-query values; where the earlier record's row covers more seeds than that because its runs were recorded
+  before per-query values were kept (and its arms are defined as today), that row stays as recorded, marked
+  `as_recorded` with its date and commit;
+- a run, of either side, whose definition (its commands and model path, the experiment's prepare, vars, metric
+  and judgements: `definition_digest`, kept per run in its identity, effects/identity.py) differs from today's,
+  whose config files differ from today's, or that was made on other data than the new result's, is not the
+  arm's: it is left out, and said; an earlier record made with other vars, another metric or on other data
+  (its `data_fingerprint`) is refused, never mixed.
+
+`recordable(exp, result)` refuses a result that is not of the experiment as the matrix defines it (other vars,
+another metric, a run of another definition: a result made from an edited copy of the matrix).
+Every comparison row names the code versions its seeds were made by (`code_digests`, the page says so when
+there are several): the code is recorded beside a run's identity, not part of it.
 """
 
 from __future__ import annotations
@@ -33,10 +41,12 @@ UNREFRESHED = ("the trainer used no refreshed negatives version (its refresher r
                "negatives throughout), so the run is not {arm}")
 
 
-def definition_digest(exp: Experiment, arm: Arm) -> str:
+def definition_digest(exp: Experiment, arm: Arm, vars_: dict | None = None) -> str:
     """What makes a run one of this arm: its commands' templates and model path, and the experiment's prepare,
-    vars, metric and judgements (the checkout, work folder and data path are placeholders in them)."""
-    what = [exp.arm_commands(arm), arm.model_path, exp.prepare, exp.vars, exp.metric, exp.qrels, exp.train_qrels]
+    vars (`vars_`: those a run used, --set values included; the experiment's by default), metric and judgements
+    (the checkout, work folder and data path are placeholders in them)."""
+    what = [exp.arm_commands(arm), arm.model_path, exp.prepare, exp.vars if vars_ is None else vars_, exp.metric,
+            exp.qrels, exp.train_qrels]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -117,6 +127,8 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
             r = by_seed[s]
             entry = {**{p: r["scores"][p]["mean"] for p in PARTS}, "wall_seconds": r.get("wall_seconds"),
                      "date": r.get("date"), "code_digest": r.get("code_digest")}
+            if r.get("identity"):
+                entry["identity"] = r["identity"]
             if r.get("machine"):
                 entry["machine"] = r["machine"]
             if r.get("load"):
@@ -140,6 +152,10 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
                "source": c.source, "published_difference": c.published_difference,
                "cell": exp.cell_id(dataset, c.id)}
         if c.method in runs and c.baseline in runs:
+            codes = sorted({str(r["code_digest"]) for a in (c.method, c.baseline) for r in runs[a].values()
+                            if r.get("code_digest")})
+            if codes:  # the code versions its seeds were made by (several: the page says so)
+                row["code_digests"] = codes
             kept = {a: {s: r for s, r in runs[a].items() if _kept(r)} for a in (c.method, c.baseline)}
             parts = {part: effect({s: r["scores"][part]["per_query"] for s, r in kept[c.method].items()},
                                   {s: r["scores"][part]["per_query"] for s, r in kept[c.baseline].items()},
@@ -149,7 +165,8 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
             if arms[c.method].get("shared_seeds"):
                 row["shared_seeds"] = arms[c.method]["shared_seeds"]
             before = ((earlier or {}).get("comparisons") or {}).get(c.id) or {}
-            if (before.get("parts") or {}).get("all", {}).get("n_seeds", 0) > parts["all"]["n_seeds"]:
+            if (before.get("parts") or {}).get("all", {}).get("n_seeds", 0) > parts["all"]["n_seeds"] \
+                    and _stands_as_recorded(exp, earlier, c):
                 row.update({k: v for k, v in before.items() if k in ("parts", "verdict", "not_comparable")})
                 then = before.get("as_recorded") or {}  # a row already kept from a record before that one
                 row["as_recorded"] = {k: then.get(k) or earlier.get(k) for k in ("date", "commit", "machine")}
@@ -171,6 +188,19 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
     return {"queries": queries, "arms": arms, "comparisons": comparisons}
 
 
+def _stands_as_recorded(exp: Experiment, earlier: dict, c) -> bool:
+    """Whether an earlier record's row may stand for comparison `c`: both arms defined as today in that record,
+    and some run of them there kept no per-query values (the reason its row covers more seeds than the runs
+    can recompute). A redefined arm's row never comes back over its new runs'."""
+    arms = earlier.get("arms") or {}
+    for a in (c.method, c.baseline):
+        recorded = (arms.get(a) or {}).get("definition")
+        if recorded is not None and recorded != definition_digest(exp, exp.arms[a]):
+            return False
+    return any("per_query" not in v for a in (c.method, c.baseline)
+               for v in ((arms.get(a) or {}).get("seeds") or {}).values())
+
+
 # ---------------------------------------------------------------------- a record as runs, and merging
 
 
@@ -189,37 +219,112 @@ def runs_of(record: dict) -> dict:
             out.setdefault(a, {})[_seed_of(key)] = {
                 "scores": scores, "wall_seconds": v.get("wall_seconds"), "load": v.get("load"), "date": v.get("date"),
                 "code_digest": v.get("code_digest"), "machine": v.get("machine") or record.get("machine"),
-                "training": v.get("training"), "refreshed": v.get("refreshed_versions")}
+                "training": v.get("training"), "refreshed": v.get("refreshed_versions"),
+                "identity": v.get("identity"),
+                # the definition the run was made by: its identity's, else (recorded before runs kept one) the arm's
+                "definition": (v.get("identity") or {}).get("definition") or info.get("definition")}
+    return out
+
+
+def today_configs(exp: Experiment, arm: Arm) -> dict:
+    """The content digests of the checkout's files the arm's commands name, as they are now."""
+    from ..provenance import repo_root
+    from .identity import config_files
+    from .spec import RUN_PLACEHOLDERS, fill
+
+    repo = str(repo_root())
+    values = {**{k: f"/{k}" for k in RUN_PLACEHOLDERS}, **exp.vars, "repo": repo, "seed": 0}
+    return config_files([fill(c, values) for c in exp.arm_commands(arm)], repo)
+
+
+def _why_not(exp: Experiment, arm: Arm, run: dict, data: dict | None, configs: dict) -> str | None:
+    """Why a run is not one of the arm as defined today (None: it is): another definition, another content of a
+    config file its commands name, or other data than `data` (the result it is recorded into)."""
+    if run.get("definition") is not None and run["definition"] != definition_digest(exp, arm):
+        return "made with another definition of the arm"
+    identity = run.get("identity") or {}
+    if identity.get("configs") is not None and identity["configs"] != configs:
+        names = sorted(n for n in set(identity["configs"]) | set(configs)
+                       if identity["configs"].get(n) != configs.get(n))
+        return f"made with another version of {', '.join(names)}"
+    if data is not None and identity.get("data") is not None and identity["data"] != data:
+        return "made on other data (the corpus or judgements differ from this result's)"
+    return None
+
+
+def recordable(exp: Experiment, result: dict) -> list[str]:
+    """Why `result` is not the experiment as the matrix defines it ([] when it is): other vars than the matrix's
+    (a result made from an edited copy of the matrix, --set or not), another metric, or a run of another
+    definition of its arm."""
+    out = []
+    if {k: str(v) for k, v in (result.get("vars") or {}).items()} != {k: str(v) for k, v in exp.vars.items()}:
+        differ = sorted(k for k in set(result.get("vars") or {}) | set(exp.vars)
+                        if str((result.get("vars") or {}).get(k)) != str(exp.vars.get(k)))
+        out.append(f"its vars differ from the matrix's ({', '.join(differ)})")
+    if result.get("metric") is not None and result["metric"] != exp.metric:
+        out.append(f"its metric is {result['metric']}, the matrix's {exp.metric}")
+    for a, by_seed in runs_of(result).items():
+        if a not in exp.arms:
+            out.append(f"it holds runs of {a}, which is not an arm of the experiment")
+            continue
+        configs = today_configs(exp, exp.arms[a])
+        for seed, run in by_seed.items():
+            why = _why_not(exp, exp.arms[a], run, result.get("data_fingerprint"), configs)
+            if why:
+                out.append(f"{a} {'once' if seed is None else f'seed {seed}'} was {why}")
     return out
 
 
 def merge(exp: Experiment, earlier: dict, new: dict) -> tuple[dict, list[str]]:
     """The record holding `earlier`'s runs and `new`'s (see the module doc), and what a person should be told
-    (runs left out, rows kept as recorded)."""
+    (runs left out, runs replaced by newer ones, rows kept as recorded)."""
     if earlier.get("experiment") != new.get("experiment") or earlier.get("dataset") != new.get("dataset"):
         raise PipelineError("the recorded result is of another experiment or dataset")
     if {k: str(v) for k, v in (earlier.get("vars") or {}).items()} != \
             {k: str(v) for k, v in (new.get("vars") or {}).items()}:
         raise PipelineError(f"the recorded result was made with other vars ({earlier.get('vars')}) than this run "
                             f"({new.get('vars')}); runs of two definitions are never mixed in one record")
+    if earlier.get("metric") and new.get("metric") and earlier["metric"] != new["metric"]:
+        raise PipelineError(f"the recorded result scores {earlier['metric']}, this run {new['metric']}; runs scored "
+                            "on two metrics are never mixed in one record")
+    data = new.get("data_fingerprint")
+    if earlier.get("data_fingerprint") is not None and data is not None and earlier["data_fingerprint"] != data:
+        raise PipelineError("the recorded result was made on other data than this run (their data fingerprints, "
+                            "the corpus and judgements, differ); runs on two datasets are never mixed in one record")
     said = []
     old_runs, new_runs = runs_of(earlier), runs_of(new)
-    runs = {}
+    runs: dict = {}
+    newer_kept = replaced = 0
     for a in exp.arms:
-        digest = definition_digest(exp, exp.arms[a])
-        old_def = ((earlier.get("arms") or {}).get(a) or {}).get("definition")
-        if a in old_runs and old_def is not None and old_def != digest:
-            said.append(f"{a}: the recorded runs ({len(old_runs[a])}) were made with another definition of the "
-                        "arm; left out of the record")
-        elif a in old_runs:
-            runs[a] = dict(old_runs[a])
-        if a in new_runs:
-            runs.setdefault(a, {}).update(new_runs[a])
-    both = sum(1 for a in new_runs for s in new_runs[a] if s in old_runs.get(a, {}))
-    carried = sum(len(v) for a, v in runs.items()) - sum(len(v) for a, v in new_runs.items() if a in runs)
+        arm, configs = exp.arms[a], today_configs(exp, exp.arms[a])
+        kept = {}
+        for label, source in (("recorded", old_runs.get(a, {})), ("new", new_runs.get(a, {}))):
+            left = {}
+            for seed, run in source.items():
+                why = _why_not(exp, arm, run, data, configs)
+                if why:
+                    left.setdefault(why, []).append("once" if seed is None else str(seed))
+                    continue
+                if seed in kept:  # both hold it: the newer run stands
+                    if str(kept[seed].get("date") or "") > str(run.get("date") or ""):
+                        newer_kept += 1
+                        continue
+                    replaced += 1
+                kept[seed] = run
+            for why, seeds in left.items():
+                said.append(f"{a}: {len(seeds)} {label} run{'' if len(seeds) == 1 else 's'} (seed "
+                            f"{', '.join(seeds)}) {why}; left out of the record")
+        if kept:
+            runs[a] = kept
+    carried = sum(1 for a, v in runs.items() for s, r in v.items() if r is old_runs.get(a, {}).get(s))
     said.append(f"with the record made before: {carried} of its runs kept beside this result's "
-                f"{sum(len(v) for v in new_runs.values())}" + (f", {both} replaced by this result's" if both else ""))
+                f"{sum(len(v) for v in new_runs.values())}" + (f", {replaced} replaced by this result's newer runs"
+                                                               if replaced else "")
+                + (f", {newer_kept} of this result's runs older than the recorded ones, which stay" if newer_kept
+                   else ""))
     merged = {**new, **tables(exp, new["dataset"], runs, earlier=earlier)}
+    if data is None and earlier.get("data_fingerprint") is not None:
+        merged["data_fingerprint"] = earlier["data_fingerprint"]
     for cid, row in merged["comparisons"].items():
         if row.get("as_recorded"):
             n = row["parts"]["all"]["n_seeds"]

@@ -11,11 +11,18 @@ each finished run.
         result.json                       per arm and seed the figures and per-query values, per comparison the
                                           effect (record.py, stats.py)
 
-A run whose done.json records the same commands (the checkout they name may differ) is not run again (a killed
-experiment re-run goes on where it stopped: a killed training resumes from its checkpoint, encode from its
-shards; index and retrieve are redone). A run finished or started with other commands (the arm's definition
-changed) is set aside whole as `seed-<s>.replaced-<time>` (said, never removed: its figures are no longer the
-arm's) and the run is made again.
+A run whose done.json records the same commands (the checkout they name may differ) and the same identity
+(effects/identity.py: the arm's definition, the vars, the content of the config files its commands name, the
+data's fingerprint, the prepare's digest and the seed) is not run again (a killed experiment re-run goes on
+where it stopped: a killed training resumes from its checkpoint, encode from its shards; index and retrieve are
+redone). A run finished or started with other commands or another identity (the arm was redefined, a config file
+edited, the data or the prepare made again otherwise) is set aside whole as `seed-<s>.replaced-<time>` (said,
+with what differs; never removed: its figures are no longer the arm's) and the run is made again. A run's
+scores are computed again from its run.trec when the metric, the judgements or the labeled documents they were
+scored on are not today's.
+
+Every command runs as a child that dies with this process (Linux: PR_SET_PDEATHSIG) and holds the work
+folder's lock too, so a killed `reproduce run` leaves no training going on beside the next one.
 A folder of an earlier prepare that did not finish is this command's own and is made again; nothing that is
 not this command's is touched, and a work folder holding anything else is refused.
 """
@@ -33,7 +40,8 @@ from ..provenance import repo_root
 from .spec import Arm, Experiment, fill
 from .record import PARTS, UNREFRESHED, rounded, tables
 
-OWN_ENTRIES = {"prepare", "prepare.partial", "labeled-documents.txt", "arms", "result.json"}
+OWN_ENTRIES = {"prepare", "prepare.partial", "labeled-documents.txt", "labeled-documents.json", "arms",
+               "result.json"}
 
 
 class WorkFolder:
@@ -48,10 +56,13 @@ class WorkFolder:
         from ..io_utils import claim_work_folder
 
         self._lock = claim_work_folder(self.path, OWN_ENTRIES)
+        _HELD.append(self._lock)
         return self
 
     def close(self) -> None:
         if self._lock is not None:
+            if self._lock in _HELD:
+                _HELD.remove(self._lock)
             self._lock.close()
             self._lock = None
 
@@ -96,19 +107,35 @@ class LoadSampler:
                 "cpus": os.cpu_count(), "samples": len(self.samples)}
 
 
+CLI_MODULE = "pipeline.cli"  # what a step runs (`python -m CLI_MODULE ARGS`)
+# the work folder's lock while an experiment runs (WorkFolder): every step's child holds it too
+_HELD: list = []
+# the child sets PR_SET_PDEATHSIG (SIGTERM when this process dies, however it dies), checks that its parent is
+# still the one that started it (it may have died in between), then becomes the step's command
+_CHILD = ("import ctypes, os, signal, sys\n"
+          "try:\n    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+          "except (AttributeError, OSError):\n    pass\n"
+          "if os.getppid() != int(sys.argv[1]):\n    sys.exit(143)\n"
+          "os.execv(sys.executable, [sys.executable, '-m', sys.argv[2], *sys.argv[3:]])\n")
+
+
 def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str, float]:
     """Run `pipeline` commands one after another as subprocesses, each one's output in logs/<name>.log;
-    a failed command raises naming its log's last line."""
+    a failed command raises naming its log's last line. Each child dies with this process and holds the work
+    folder's lock (`_HELD`) while it lives."""
+    import os
+
     logs.mkdir(parents=True, exist_ok=True)
     seconds = {}
+    held = tuple(f.fileno() for f in _HELD)
     for name, argv in steps:
         t0 = time.time()
         log = logs / f"{name}.log"
         with open(log, "w", encoding="utf-8") as f:
             f.write("$ " + " ".join(argv) + "\n")
             f.flush()
-            rc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv[1:]], stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL).returncode
+            rc = subprocess.run([sys.executable, "-c", _CHILD, str(os.getpid()), CLI_MODULE, *argv[1:]], stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=held).returncode
         seconds[name] = round(time.time() - t0, 1)
         if rc != 0:
             lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
@@ -117,10 +144,14 @@ def _run_steps(steps: list[tuple[str, list[str]]], logs: Path, say) -> dict[str,
     return seconds
 
 
-def _done(folder: Path, commands: list[list[str]]) -> dict | None:
-    """The run's marker when it finished with these commands. The checkout they name (`{repo}`) may differ:
-    the same experiment run from another clone (or a worktree kept fixed for a long run) is the same run."""
-    return _marker(folder / "done.json", commands)
+def _done(folder: Path, commands: list[list[str]], identity: dict | None = None) -> dict | None:
+    """The run's marker when it finished with these commands (and, given `identity`, that identity: see
+    effects/identity.py). The checkout they name (`{repo}`) may differ: the same experiment run from another
+    clone (or a worktree kept fixed for a long run) is the same run."""
+    done = _marker(folder / "done.json", commands)
+    if done is None or identity is None:
+        return done
+    return done if (done.get("identity") or {}).get("digest") == identity["digest"] else None
 
 
 def _marker(path: Path, commands: list[list[str]]) -> dict | None:
@@ -138,13 +169,22 @@ def _marker(path: Path, commands: list[list[str]]) -> dict | None:
     return done if _in_repo_terms(commands, repo) == _in_repo_terms(theirs, their_repo) else None
 
 
-def _started_otherwise(folder: Path, commands: list[list[str]]) -> str | None:
-    """"finished" or "started" when the folder holds a run of other commands than these (its done.json, or the
-    started.json a run writes first), else None (nothing there, the same commands, or a folder with neither
-    marker: a killed run of the same commands resumes)."""
+def _started_otherwise(folder: Path, commands: list[list[str]], identity: dict | None = None) -> str | None:
+    """What the folder holds when it is a run of other commands than these, or (given `identity`) of another
+    identity ("finished earlier with other commands", "started earlier made with other data ..."; its
+    done.json, or the started.json a run writes first), else None (nothing there, the same run, or a folder
+    with neither marker: a killed run of the same commands resumes)."""
+    from .identity import describe_difference
+
     for name, said in (("done.json", "finished"), ("started.json", "started")):
         if (folder / name).exists():
-            return None if _marker(folder / name, commands) else said
+            marker = _marker(folder / name, commands)
+            if marker is None:
+                return f"{said} earlier with other commands (the arm's definition changed)"
+            then = marker.get("identity")
+            if identity is not None and (then or {}).get("digest") != identity["digest"]:
+                return f"{said} earlier, {describe_difference(then, identity)}"
+            return None
     return None
 
 
@@ -211,6 +251,9 @@ class ExperimentRun:
         self.changed_vars = {k: v for k, v in (set_vars or {}).items() if str(exp.vars[k]) != str(v)}
         self.print = print_fn
         self.base = {"repo": str(repo_root()), "data": data_path, "prep": str(work / "prepare"), **self.vars}
+        self.data_fp, self.prep_digest = None, None  # (fingerprint(), once the prepare is there)
+        self.left_out: list[str] = []
+        self.rescored = 0
 
     # ------------------------------------------------------------------ pieces
 
@@ -249,17 +292,32 @@ class ExperimentRun:
             if str(old) in text:
                 meta.write_text(text.replace(str(old), str(new)), encoding="utf-8")
 
+    def _labeled_key(self) -> dict:
+        """What the labeled documents are drawn from: the training judgements (their digest) and the vars that
+        pick the positives."""
+        from .identity import judgements_digest
+
+        return {"train_qrels": judgements_digest(self.root / "prepare" / self.exp.train_qrels),
+                "rel_level": int(self.vars.get("rel_level", 1)), "positives": int(self.vars.get("positives", 0)),
+                "positives_seed": int(self.vars.get("positives_seed", 0))}
+
     def labeled_documents(self) -> set[str]:
-        """The training pairs' positives, drawn as the trainer draws them (data.positives_per_query)."""
+        """The training pairs' positives, drawn as the trainer draws them (data.positives_per_query). Kept in
+        labeled-documents.txt with what they were drawn from (labeled-documents.json): drawn again when the
+        training judgements or the vars that pick them (positives, positives_seed, rel_level) are not those."""
         from ..data.readers import read_qrels
         from ..data.qrels_examples import pick_positives
+        from ..io_utils import write_json_atomic
 
-        path = self.root / "labeled-documents.txt"
-        if path.is_file():
+        path, key_file = self.root / "labeled-documents.txt", self.root / "labeled-documents.json"
+        key = self._labeled_key()
+        try:
+            kept_key = json.loads(key_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept_key = None
+        if path.is_file() and kept_key == key:
             return set(path.read_text(encoding="utf-8").split())
-        rel_level = int(self.vars.get("rel_level", 1))
-        per_query = int(self.vars.get("positives", 0))
-        seed = int(self.vars.get("positives_seed", 0))
+        rel_level, per_query, seed = key["rel_level"], key["positives"], key["positives_seed"]
         positives, grades = {}, {}
         for r in read_qrels(self.root / "prepare" / self.exp.train_qrels):
             if r["rel"] >= rel_level:
@@ -271,6 +329,7 @@ class ExperimentRun:
         from ..io_utils import write_text_atomic
 
         write_text_atomic(path, "".join(f"{d}\n" for d in sorted(docs)))
+        write_json_atomic(key_file, key)
         return docs
 
     def run_folder(self, arm: Arm, seed: int | None) -> Path:
@@ -281,6 +340,35 @@ class ExperimentRun:
         values["model_path"] = arm.model_path.format(**values)
         names = (["train"] if arm.train is not None else []) + [c[1] for c in self.exp.evaluate]
         return [(n, fill(c, values)) for n, c in zip(names, self.exp.arm_commands(arm))]
+
+    def scoring_key(self, labeled: set[str]) -> dict:
+        """What a run's scores were computed with: the metric, the judgements scored, the labeled documents."""
+        import hashlib
+
+        from .identity import judgements_digest
+
+        return {"metric": self.exp.metric, "qrels": judgements_digest(self.root / "prepare" / self.exp.qrels),
+                "labeled": hashlib.sha256("\n".join(sorted(labeled)).encode()).hexdigest()[:16]}
+
+    def scores_of(self, folder: Path, labeled: set[str]) -> dict | None:
+        """The run's scores as today's metric, judgements and labeled documents give them: its scores.json when
+        it was scored on those, else computed again from its run.trec (and kept); None when neither can be read."""
+        from ..io_utils import write_json_atomic
+
+        key = self.scoring_key(labeled)
+        try:
+            kept = json.loads((folder / "scores.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("scored_with") == key:
+            return kept
+        if not (folder / "run.trec").is_file():
+            return None
+        scores = {**self.score(folder, labeled), "scored_with": key}
+        write_json_atomic(folder / "scores.json", scores)
+        if isinstance(kept, dict):
+            self.rescored += 1
+        return scores
 
     def score(self, folder: Path, labeled: set[str]) -> dict:
         """Per-query values of the metric on the test judgements: all, labeled and unlabeled documents."""
@@ -309,6 +397,29 @@ class ExperimentRun:
         finally:
             self.work.close()
 
+    def fingerprint(self) -> None:
+        """The data's fingerprint and the prepare's digest (effects/identity.py), once the prepare is there."""
+        from .identity import data_fingerprint, prepare_digest
+
+        prep = self.root / "prepare"
+        self.data_fp = data_fingerprint(prep, self.exp.qrels, self.exp.train_qrels)
+        self.prep_digest = prepare_digest(self.exp.prepare, self.vars, self.data_fp, prep)
+
+    def identity(self, arm: Arm, seed: int | None, steps: list[tuple[str, list[str]]] | None = None) -> dict:
+        """The run's identity (effects/identity.py)."""
+        from .identity import config_files, run_identity
+        from .record import definition_digest
+
+        steps = steps if steps is not None else self.commands(arm, seed, self.run_folder(arm, seed))
+        return run_identity(definition_digest(self.exp, arm, self.vars), self.vars,
+                            config_files([c for _, c in steps], self.base["repo"]), self.data_fp, self.prep_digest,
+                            seed)
+
+    def _finished(self, arm: Arm, seed: int | None) -> dict | None:
+        folder = self.run_folder(arm, seed)
+        steps = self.commands(arm, seed, folder)
+        return _done(folder, [c for _, c in steps], self.identity(arm, seed, steps))
+
     def _plan(self) -> list[tuple[Arm, int | None]]:
         plan = []
         for a in self.arm_ids:
@@ -325,10 +436,10 @@ class ExperimentRun:
         self.code = code_digest()
         self.machine = machine()
         self.prepare()
+        self.fingerprint()
         labeled = self.labeled_documents()
         plan = self._plan()
-        todo = [(a, s) for a, s in plan if not _done(self.run_folder(a, s),
-                                                      [c for _, c in self.commands(a, s, self.run_folder(a, s))])]
+        todo = [(a, s) for a, s in plan if not self._finished(a, s)]
         self.say(f"{len(plan)} runs ({len(plan) - len(todo)} done before): arms {', '.join(self.arm_ids)}; seeds "
                  f"{', '.join(map(str, self.seeds))}; {len(labeled):,} labeled documents"
                  + (f"; vars changed: {self.changed_vars}" if self.changed_vars else ""))
@@ -337,14 +448,15 @@ class ExperimentRun:
             folder = self.run_folder(arm, seed)
             steps = self.commands(arm, seed, folder)
             what = f"{arm.id}" + ("" if seed is None else f" seed {seed}")
-            earlier = _started_otherwise(folder, [c for _, c in steps])
-            if earlier:  # finished or started with other commands: the arm is defined otherwise now
+            identity = self.identity(arm, seed, steps)
+            earlier = _started_otherwise(folder, [c for _, c in steps], identity)
+            if earlier:  # finished or started as another run: its figures are not this arm's now
                 kept = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
                 folder.rename(kept)
-                self.say(f"{what}: {earlier} earlier with other commands (the arm's definition changed): kept at "
-                         f"{kept}, run again")
+                self.say(f"{what}: {earlier}: kept at {kept}, run again")
             folder.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(folder / "started.json", {"commands": [c for _, c in steps], "repo": self.base["repo"]})
+            write_json_atomic(folder / "started.json", {"commands": [c for _, c in steps], "repo": self.base["repo"],
+                                                        "identity": identity})
             t0 = time.time()
             try:
                 with LoadSampler() as load:
@@ -353,11 +465,11 @@ class ExperimentRun:
                 self.failed.append(f"{what}: {e}")
                 self.say(f"{what}: FAILED: {e} [{i}/{len(todo)}]; the other runs go on, and a re-run tries it again")
                 continue
-            scores = self.score(folder, labeled)
+            scores = {**self.score(folder, labeled), "scored_with": self.scoring_key(labeled)}
             write_json_atomic(folder / "scores.json", scores)
             wall = round(time.time() - t0, 1)
             write_json_atomic(folder / "done.json", {"commands": [c for _, c in steps], "repo": self.base["repo"],
-                                                     "seconds": seconds,
+                                                     "identity": identity, "seconds": seconds,
                                                      "wall_seconds": wall, "load": load.summary(),
                                                      "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                      "code_digest": self.code, "machine": self.machine})
@@ -379,24 +491,35 @@ class ExperimentRun:
 
     # ------------------------------------------------------------------ the result
 
-    def collect(self) -> dict:
-        """{arm: {seed or None: {"scores": ..., "wall_seconds": ...}}} of every finished run."""
+    def collect(self, labeled: set[str] | None = None) -> dict:
+        """{arm: {seed or None: {"scores": ..., "wall_seconds": ...}}} of every finished run of today's identity,
+        scored with today's metric, judgements and labeled documents; a finished run of another identity is left
+        out and counted in `self.left_out` with what differs."""
+        from .identity import describe_difference
+
         out = {}
+        self.left_out = []
+        labeled = self.labeled_documents() if labeled is None else labeled
         for a in self.exp.arms.values():
             for seed in (self.exp.seeds if a.seeded else [None]):
                 folder = self.run_folder(a, seed)
-                done = _done(folder, [c for _, c in self.commands(a, seed, folder)])
+                steps = self.commands(a, seed, folder)
+                identity = self.identity(a, seed, steps)
+                done = _done(folder, [c for _, c in steps], identity)
                 if done is None:
+                    other = _done(folder, [c for _, c in steps])
+                    if other is not None:
+                        what = f"{a.id}" + ("" if seed is None else f" seed {seed}")
+                        self.left_out.append(f"{what}: {describe_difference(other.get('identity'), identity)}")
                     continue
-                try:
-                    scores = json.loads((folder / "scores.json").read_text(encoding="utf-8"))
-                except (OSError, ValueError):
+                scores = self.scores_of(folder, labeled)
+                if scores is None:
                     continue
                 summary = self._summary(a, seed, folder)  # read once: what it trained on, which versions
                 scores = {p: {"mean": scores[p]["mean"], "per_query": rounded(scores[p]["per_query"])}
                           for p in PARTS}  # as the record keeps them: its comparisons recompute to the same
                 out.setdefault(a.id, {})[seed] = {"scores": scores, "wall_seconds": done.get("wall_seconds"),
-                                                  "load": done.get("load"),
+                                                  "load": done.get("load"), "identity": identity,
                                                   "date": done.get("date"), "code_digest": done.get("code_digest"),
                                                   "machine": done.get("machine"),
                                                   "training": _training(summary), "refreshed": _refreshed(summary)}
@@ -420,7 +543,7 @@ class ExperimentRun:
         from ..models.checkpoint import library_versions
         from ..provenance import code_digest, commit, machine
 
-        runs = self.collect()
+        runs = self.collect(labeled)
         made = tables(self.exp, self.dataset, runs)
         # the experiment as defined (every arm, every seed it names): what the page and a record say of it;
         # this invocation's part (--arms, --seeds) is counted apart, so a run of two arms never reads as the whole
@@ -432,6 +555,8 @@ class ExperimentRun:
                 "metric": self.exp.metric, "seeds": list(self.exp.seeds), "seeds_run": self.seeds,
                 "arms_run": self.arm_ids, "vars": self.vars,
                 "changed_vars": self.changed_vars, "labeled_documents": len(labeled),
+                "data_fingerprint": self.data_fp, "prepare_digest": self.prep_digest,
+                "runs_left_out": list(self.left_out),
                 "complete": finished >= planned, "runs_finished": finished, "runs_planned": planned,
                 "this_invocation": {"runs_planned": len(mine), "runs_finished": mine_finished,
                                     "complete": mine_finished >= len(mine)},

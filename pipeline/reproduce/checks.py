@@ -30,7 +30,9 @@
 - every figure and tolerance is a finite number (the loader refuses the others);
 - an experiment's record (`results/<family>-<dataset>.json`) says what its runs say: every comparison row
   computed from runs that keep their per-query values is computed again from the record alone and must be
-  the same row (`check_records`); a row kept as recorded (its runs kept none) is left as it is.
+  the same row (`check_records`); a row kept as recorded (its runs kept none) is left as it is. And it is of
+  the experiment as defined now: every arm's recorded definition is today's, its vars and metric the
+  experiment's (an arm redefined without running it again makes its rows stale, and the check fails).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def check_records(matrix: Matrix, folder=None) -> list[str]:
     figure edited by hand, or a record written by code that computed otherwise)."""
     import json
 
-    from ..effects.record import runs_of, tables
+    from ..effects.record import definition_digest, runs_of, tables
     from .status import read_result, results_dir
 
     problems = []
@@ -118,6 +120,21 @@ def check_records(matrix: Matrix, folder=None) -> list[str]:
             r = read_result(path) if path.exists() else None
             if r is None:
                 continue
+            for a, info in (r.get("arms") or {}).items():
+                recorded = (info or {}).get("definition")
+                if a not in exp.arms:
+                    problems.append(f"{path.name}: holds runs of {a}, which is no longer an arm of the experiment; "
+                                    "record the experiment again (or remove the arm's runs)")
+                elif recorded is not None and recorded != definition_digest(exp, exp.arms[a]):
+                    problems.append(f"{path.name}: {a} is defined otherwise than when its runs were recorded (its "
+                                    "commands, model path, the prepare, vars, metric or judgements changed): its "
+                                    "rows are stale; run the arm again and record it")
+            if {k: str(v) for k, v in (r.get("vars") or {}).items()} != {k: str(v) for k, v in exp.vars.items()}:
+                problems.append(f"{path.name}: recorded with other vars ({r.get('vars')}) than the experiment "
+                                f"defines ({exp.vars}); run it again and record it")
+            if r.get("metric") and r["metric"] != exp.metric:
+                problems.append(f"{path.name}: scores {r['metric']}, the experiment {exp.metric}; run it again "
+                                "and record it")
             again = json.loads(json.dumps(tables(exp, d, runs_of(r), earlier=r)["comparisons"]))
             for cid, row in (r.get("comparisons") or {}).items():
                 if row.get("as_recorded") or cid not in again:

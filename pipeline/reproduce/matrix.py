@@ -97,6 +97,9 @@ class Cell:
     tolerance_evidence: dict = field(default_factory=dict)  # {kind, width, note}: where the tolerance comes from
     paired: bool = False        # the claim is checked as the difference to `baseline` (both cells run)
     published_difference: float | None = None  # a paired cell: the paper's method - baseline
+    # an effect cell: what its arms are today ({"arms": {arm: definition digest}, "vars", "metric"}): a record
+    # made by other definitions is stale (reproduce/status.effect_status)
+    defined_as: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
         return {"id": self.id, "title": self.title, "family": self.family, "data": list(self.data),
@@ -274,6 +277,7 @@ def load_matrix(folder: str | Path | None = None) -> Matrix:
 
 def _experiment_cells(raw: dict, fam: str, f: Path, datasets: dict, cells: dict):
     """An experiment's comparisons as cells, one per dataset: the figure is the difference to the baseline."""
+    from ..effects.record import definition_digest
     from ..effects.spec import load_experiment
 
     exp = load_experiment(raw, fam, str(f), datasets)
@@ -293,5 +297,7 @@ def _experiment_cells(raw: dict, fam: str, f: Path, datasets: dict, cells: dict)
                               "over queries, not from a tolerance",
                 source=c.source, hardware={"class": "2-core CPU", "wall": "see the experiment's result"},
                 model=exp.vars.get("model", ""), notes=c.claim, file=f.name, experiment=fam, comparison=c.id,
-                baseline=c.baseline)
+                baseline=c.baseline,
+                defined_as={"arms": {a.id: definition_digest(exp, a) for a in (method, base)},
+                            "vars": {k: str(v) for k, v in exp.vars.items()}, "metric": exp.metric})
     return exp

@@ -74,11 +74,32 @@ def effect_status(cell: Cell, work_root: Path | None = None, folder: str | Path 
         row = (r.get("comparisons") or {}).get(cell.comparison)
         if row and row.get("verdict") != "not run":
             then = row.get("as_recorded") or {}  # a row kept from an earlier record: its own date and commit
+            changed = effect_definition_changes(r, row, cell)
             found.append({**row, "date": then.get("date") or r.get("date"),
                           "machine": then.get("machine") or r.get("machine"),
                           "commit": then.get("commit") or r.get("commit"),
-                          "changed_vars": r.get("changed_vars"), "_where": where, "_definition": "current"})
+                          "changed_vars": r.get("changed_vars"), "_where": where,
+                          "_definition": "changed" if changed else "current", "_changes": changed})
     return max(found, key=lambda r: r.get("date", "")) if found else None
+
+
+def effect_definition_changes(record: dict, row: dict, cell: Cell) -> list[str]:
+    """What of an effect cell's definition today differs from what its record's row was made by: an arm of the
+    comparison redefined (its definition digest), the experiment's vars or its metric ([] when none)."""
+    want = cell.defined_as or {}
+    out = []
+    for role in ("method", "baseline"):
+        arm = row.get(role)
+        recorded = ((record.get("arms") or {}).get(arm) or {}).get("definition")
+        today = (want.get("arms") or {}).get(arm)
+        if recorded is not None and today is not None and recorded != today:
+            out.append(f"the {role} arm {arm} is defined otherwise now")
+    if want.get("vars") is not None and record.get("vars") is not None and \
+            {k: str(v) for k, v in record["vars"].items()} != want["vars"]:
+        out.append("the experiment's vars differ")
+    if want.get("metric") and record.get("metric") and record["metric"] != want["metric"]:
+        out.append(f"its metric was {record['metric']} (now {want['metric']})")
+    return out
 
 
 def judge(got: float, cell: Cell) -> tuple[bool, float | None]:
@@ -132,6 +153,8 @@ def status_word(status: dict | None, cell: Cell) -> str:
             return "fails with today's code"
         return "not run here" if not cell.runs_here else "never run"
     if cell.experiment:
+        if status.get("_definition") == "changed":
+            return "stale"
         return status.get("verdict", "not run")
     got = status.get("got")
     if status.get("error") or not isinstance(got, (int, float)):
@@ -169,6 +192,9 @@ def _status_text(status: dict | None, cell: Cell, relative: bool = True) -> str:
         n = d.get("n_seeds", 0)
         fig += f", {n} seed{'' if n == 1 else 's'}"
         changed = f", vars changed {status['changed_vars']}" if status.get("changed_vars") else ""
+        if what == "stale":
+            changed += (f" (recorded as {status.get('verdict')}; made by an earlier definition: "
+                        + "; ".join(status.get("_changes") or []) + ")")
         return what + fig + changed + where
     got = status.get("got")
     note = {"stale": ", made by an earlier definition of the cell", "recorded": ""}.get(what, "")

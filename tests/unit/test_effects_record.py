@@ -137,7 +137,7 @@ def test_runs_of_an_arm_defined_otherwise_are_left_out_and_other_vars_are_refuse
     merged, said = merge(exp, earlier, new)
     assert sorted(merged["arms"]["dar"]["seeds"]) == ["2", "3"] and sorted(merged["arms"]["dpr"]["seeds"]) == \
         ["0", "1", "2", "3"]
-    assert any("dar: the recorded runs (2) were made with another definition" in s for s in said)
+    assert any("dar: 2 recorded runs (seed 0, 1) made with another definition of the arm; left out" in s for s in said)
     other = copy.deepcopy(new)
     other["vars"] = {"model": "another"}
     with pytest.raises(PipelineError, match="other vars"):
