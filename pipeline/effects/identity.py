@@ -2,8 +2,9 @@
 computed once and kept in the run's markers (started.json, done.json) and in the record, and used by every
 reader (#60):
 
-    definition   the arm's definition digest (record.definition_digest: its commands' templates and model
-                 path, the experiment's prepare, vars, metric and judgements) with the vars the run used
+    definition   the arm's definition (record.run_definition: its commands' templates and model path, the
+                 experiment's prepare, vars and judgements) with the vars the run used; not the metric: a run
+                 is scored again for another metric from its run.trec, never trained again
     vars         the vars the run used (the experiment's, or --set values)
     configs      the content (sha256) of every file of the checkout its commands name
                  (`--config {repo}/jobs/configs/effects.yaml`): an edited config is another run

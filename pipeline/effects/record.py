@@ -50,6 +50,15 @@ def definition_digest(exp: Experiment, arm: Arm, vars_: dict | None = None) -> s
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def run_definition(exp: Experiment, arm: Arm, vars_: dict | None = None) -> str:
+    """What makes a run's training and ranking one of this arm's: `definition_digest` less the metric (a run
+    is scored again from its run.trec for another metric, never trained again: runner.scores_of). A run's
+    identity holds this; the record's arm-level `definition` is `definition_digest`."""
+    what = [exp.arm_commands(arm), arm.model_path, exp.prepare, exp.vars if vars_ is None else vars_,
+            exp.qrels, exp.train_qrels]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def shared(load: dict | None) -> bool:
     """Whether a run shared its machine: a mean load above the machine's cores by more than one runnable process
     (a run alone keeps about as many busy as it has cores). False when its load was not sampled."""
@@ -185,7 +194,24 @@ def tables(exp: Experiment, dataset: str, runs: dict, earlier: dict | None = Non
         else:
             row["verdict"] = "not run"
         comparisons[c.id] = row
+    _holm(comparisons)
     return {"queries": queries, "arms": arms, "comparisons": comparisons}
+
+
+def _holm(comparisons: dict) -> None:
+    """Holm over the dataset's comparisons, part by part (stats.adjust): the family is every row computed here
+    with a test (not those kept as recorded, not comparable, or not run); each row's verdict is then the
+    adjusted one."""
+    from .stats import adjust
+
+    family = {cid: row for cid, row in comparisons.items()
+              if row.get("parts") and not row.get("as_recorded") and not row.get("not_comparable")}
+    for part in PARTS:
+        adjust({cid: row["parts"][part] for cid, row in family.items() if part in row["parts"]})
+    for row in family.values():
+        row["verdict"] = row["parts"]["all"]["verdict"]
+        if row["parts"]["all"].get("verdict_raw") is not None:
+            row["verdict_raw"] = row["parts"]["all"]["verdict_raw"]
 
 
 def _stands_as_recorded(exp: Experiment, earlier: dict, c) -> bool:
@@ -221,8 +247,8 @@ def runs_of(record: dict) -> dict:
                 "code_digest": v.get("code_digest"), "machine": v.get("machine") or record.get("machine"),
                 "training": v.get("training"), "refreshed": v.get("refreshed_versions"),
                 "identity": v.get("identity"),
-                # the definition the run was made by: its identity's, else (recorded before runs kept one) the arm's
-                "definition": (v.get("identity") or {}).get("definition") or info.get("definition")}
+                # the arm's definition as recorded (the run's own is its identity's: `run_definition`)
+                "arm_definition": info.get("definition")}
     return out
 
 
@@ -240,9 +266,12 @@ def today_configs(exp: Experiment, arm: Arm) -> dict:
 def _why_not(exp: Experiment, arm: Arm, run: dict, data: dict | None, configs: dict) -> str | None:
     """Why a run is not one of the arm as defined today (None: it is): another definition, another content of a
     config file its commands name, or other data than `data` (the result it is recorded into)."""
-    if run.get("definition") is not None and run["definition"] != definition_digest(exp, arm):
-        return "made with another definition of the arm"
     identity = run.get("identity") or {}
+    if identity.get("definition") is not None:
+        if identity["definition"] != run_definition(exp, arm):
+            return "made with another definition of the arm"
+    elif run.get("arm_definition") is not None and run["arm_definition"] != definition_digest(exp, arm):
+        return "made with another definition of the arm"
     if identity.get("configs") is not None and identity["configs"] != configs:
         names = sorted(n for n in set(identity["configs"]) | set(configs)
                        if identity["configs"].get(n) != configs.get(n))

@@ -17,18 +17,34 @@ def _f(x, fmt="+.4f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _p(e: dict) -> str:
+    """The randomization test's p, then Holm's over the table (≈ marks a p within three Monte Carlo errors of
+    α: another draw of the flips could cross it)."""
+    p, adjusted = e.get("p_randomization"), e.get("p_holm")
+    near = "≈" if e.get("p_near_alpha") else ""
+    return f"{near}{_f(p, '.3f')}" + ("" if adjusted is None else f" / {_f(adjusted, '.3f')}")
+
+
+def _verdict(e: dict) -> str:
+    raw = e.get("verdict_raw")
+    return e["verdict"] + (f" (alone: {raw})" if raw is not None and raw != e["verdict"] else "")
+
+
 def _row(cid: str, row: dict, part: str) -> str | None:
     e = (row.get("parts") or {}).get(part)
     if not e or not e.get("n_seeds"):
         return None
-    iv = e.get("interval")
-    p = e.get("p_randomization")
     wall = row.get("wall_seconds_per_seed")
-    return (f"| {cid} | {row['method']} | {row['baseline']} | {_f(e['method_mean'], '.4f')} | "
-            f"{_f(e['baseline_mean'], '.4f')} | {_f(e['difference'])} ± {_f(e.get('sd'), '.4f')} | "
-            + (f"[{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "—") + f" | {_f(p, '.3f')} | {e['verdict']} | "
-            f"{e['n_seeds']} | {_f(e.get('mde'), '.4f')} | " + ("—" if wall is None else f"{wall / 60:.1f} min")
-            + (f" ({row['shared_seeds']} shared)" if row.get("shared_seeds") else "") + " |")
+    wall_text = ("—" if wall is None else f"{wall / 60:.1f} min") \
+        + (f" ({row['shared_seeds']} shared)" if row.get("shared_seeds") else "")
+    if "difference" not in e:  # no query of this part can be scored (the judgements name none of its documents)
+        return (f"| {cid} | {row['method']} | {row['baseline']} | — | — | — | — | — | no query can be scored on "
+                f"this part | {e['n_seeds']} | — | {wall_text} |")
+    iv = e.get("interval")
+    return (f"| {cid} | {row['method']} | {row['baseline']} | {_f(e.get('method_mean'), '.4f')} | "
+            f"{_f(e.get('baseline_mean'), '.4f')} | {_f(e.get('difference'))} ± {_f(e.get('sd'), '.4f')} | "
+            + (f"[{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else "—") + f" | {_p(e)} | {_verdict(e)} | "
+            f"{e['n_seeds']} | {_f(e.get('mde'), '.4f')} | {wall_text} |")
 
 
 def _wall(v: dict) -> str:
@@ -59,15 +75,32 @@ def markdown(result: dict, figure: str | None = None) -> list[str]:
            f"at commit {str(result.get('commit') or '?')[:10]}"
            + (f"; vars changed: {result['changed_vars']}" if result.get("changed_vars") else "") + ".", ""]
     head = ("| comparison | method | baseline | method mean | baseline mean | difference ± sd (seeds) | 95 % interval "
-            "| p (queries) | verdict | seeds | smallest detectable | wall per seed |")
+            "| p (queries) / Holm | verdict | seeds | smallest detectable | wall per seed |")
     sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for part in ("all", "labeled", "unlabeled"):
         rows = [r for r in (_row(cid, row, part) for cid, row in result["comparisons"].items()) if r]
         if not rows:
             continue
         out += [f"On {PART_NAMES[part]}:", "", head, sep, *rows, ""]
-    odd = [f"* **{cid} is not comparable**: {row['not_comparable']}; the difference is not the method's effect."
-           for cid, row in result["comparisons"].items() if row.get("not_comparable")]
+    tested = [e for row in result["comparisons"].values() for e in [(row.get("parts") or {}).get("all") or {}]
+              if e.get("family_size")]
+    odd = []
+    if tested:
+        resamples = tested[0].get("resamples", 10_000)
+        odd.append(f"* p is the paired randomization test over queries ({resamples:,} sign flips; its Monte Carlo "
+                   f"error √(p(1-p)/{resamples:,}) is at most {0.5 / resamples ** 0.5:.4f}; ≈ marks a p within three "
+                   "such errors of 0.05), then Holm's adjustment over the table's "
+                   f"{tested[0]['family_size']} tested comparisons (each part apart): the verdict is judged with "
+                   "Holm's p, so a table of methods that do nothing reads \"beyond noise\" anywhere at most 5 % of "
+                   "the time; where the row alone reads otherwise, its verdict says so (alone: ...).")
+    odd += [f"* **{cid} is not comparable**: {row['not_comparable']}; the difference is not the method's effect."
+            for cid, row in result["comparisons"].items() if row.get("not_comparable")]
+    odd += [f"* **{cid}**'s seeds were made by {len(row['code_digests'])} versions of the code "
+            f"({', '.join(row['code_digests'])}): a change to a loss between them would be in its difference."
+            for cid, row in result["comparisons"].items() if len(row.get("code_digests") or []) > 1]
+    if result.get("runs_left_out"):
+        odd.append(f"* {len(result['runs_left_out'])} finished run(s) left out (another identity): "
+                   + "; ".join(result["runs_left_out"][:5]) + ".")
     odd += [f"* **{cid}** is as recorded on {str(row['as_recorded'].get('date'))[:10]} (commit "
             f"{str(row['as_recorded'].get('commit') or '?')[:10]}): its runs were recorded before the record kept "
             "each query's value, so it cannot be computed again with the runs added since; its figures are "
@@ -102,7 +135,8 @@ def plotted(result: dict) -> list[tuple[str, dict]]:
     """The comparisons the figure shows: those with a seed run, less those not comparable (their difference is
     not the method's effect, and the table says why)."""
     return [(cid, row["parts"]["all"]) for cid, row in result["comparisons"].items()
-            if (row.get("parts") or {}).get("all", {}).get("n_seeds") and not row.get("not_comparable")]
+            if (row.get("parts") or {}).get("all", {}).get("n_seeds") and "per_seed" in row["parts"]["all"]
+            and not row.get("not_comparable")]
 
 
 OFF_SCALE = 8.0  # a row reaching this many times further from 0 than the median row is drawn at the edge

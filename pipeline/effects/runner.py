@@ -188,6 +188,17 @@ def _started_otherwise(folder: Path, commands: list[list[str]], identity: dict |
     return None
 
 
+def _aside_name(folder: Path) -> Path:
+    """A free name for a run set aside: `<seed>.replaced-<time>`, with -2, -3 ... when one was set aside in the
+    same second."""
+    base = f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    kept, n = folder.with_name(base), 1
+    while kept.exists():
+        n += 1
+        kept = folder.with_name(f"{base}-{n}")
+    return kept
+
+
 def _training(summary: dict | None) -> dict | None:
     """What a run trained on, from the trainer's summary: the examples, the steps, the global batch and the
     precision it computed in (`train.amp=auto` trains in bf16 on a CPU with native bf16, in fp32 elsewhere, so
@@ -408,10 +419,10 @@ class ExperimentRun:
     def identity(self, arm: Arm, seed: int | None, steps: list[tuple[str, list[str]]] | None = None) -> dict:
         """The run's identity (effects/identity.py)."""
         from .identity import config_files, run_identity
-        from .record import definition_digest
+        from .record import run_definition
 
         steps = steps if steps is not None else self.commands(arm, seed, self.run_folder(arm, seed))
-        return run_identity(definition_digest(self.exp, arm, self.vars), self.vars,
+        return run_identity(run_definition(self.exp, arm, self.vars), self.vars,
                             config_files([c for _, c in steps], self.base["repo"]), self.data_fp, self.prep_digest,
                             seed)
 
@@ -451,7 +462,7 @@ class ExperimentRun:
             identity = self.identity(arm, seed, steps)
             earlier = _started_otherwise(folder, [c for _, c in steps], identity)
             if earlier:  # finished or started as another run: its figures are not this arm's now
-                kept = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+                kept = _aside_name(folder)
                 folder.rename(kept)
                 self.say(f"{what}: {earlier}: kept at {kept}, run again")
             folder.mkdir(parents=True, exist_ok=True)

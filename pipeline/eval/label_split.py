@@ -103,7 +103,7 @@ def evaluate_parts(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, 
     for part, pq_ in split_judgements(qrels, labeled, rel_level).items():
         n_rel = sum(1 for judged in pq_.values() for r in judged.values() if r >= rel_level)
         pr = part_run(run, qrels, pq_, rel_level)
-        if not pq_ or not pr:
+        if not pq_ or not any(pr.values()):  # no judged query, or none the run ranks a document of this part for
             out[part] = {"metrics": {}, "judgements": n_rel, "queries": {"judged": len(pq_), "evaluated": 0}}
             continue
         res = evaluate_run(pr, pq_, cfg, measures, run_name=f"the run ({part} part)", qrels_name=f"the {part} part")

@@ -93,7 +93,7 @@ def locate_recorded_model(name_or_path: str, record: dict, what: str) -> str:
                           "would be searched against these vectors. Encode the corpus again with it, or name the "
                           "query model explicitly (retrieve --model PATH, Searcher(index, model=PATH))")
     raise ConfigError(f"{what}: the model it was encoded with ({record.get('name') or name_or_path}"
-                      + (f", digest {digest}" if digest else "") + f") is not on this machine (looked for "
+                      + (f", digest {digest}" if digest else "") + ") is not on this machine (looked for "
                       + ", ".join(tried) + "). Name it explicitly: retrieve --model PATH, "
                       "Searcher(index, model=PATH) or QueryEncoder(model=PATH)")
 

@@ -54,7 +54,7 @@ def render_report(matrix: Matrix, work_root: Path | None = None, folder: str | P
                     "", f"- figure: {cell.metric['name']} = {'—' if cell.expected is None else cell.expected} "
                     f"± {cell.tolerance:g} ({cell.tolerance_why})",
                     f"- source: {cell.source}",
-                    f"- data: " + ", ".join(f"`{d}` ({matrix.datasets[d]['layout']})" for d in cell.data),
+                    "- data: " + ", ".join(f"`{d}` ({matrix.datasets[d]['layout']})" for d in cell.data),
                     f"- hardware: {cell.hardware.get('class')}, {cell.hardware.get('wall')}"
                     + (" (measured)" if cell.hardware.get("wall_measured") else " (estimated)"),
                     f"- status: {_status_text(st, cell, relative=False)}"]

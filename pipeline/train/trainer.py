@@ -121,7 +121,6 @@ def _build_examples_in_child(job: TrainJobConfig, out: Path, progress: bool,
     """method.build_examples in a fresh Python process: its peak memory ends with it, before
     training starts. Output and progress lines go to this process's terminal; a PipelineError
     raised there is raised here. `meanwhile()` runs here while the child builds (e.g. Ray starts)."""
-    import os
     import pickle
     import subprocess
     import sys

@@ -138,16 +138,24 @@ def test_the_shipped_experiment_loads_with_every_arm_and_comparison():
     (["zero-shot", "dpr", "nope"], [0, 1], {}, False),        # an arm it does not define
     (["zero-shot", "dpr"], [0, 7], {}, False),                # a seed it does not define
     (["zero-shot", "dpr"], [0, 1], {"max_steps": 2}, False),  # its vars changed
+    (["zero-shot", "dpr"], [0, 1], None, False),              # made from an edited copy of the matrix (no --set)
 ])
 def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, changed, recorded, tmp_path,
                                                                    capsys):
     """`reproduce record --family`: a run of some of the defined arms and seeds with the defined vars is
-    recorded (as incomplete); other arms, seeds or vars never are, and nothing is written then."""
+    recorded (as incomplete); other arms, seeds or vars never are, and nothing is written then. A result made
+    from an edited copy of the matrix (its vars differ, no --set: changed_vars is empty) was recorded, and
+    `reproduce check` then passed."""
     import json
     import shutil
 
     from pipeline.cli import main
-    from pipeline.reproduce.matrix import matrix_dir
+    from pipeline.reproduce.matrix import load_matrix, matrix_dir
+
+    defined = load_matrix().experiments["effects"].vars
+    edited = changed is None
+    changed = changed or {}
+    vars_ = {**defined, **changed, **({"max_steps": 2, "model": "/tmp/tiny"} if edited else {})}
 
     folder = tmp_path / "repro"
     shutil.copytree(matrix_dir(), folder, ignore=shutil.ignore_patterns("results"))
@@ -155,7 +163,7 @@ def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, 
     work.mkdir(parents=True)
     result = {"experiment": "effects", "dataset": "nfcorpus", "arms_run": arms, "seeds": [0, 1, 2, 3, 4],
               "seeds_run": seeds, "changed_vars": changed, "complete": False, "runs_finished": 3, "runs_planned": 51,
-              "data": str(tmp_path / "nfcorpus"), "comparisons": {}}
+              "data": str(tmp_path / "nfcorpus"), "comparisons": {}, "vars": vars_, "metric": "nDCG@10"}
     (work / "result.json").write_text(json.dumps(result))
     rc = main(["reproduce", "record", "--family", "effects", "--on", "nfcorpus", "--matrix", str(folder),
                "--work", str(tmp_path / "work")])
@@ -163,6 +171,9 @@ def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, 
     written = folder / "results" / "effects-nfcorpus.json"
     if recorded:
         assert rc == 0 and "(incomplete)" in out.out and json.loads(written.read_text())["data"] == "{nfcorpus}"
+    elif edited:
+        assert rc == 2 and "not the experiment as the matrix defines it: its vars differ from the matrix's " \
+            "(max_steps, model)" in out.err and not written.exists()
     else:
         assert rc == 2 and "never recorded" in out.err and not written.exists()
 

@@ -16,7 +16,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.models.checkpoint import finalize_checkpoint
 from pipeline.train import runner_choice
 from pipeline.train.config import dump_job, load_train_config
-from pipeline.train.identity import check_identity, check_resume_early, loss_settings, run_identity
+from pipeline.train.identity import check_identity, check_resume_early, run_identity
 from pipeline.train.trainer import train
 
 
