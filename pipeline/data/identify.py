@@ -10,8 +10,13 @@ What can be counted, by layout:
   (queries.jsonl's records), `<split>_queries` (the distinct queries qrels/<split>.tsv judges),
   `judged_queries` (those of qrels/test.tsv) and `judgements` (the lines of qrels/test.tsv);
 - a single file: `passages`, `queries`, `questions`, `pairs` (its non-empty lines, less a header line when the
-  file is a CSV/TSV whose first line names columns), `judgements` (a qrels file's lines);
-- anything else (authorship records, models, an ir_datasets identifier): not counted here, said so.
+  file is a CSV/TSV whose first line names columns), `judgements` (a qrels file's lines), `questions_in_json`
+  (the records of a JSON array, DPR's retriever files: streamed, never loaded whole);
+- in a BEIR folder, also `<split>_judgements_sha256`: the digest of qrels/<split>.tsv's sorted (query, document,
+  grade) triples (effects/identity.judgements_digest: the same judgements in any order or layout), so a copy
+  whose counts agree but whose judgements were shuffled between queries is not taken for the dataset;
+- anything else (authorship records, models, an ir_datasets identifier): nothing to count. A key that no layout
+  counts is refused when the matrix loads (`countable`): a misspelt key would otherwise turn its check off.
 """
 
 from __future__ import annotations
@@ -64,6 +69,43 @@ def _qrels_lines(path: Path) -> int:
     return _lines(path) - (1 if _has_header(path) else 0)
 
 
+FOLDER_KEYS = {"passages", "queries", "judged_queries", "judgements"}
+FILE_KEYS = {"passages", "queries", "questions", "pairs", "judgements", "questions_in_json"}
+_SPLIT_DIGEST = re.compile(r"^([a-z0-9]+)_judgements_sha256$")
+
+
+def countable(key: str, layout: str) -> bool:
+    """Whether `count` counts `key` for a dataset of this layout (a BEIR folder when its layout says so, else a
+    single file)."""
+    if str(layout).startswith("a BEIR folder"):
+        return key in FOLDER_KEYS or bool(_SPLIT_QUERIES.match(key) or _SPLIT_DIGEST.match(key))
+    return key in FILE_KEYS
+
+
+def _json_records(path: Path) -> int:
+    """The records of the JSON array a file holds, streamed (DPR's training files are gigabytes)."""
+    import ijson
+
+    n = 0
+    with open(path, "rb") as f:
+        for prefix, event, _ in ijson.parse(f):
+            if prefix == "item" and event in ("start_map", "start_array", "string", "number", "boolean", "null"):
+                n += 1
+    return n
+
+
+def digest(path: str | Path, key: str) -> str | None:
+    """The judgements digest `key` (`<split>_judgements_sha256`) of the BEIR folder at `path`, or None."""
+    from ..effects.identity import judgements_digest
+
+    m = _SPLIT_DIGEST.match(key)
+    path = Path(path)
+    if not m or not path.is_dir():
+        return None
+    qrels = _qrels_tsv(path, m.group(1))
+    return judgements_digest(qrels) if qrels is not None else "missing"
+
+
 def count(path: str | Path, key: str) -> int | None:
     """The count `key` of the data at `path`, or None when this layout does not give it."""
     path = Path(path)
@@ -87,9 +129,14 @@ def count(path: str | Path, key: str) -> int | None:
         if qrels is None:
             return 0  # the split is missing: a mismatch, not "not counted"
         return _qrels_lines(qrels) if key == "judgements" else len(_qrels_queries(qrels))
-    if path.is_file() and key in ("passages", "queries", "questions", "pairs", "judgements"):
+    if path.is_file() and key in FILE_KEYS:
         if key == "judgements":
             return _qrels_lines(path)
+        if key == "questions_in_json":
+            try:
+                return _json_records(path)
+            except Exception:  # not a JSON array: a mismatch, said as a count of 0
+                return 0
         return _lines(path) - (1 if _has_header(path) else 0)
     return None
 
@@ -106,6 +153,13 @@ def check_identity(name: str, spec: dict, location: str) -> list[str]:
         return [f"dataset {name}: {location} is an ir_datasets identifier; its counts are not checked here"]
     wrong, unchecked = [], []
     for key, want in expected.items():
+        if _SPLIT_DIGEST.match(key):
+            got = digest(location, key)
+            if got is None:
+                unchecked.append(key)
+            elif got != want:
+                wrong.append(f"{key} {got} (expected {want}: other judgements than the dataset's)")
+            continue
         if not isinstance(want, int):
             unchecked.append(key)
             continue

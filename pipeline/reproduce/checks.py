@@ -26,7 +26,9 @@
   trained method cell whose tolerance has only `published_rounding` behind it: no single run can be expected
   inside that width, so only the difference to its baseline can carry the paper's claim;
 - a baseline measures what its method cell measures (the same metric name);
-- a tolerance may not let 0 pass when 0 is not the claim (a figure within its tolerance of 0);
+- a tolerance may not let 0 pass when 0 is not the claim (a figure within its tolerance of 0); for a paired
+  cell the claim is the difference, so neither may `published_difference` ± its tolerance (a method that
+  does nothing would pass);
 - every figure and tolerance is a finite number (the loader refuses the others);
 - an experiment's record (`results/<family>-<dataset>.json`) says what its runs say: every comparison row
   computed from runs that keep their per-query values is computed again from the record alone and must be
@@ -85,6 +87,12 @@ def check_rules(matrix: Matrix) -> list[str]:
                             "the baseline, published_difference) or an effect cell")
         if cell.expected != 0 and lo <= 0 <= hi:
             problems.append(f"{cell.id}: {cell.expected:g} ± {cell.tolerance:g} lets a figure of 0 pass")
+        if cell.paired and cell.published_difference:
+            d = float(cell.published_difference)
+            if d - cell.tolerance <= 0 <= d + cell.tolerance:
+                problems.append(f"{cell.id}: its claim is the difference {d:+g}, and {d:+g} ± {cell.tolerance:g} "
+                                "lets a difference of 0 (a method that does nothing) pass; narrow the tolerance "
+                                "below the published difference, or make it an effect cell (seeds)")
     return problems
 
 

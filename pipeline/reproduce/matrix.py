@@ -248,6 +248,7 @@ def load_matrix(folder: str | Path | None = None) -> Matrix:
                                   + (f"; unknown {', '.join(sorted(bad))}" if bad else ""))
             if name in datasets:
                 raise ConfigError(f"{f}: dataset {name} is described in {datasets[name]['file']} too")
+            _check_identify(f, name, spec)
             datasets[name] = {**spec, "family": fam, "file": f.name}
         docs.append((f, fam, doc))
     experiments = {}
@@ -273,6 +274,23 @@ def load_matrix(folder: str | Path | None = None) -> Matrix:
                 tolerance_evidence=dict(raw.get("tolerance_evidence") or {}), paired=bool(raw.get("paired", False)),
                 published_difference=raw.get("published_difference"))
     return Matrix(families, datasets, cells, experiments)
+
+
+def _check_identify(f: Path, name: str, spec: dict) -> None:
+    """Every `identify` key is one data/identify.py counts for the dataset's layout: a key it cannot count (a
+    misspelt one, a split statistic that is a cell's figure) would be reported and never checked."""
+    from ..data.identify import FILE_KEYS, FOLDER_KEYS, countable
+
+    identify = spec.get("identify") or {}
+    if not isinstance(identify, dict):
+        raise ConfigError(f"{f}: dataset {name}: identify is a mapping of counts")
+    bad = [k for k in identify if not countable(k, spec.get("layout", ""))]
+    if bad:
+        folder = str(spec.get("layout", "")).startswith("a BEIR folder")
+        known = (sorted(FOLDER_KEYS) + ["<split>_queries", "<split>_judgements_sha256"]) if folder else sorted(FILE_KEYS)
+        raise ConfigError(f"{f}: dataset {name}: identify {', '.join(bad)} cannot be counted for its layout "
+                          f"({'a BEIR folder' if folder else 'a single file'}: {', '.join(known)}); a key that is "
+                          "not counted is never checked")
 
 
 def _experiment_cells(raw: dict, fam: str, f: Path, datasets: dict, cells: dict):

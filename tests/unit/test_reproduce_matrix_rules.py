@@ -74,6 +74,10 @@ def test_a_method_cell_a_no_op_would_pass_fails_and_its_paired_form_passes(tmp_p
     problems = _problems(tmp_path, [base, method])
     assert len(problems) == 1 and problems[0].startswith("method: its baseline base's figure 0.4321 lies inside")
     paired = dict(method, paired=True, published_difference=0.0097)
+    (zero,) = _problems(tmp_path, [base, paired])  # its claim is the difference: +0.0097 ± 0.0115 lets 0 pass
+    assert zero.startswith("method: its claim is the difference +0.0097, and +0.0097 ± 0.0115 lets a difference "
+                           "of 0 (a method that does nothing) pass")
+    paired = dict(paired, tolerance=0.0096)
     assert _problems(tmp_path, [base, paired]) == []
     # narrowing with evidence is the other way out: the baseline then lies outside
     narrowed = _cell("method", 0.4418, 0.005, _ev("reproduction_gap", 0.005), baseline="base")
@@ -163,3 +167,58 @@ def test_the_shipped_matrix_carries_the_corrections_of_the_outside_read():
     # every family of the papers says what no cell reproduces, and why
     for fam in ("rcl", "authorship", "nq", "msmarco", "beir"):
         assert m.families[fam]["uncovered"], fam
+
+
+def test_an_identify_key_no_layout_counts_is_refused_when_the_matrix_loads(tmp_path):
+    """authorship `training_samples`/`authors` and the NQ JSON's `questions_in_json` were reported as not counted
+    and never checked, and a misspelt key turned its check off: the loader refuses a key the dataset's layout
+    does not count."""
+    def load(identify, layout="a BEIR folder"):
+        folder = tmp_path / "m"
+        folder.mkdir(exist_ok=True)
+        doc = {"family": "tiny", "title": "tiny", "datasets": {"d": {"layout": layout, "get": "x",
+                                                                    "identify": identify}},
+               "cells": [_cell("c", 0.5, 0.001, _ev("resolution", 0.01))]}
+        doc["cells"][0]["data"] = ["d"]
+        (folder / "tiny.yaml").write_text(yaml.safe_dump(doc))
+        return load_matrix(folder)
+
+    load({"passages": 5, "test_queries": 3, "test_judgements_sha256": "ab12"})
+    load({"questions_in_json": 4}, layout="DPR's retriever training file")
+    for identify, layout in [({"pasages": 5}, "a BEIR folder"), ({"training_samples": 9}, "authorship records"),
+                             ({"judged_queries": 43}, "TREC DL 2019 queries (qid<TAB>text)")]:
+        with pytest.raises(ConfigError, match=f"identify {next(iter(identify))} cannot be counted for its layout"):
+            load(identify, layout)
+
+
+def test_judgements_shuffled_between_queries_are_not_the_dataset(tmp_path):
+    """The data check compared counts only: NFCorpus with its test judgements shuffled passed as NFCorpus. The
+    judgements' digest (sorted triples: any order or layout of the same judgements is the same) tells them apart."""
+    from pipeline.data.identify import check_identity
+    from pipeline.effects.identity import judgements_digest
+    from pipeline.errors import PipelineError
+
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b"}\n')
+    lines = ["query-id\tcorpus-id\tscore", "q1\td1\t1", "q2\td2\t1"]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    want = judgements_digest(folder / "qrels" / "test.tsv")
+    spec = {"layout": "a BEIR folder", "identify": {"passages": 2, "test_queries": 2, "test_judgements_sha256": want}}
+    assert check_identity("d", spec, str(folder)) == []
+    (folder / "qrels" / "test.tsv").write_text("\n".join([lines[0], lines[2], lines[1]]) + "\n")  # reordered: same
+    assert check_identity("d", spec, str(folder)) == []
+    (folder / "qrels" / "test.tsv").write_text("\n".join([lines[0], "q1\td2\t1", "q2\td1\t1"]) + "\n")
+    with pytest.raises(PipelineError, match="test_judgements_sha256 .* other judgements than the dataset's"):
+        check_identity("d", spec, str(folder))
+
+
+def test_questions_in_a_dpr_json_are_counted_streaming(tmp_path):
+    from pipeline.data.identify import count
+
+    path = tmp_path / "biencoder.json"
+    path.write_text('[{"question": "a", "positive_ctxs": [{"text": "x"}], "negative_ctxs": []},'
+                    ' {"question": "b", "positive_ctxs": [], "hard_negative_ctxs": [{"text": "y"}, {"text": "z"}]}]')
+    assert count(path, "questions_in_json") == 2
+    path.write_text("not json")
+    assert count(path, "questions_in_json") == 0
