@@ -42,16 +42,27 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
+_DIGESTS: dict = {}  # (path, size, mtime) -> digest: a result is written after every run, each run's key read
+
+
 def judgements_digest(path: Path) -> str | None:
     """The judgements' digest: their sorted (qid, docid, grade) triples, whatever the file's layout and order
     (None where the file cannot be read)."""
     from ..data.readers import read_qrels
 
     try:
+        st = Path(path).stat()
+        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    try:
         triples = sorted(f"{r['qid']}\t{r['docid']}\t{int(r['rel'])}" for r in read_qrels(path))
     except Exception:  # (an unreadable file: its runs cannot be vouched for; the caller says unknown)
         return None
-    return hashlib.sha256("\n".join(triples).encode()).hexdigest()[:16]
+    _DIGESTS[key] = hashlib.sha256("\n".join(triples).encode()).hexdigest()[:16]
+    return _DIGESTS[key]
 
 
 def data_fingerprint(prep: Path, qrels: str, train_qrels: str) -> dict:

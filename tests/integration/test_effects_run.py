@@ -40,7 +40,10 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
             "--set", f"model={tiny_model_dir}", "--work", str(work)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    root = work / "effects-python_faq"
+    # a run with --set values has a work folder of its own: it never shares (nor sets aside) a defined run
+    assert not (work / "effects-python_faq").exists()
+    (root,) = work.glob("effects-python_faq-set-*")
+    assert f"this run has a work folder of its own, {root}" in out
     result = json.loads((root / "result.json").read_text())
     # this command's part finished; the experiment as defined (every arm, five seeds) did not, and says so
     assert result["this_invocation"] == {"runs_planned": 7, "runs_finished": 7, "complete": True}
@@ -78,7 +81,7 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     # a run with other vars, arms or seeds than the experiment defines is never recorded into the matrix
     assert main(["reproduce", "record", "--matrix", args[3], "--family", "effects", "--on", "python_faq",
                  "--work", str(work)]) == 2
-    assert "never recorded" in capsys.readouterr().err
+    assert "no result of effects on python_faq to record" in capsys.readouterr().err
     # the work folder is this command's: a user's file in it is refused, never deleted
     (root / "notes.txt").write_text("mine")
     assert main(args) == 2
