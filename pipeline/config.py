@@ -212,9 +212,16 @@ class IndexConfig(Section):
     nprobe: NonNegInt = 0
     ef_search: NonNegInt = 0
     use_gpu: Literal["auto", "yes", "no"] = "auto"
-    # Refuse to build when the estimate exceeds this share of available RAM.
+    # Refuse to build when the estimate exceeds this share of available RAM (for an index of several parts: any
+    # one part's estimate).
     max_ram_fraction: PosFloat = 0.8
     add_batch_size: PosInt = 65_536
+    # An index of several parts (index/sharded.py), each over a contiguous run of embedding shards, searched part
+    # by part and merged into the one answer (Flat: the one-part run exactly). shards: N parts; 1 = one part
+    # always; 0 = one part unless it would not fit this machine's memory (then as few as fit, said in one line).
+    # shard_max_gb: parts of at most this many GB of vectors (0 = not asked). IVF/PQ parts share one quantizer.
+    shards: NonNegInt = 0
+    shard_max_gb: NonNegFloat = 0.0
 
     SECTION = "index"
 
@@ -224,6 +231,10 @@ class RetrieveConfig(Section):
     top_k: PosInt = 100
     batch_size: PosInt = 128
     run_tag: str = "pipeline"
+    # An index of several parts: local = one part loaded at a time, every batch of queries searched in it (the
+    # memory of one part); ray = each part held by a search actor of its own, placed where its memory is free
+    # (loaded once for every batch). One result either way.
+    runner: Literal["local", "ray"] = "local"
 
     SECTION = "retrieve"
 

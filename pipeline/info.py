@@ -140,11 +140,24 @@ def _index(d: Path) -> dict | None:
         return None
     model = meta.get("model") or {}
     faiss_file = d / "index.faiss"
+    parts = meta.get("parts") or []
+    if parts:
+        from .index.sharded import part_problem
+
+        sizes = [(d / p["name"] / "index.faiss") for p in parts]
+        bad = [f"{p['name']} {part_problem(d / p['name'], p, meta)}" for p in parts
+               if part_problem(d / p["name"], p, meta)]
+        lo, hi = min(p["rows"] for p in parts), max(p["rows"] for p in parts)
+        held = (f", {len(parts)} parts of {_n(lo) if lo == hi else f'{_n(lo)}-{_n(hi)}'} "
+                f"vectors ({sum(f.stat().st_size for f in sizes if f.exists()) / 1e6:,.1f} MB in all"
+                + (", one quantizer shared" if meta.get("shared_quantizer") else "") + ")"
+                + (f"; BROKEN: {'; '.join(bad)}" if bad else ""))
+    else:
+        held = (f", index.faiss {faiss_file.stat().st_size / 1e6:,.1f} MB" if faiss_file.exists() else
+                ", index.faiss MISSING")
     fields = {
         "type": f"{meta.get('factory')} ({meta.get('metric')})",
-        "vectors": f"{_n(meta.get('ntotal'))} x dim {meta.get('dim')}"
-                   + (f", index.faiss {faiss_file.stat().st_size / 1e6:,.1f} MB" if faiss_file.exists() else
-                      ", index.faiss MISSING"),
+        "vectors": f"{_n(meta.get('ntotal'))} x dim {meta.get('dim')}" + held,
         "model": _model_line(model),
         "corpus": f"{meta.get('corpus')} ({meta.get('variant')}, fingerprint {meta.get('corpus_fingerprint')})",
         "documents encoded in": f"{meta.get('precision_resolved') or meta.get('precision') or 'fp32'}"

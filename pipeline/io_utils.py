@@ -250,7 +250,8 @@ def register_output_kind(kind: OutputKind) -> None:
 
 
 register_output_kind(OutputKind("index", True, "a FAISS index (pipeline index)", marker="index.json",
-                                allowed=("index.faiss", "pids.txt", "index", "docid")))
+                                allowed=("index.faiss", "pids.txt", "index", "docid", "part-[0-9][0-9][0-9]",
+                                         "trained.faiss")))
 register_output_kind(OutputKind("run", False, "a TREC run (pipeline retrieve)", is_own=_is_own_run,
                                 companions=(".meta.json",)))
 register_output_kind(OutputKind("metrics", False, "a metrics JSON (pipeline evaluate)", is_own=_is_own_metrics))

@@ -70,10 +70,12 @@ def open_index(index_dir: str | Path, cfg: IndexConfig | None = None):
     a storage URI (s3://...) of our index is fetched to a local copy first."""
     from .index.faiss_index import local_index_dir
 
+    from .index.faiss_index import load_index
+
     folder = local_index_dir(index_dir)
     if not (folder / META_FILE).exists() and (folder / PYSERINI_INDEX).is_file() and (folder / PYSERINI_DOCID).is_file():
         return _PyseriniIndex(folder, cfg)
-    return LoadedIndex(folder, cfg)
+    return load_index(folder, cfg)  # one part, or several (their parts kept loaded once searched)
 
 
 def index_meta(index_dir: str | Path) -> dict:
@@ -222,6 +224,11 @@ def export_pyserini(index_dir: str | Path, out_dir: str | Path | None = None, ov
     hard-linked when possible) and `docid` (one id per line, row order), plus `pipeline_export.json`
     (where it came from, the index metadata). `out_dir=None` (or the index folder itself) adds
     `index` and `docid` beside our files, so one folder opens in both tools. Returns the folder."""
+    from .index.sharded import is_sharded
+
+    if is_sharded(Path(index_dir)):
+        raise ConfigError(f"{index_dir}: an index of several parts; pyserini's FaissSearcher reads one: merge it first "
+                          "(pipeline index --merge INDEX --out ONE), then export that")
     src = Path(index_dir)
     meta_path = src / META_FILE
     if not meta_path.is_file():

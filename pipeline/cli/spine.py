@@ -28,6 +28,16 @@ def cmd_encode(args) -> None:
 
 
 def cmd_index(args) -> None:
+    if args.merge:  # a several-part index into one part
+        if args.embeddings or args.factory or args.pyserini:
+            raise ConfigError("--merge takes an index of several parts and --out; --embeddings, --factory and "
+                              "--pyserini are for building one")
+        from ..index.sharded import merge_index
+
+        merge_index(args.merge, args.out)
+        return
+    if not args.embeddings:
+        raise ConfigError("pipeline index needs --embeddings (or --merge INDEX, to merge an index of several parts)")
     extra = [f"index.factory={args.factory}"] if args.factory else []
     if args.device:  # FAISS's own GPU check (index.use_gpu=yes without a FAISS GPU is an error naming the fix)
         extra.append("index.use_gpu=" + {"cpu": "no", "cuda": "yes", "auto": "auto"}[args.device])
@@ -119,8 +129,10 @@ def add_parsers(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_encode)
 
-    p = sub.add_parser("index", help="embedding shards -> FAISS index")
-    p.add_argument("--embeddings", required=True, help="an embeddings folder or URI (pipeline encode --out)")
+    p = sub.add_parser("index", help="embedding shards -> FAISS index (of one part, or several: index.shards)")
+    p.add_argument("--embeddings", help="an embeddings folder or URI (pipeline encode --out)")
+    p.add_argument("--merge", metavar="INDEX", help="merge an index of several parts into one at --out (where this "
+                                                    "machine has the memory for the whole)")
     p.add_argument("--out", required=True, help="index folder or URI to write")
     p.add_argument("--factory", help="FAISS factory string (= index.factory), default Flat")
     p.add_argument("--overwrite", action="store_true", help="replace an index this tool wrote at --out")

@@ -13,7 +13,7 @@ What can be counted, by layout:
   file is a CSV/TSV whose first line names columns), `judgements` (a qrels file's lines), `questions_in_json`
   (the records of a JSON array, DPR's retriever files: streamed, never loaded whole);
 - in a BEIR folder, also `<split>_judgements_sha256`: the digest of qrels/<split>.tsv's sorted (query, document,
-  grade) triples (effects/identity.judgements_digest: the same judgements in any order or layout), so a copy
+  grade) triples (`judgements_digest`: the same judgements in any order or layout), so a copy
   whose counts agree but whose judgements were shuffled between queries is not taken for the dataset;
 - anything else (authorship records, models, an ir_datasets identifier): nothing to count. A key that no layout
   counts is refused when the matrix loads (`countable`): a misspelt key would otherwise turn its check off.
@@ -21,6 +21,7 @@ What can be counted, by layout:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -94,10 +95,31 @@ def _json_records(path: Path) -> int:
     return n
 
 
+_DIGESTS: dict = {}  # (path, size, mtime) -> digest: a result is written after every run, each run's key read
+
+
+def judgements_digest(path: Path) -> str | None:
+    """The judgements' digest: their sorted (qid, docid, grade) triples, whatever the file's layout and order
+    (None where the file cannot be read)."""
+    from .readers import read_qrels
+
+    try:
+        st = Path(path).stat()
+        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    try:
+        triples = sorted(f"{r['qid']}\t{r['docid']}\t{int(r['rel'])}" for r in read_qrels(path))
+    except Exception:  # (an unreadable file: its runs cannot be vouched for; the caller says unknown)
+        return None
+    _DIGESTS[key] = hashlib.sha256("\n".join(triples).encode()).hexdigest()[:16]
+    return _DIGESTS[key]
+
+
 def digest(path: str | Path, key: str) -> str | None:
     """The judgements digest `key` (`<split>_judgements_sha256`) of the BEIR folder at `path`, or None."""
-    from ..effects.identity import judgements_digest
-
     m = _SPLIT_DIGEST.match(key)
     path = Path(path)
     if not m or not path.is_dir():

@@ -26,6 +26,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..data.identify import judgements_digest  # noqa: F401 (the judgements' digest, a data-layer fact)
+
 IDENTITY_KEYS = ("definition", "vars", "configs", "data", "prepare", "seed")
 
 
@@ -40,29 +42,6 @@ def file_sha256(path: Path) -> str | None:
         return sha256_file(path)[:16]
     except OSError:
         return None
-
-
-_DIGESTS: dict = {}  # (path, size, mtime) -> digest: a result is written after every run, each run's key read
-
-
-def judgements_digest(path: Path) -> str | None:
-    """The judgements' digest: their sorted (qid, docid, grade) triples, whatever the file's layout and order
-    (None where the file cannot be read)."""
-    from ..data.readers import read_qrels
-
-    try:
-        st = Path(path).stat()
-        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    except OSError:
-        return None
-    if key in _DIGESTS:
-        return _DIGESTS[key]
-    try:
-        triples = sorted(f"{r['qid']}\t{r['docid']}\t{int(r['rel'])}" for r in read_qrels(path))
-    except Exception:  # (an unreadable file: its runs cannot be vouched for; the caller says unknown)
-        return None
-    _DIGESTS[key] = hashlib.sha256("\n".join(triples).encode()).hexdigest()[:16]
-    return _DIGESTS[key]
 
 
 def data_fingerprint(prep: Path, qrels: str, train_qrels: str) -> dict:

@@ -187,7 +187,11 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     if isinstance(out_loc, RemotePath):
         return _build_index_remote(emb_dir, out_loc, cfg, progress, overwrite)
     emb_dir, out_dir = location(emb_dir), Path(out_dir)  # embeddings: a local path or a storage URI
-    rerun = is_rerun(out_dir, "index", overwrite)
+    from .sharded import PLAN_FILE
+
+    # a killed build of several parts (its plan, no index.json): this command's own, resumed
+    resuming = (out_dir / PLAN_FILE).is_file() and not (out_dir / META_FILE).exists()
+    rerun = False if resuming else is_rerun(out_dir, "index", overwrite)
     if rerun:
         _same_request(out_dir, emb_dir, cfg)  # another request: refused before any work
     meta = _load_embeddings_meta(emb_dir)
@@ -235,6 +239,10 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     if progress:
         print(f"[index] {cfg.factory} over {n_total:,} x {dim}: ~{per_vec:,.0f} B/vector, "
               f"estimated {need / 2**30:.2f} GiB (available {avail / 2**30:.1f} GiB)", flush=True)
+    fits = cfg.max_ram_fraction * avail
+    if resuming or cfg.shards > 1 or cfg.shard_max_gb > 0 or (cfg.shards == 0 and need > fits):
+        return _build_in_parts(emb_dir, out_dir, cfg, meta, index, per_vec, base, fits, rerun, overwrite, progress,
+                               say_done, t0, None if sample is None else len(sample))
     if need > cfg.max_ram_fraction * avail:
         alt, alt_bytes = compressed_factory(n_total, dim)
         raise ResourceError(f"index {cfg.factory} over {n_total:,} x {dim} needs ~{need / 2**30:.2f} GiB, more than "
@@ -266,6 +274,40 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     if progress and say_done:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
               f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
+    return info
+
+
+def _build_in_parts(emb_dir, out_dir: Path, cfg: IndexConfig, meta: dict, trained, per_vec: float, base: int,
+                    fits: float, rerun: bool, overwrite: bool, progress: bool, say_done: bool, t0: float,
+                    sample_rows: int | None) -> dict:
+    """An index of several parts (index/sharded.py): planned, each part checked against the memory it may take,
+    then built (resumed when a killed build of the same plan is there)."""
+    from .sharded import _part_fits, build_sharded, part_problem, plan_parts
+
+    shards = [(name, rows) for name, rows, _ in shard_shapes(emb_dir)]
+    parts, why = plan_parts(shards, per_vec, base, cfg.shards, cfg.shard_max_gb, fits)
+    for part in parts:
+        _part_fits(part, fits, f"index {cfg.factory} over {int(meta['rows']):,} vectors")
+    if rerun:  # a complete index of the same request is there (checked by _same_request): kept when it is this one
+        old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
+        same = [{k: p[k] for k in ("name", "offset", "rows", "shards")} for p in old.get("parts") or []] == \
+            [{k: p[k] for k in ("name", "offset", "rows", "shards")} for p in parts]
+        if same and all(part_problem(out_dir / p["name"], p, old) is None for p in parts):
+            if progress:
+                print(f"[index] unchanged: {out_dir} already holds this index ({old['ntotal']:,} vectors in "
+                      f"{len(parts)} parts, {cfg.factory}); nothing was written", flush=True)
+            return old
+        refuse_different(out_dir, "index", "other parts: the embeddings or the plan changed since")
+    if (out_dir / META_FILE).exists():  # --overwrite of a complete index: the new one is built beside it
+        with atomic_path(out_dir) as tmp:
+            info = build_sharded(emb_dir, tmp, cfg, meta, trained, per_vec, base, parts, why, progress, t0,
+                                 sample_rows)
+    else:
+        info = build_sharded(emb_dir, out_dir, cfg, meta, trained, per_vec, base, parts, why, progress, t0,
+                             sample_rows)
+    if progress and say_done:
+        print(f"[index] done: {info['ntotal']:,} vectors in {len(parts)} parts, {cfg.factory} ({cfg.metric}), "
+              f"CPU build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
     return info
 
 
@@ -483,6 +525,17 @@ def _faiss_reason(e: Exception) -> str:
     return text or type(e).__name__
 
 
+def load_index(index_dir, cfg: IndexConfig | None = None, resident: bool = True):
+    """The index at `index_dir`, one part (LoadedIndex) or several (sharded.ShardedIndex: `resident` keeps its
+    parts loaded once used; without it one part is loaded at a time). Both search alike."""
+    from .sharded import ShardedIndex, is_sharded
+
+    folder = local_index_dir(index_dir)
+    if is_sharded(folder):
+        return ShardedIndex(folder, cfg, resident=resident)
+    return LoadedIndex(folder, cfg)
+
+
 class LoadedIndex:
     """A FAISS index with its pid list and metadata, ready to search."""
 
@@ -537,5 +590,8 @@ class LoadedIndex:
                 pass  # index type without a GPU version: search on CPU
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(Q, D) float32 -> scores (Q, k), row ids (Q, k); -1 where fewer than k exist."""
-        return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        """(Q, D) float32 -> scores (Q, k), row ids (Q, k); -1 where fewer than k exist. Equal scores in corpus
+        order (the lower row first), the rule a several-part index's merge follows (index/sharded.order)."""
+        from .sharded import search_ordered
+
+        return search_ordered(self.index, queries, k, self.meta.get("metric", "ip"))

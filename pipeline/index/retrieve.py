@@ -6,6 +6,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from ..config import ModelConfig, PipelineConfig
 from ..data.readers import load_queries
 from ..errors import ConfigError, InputError, NonFiniteError, PipelineError
@@ -51,6 +53,24 @@ def check_query_vectors(vectors, names) -> None:
                              "(the query model is broken?); nothing was written")
 
 
+def open_for_retrieve(index_dir, cfg: PipelineConfig):
+    """The index as `retrieve.runner` searches it: one part as always; several parts one at a time (local: the
+    memory of one part) or held by search actors on Ray (ray); the memory each will take checked first."""
+    from .faiss_index import load_index
+    from .sharded import ShardedIndex, check_search_memory
+
+    runner = getattr(cfg.retrieve, "runner", "local")
+    index = load_index(index_dir, cfg.index, resident=False)
+    if not isinstance(index, ShardedIndex):
+        return index
+    if runner == "ray":
+        from .search_actors import RaySearch
+
+        return RaySearch(index, cfg)
+    check_search_memory(index, f"retrieve from {index_dir}", cfg.index.max_ram_fraction)
+    return index
+
+
 def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Path, cfg: PipelineConfig,
              queries_format: str = "auto", model_cfg: ModelConfig | None = None, model=None,
              progress: bool = True, overwrite: bool = True, only_judged: str | Path | None = None,
@@ -73,7 +93,7 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     output = RunOutput(run_path, overwrite, asked={
         "top_k": k, "queries": queries_name, "index": str(Path(index_dir).resolve()),
         "only_judged_by": str(Path(only_judged).resolve()) if only_judged is not None else None})
-    index = LoadedIndex(index_dir, cfg.index)
+    index = open_for_retrieve(index_dir, cfg)
     queries = load_queries(queries_path, queries_format)
     if only_judged is not None:
         from ..data.readers import load_qrels
@@ -95,14 +115,26 @@ def retrieve(index_dir: str | Path, queries_path: str | Path, run_path: str | Pa
     bs = cfg.retrieve.batch_size
     precision = query_precision()  # the same for every index and every caller (models/precision.py)
     # the run is written batch by batch (memory holds one batch's hits), and appears only when complete
+    from .sharded import ShardedIndex
+
+    # an index of several parts searched one part at a time takes every query at once: each part is loaded once
+    at_once = isinstance(index, ShardedIndex) and not index.resident
     with output.target() as target:
         with RunWriter(target, cfg.retrieve.run_tag) as run:
+            held = []
             for s in range(0, len(qids), bs):
                 vecs = model.embed([queries[q] for q in qids[s:s + bs]], "query", batch_size=bs, precision=precision)
                 _check_query_dim(vecs.shape[1] if getattr(vecs, "ndim", 0) == 2 else None, index, index_dir, model)
                 check_query_vectors(vecs, qids[s:s + bs])  # raised inside the writer: nothing is left at run_path
+                if at_once:
+                    held.append(np.asarray(vecs, dtype=np.float32))
+                    continue
                 scores, ids = index.search(vecs, k)
                 run.write(qids[s:s + bs], index.pids, scores, ids)
+            if at_once:
+                scores, ids = index.search(np.concatenate(held), k)
+                for s in range(0, len(qids), bs):
+                    run.write(qids[s:s + bs], index.pids, scores[s:s + bs], ids[s:s + bs])
             if run.lines == 0:  # raised inside the writer: nothing is left at run_path
                 raise PipelineError(f"{run_path}: the search found no passage for any of the {len(qids):,} queries "
                                     f"(index {index_dir}, {index.index.ntotal:,} vectors); an empty run is not written")

@@ -328,7 +328,7 @@ def shard_shapes(emb_dir: str | Path) -> Iterator[tuple[str, int, tuple[int, ...
 
 
 def iter_shards(emb_dir: str | Path, require_complete: bool = True,
-                check_finite: bool = True) -> Iterator[tuple[list[str], np.ndarray]]:
+                check_finite: bool = True, only: set[str] | None = None) -> Iterator[tuple[list[str], np.ndarray]]:
     """Yield (pids, memory-mapped vectors) shard by shard, in corpus order; a shard holding a NaN, an
     inf or a component beyond ±MAX_COMPONENT is an InputError naming its file, row and passage
     (`check_finite`).
@@ -345,6 +345,8 @@ def iter_shards(emb_dir: str | Path, require_complete: bool = True,
         names = [n for n in meta["shard_names"] if n in done or require_complete]
     else:  # an embedding set written before shards were slices: every marked shard, in order
         names = sorted(done, key=lambda n: [int(x) for x in n.split("-")[1:]])
+    if only is not None:  # a part of a several-part index: its shards, in corpus order
+        names = [n for n in names if n in only]
     for name in names:
         if name not in done:
             raise InputError(emb_dir / f"{name}.done", None, "shard listed as complete is missing: run `pipeline encode` again")
