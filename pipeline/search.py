@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import IndexConfig, ModelConfig
 from .errors import ConfigError, InputError, PipelineError
-from .index.faiss_index import INDEX_FILE, META_FILE, PIDS_FILE, LoadedIndex
+from .index.faiss_index import INDEX_FILE, META_FILE, PIDS_FILE
 from .index.retrieve import check_query_vectors, query_model_config
 from .models.precision import query_precision
 from .io_utils import OutputKind, atomic_path, check_output, register_output_kind
