@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import PipelineError
+from ..errors import ConfigError, PipelineError
 from .common import FilesAndOverrides, add_common_flags, add_config_args, device_flag, load_cfg
 
 
@@ -198,8 +198,50 @@ def cmd_authorship(args) -> None:
         print(arr.table(args.results))
 
 
+def cmd_fuse(args) -> None:
+    from ..eval.fuse import fuse, inputs_meta, read_ranked, write_fused
+
+    if len(args.runs) < 2:
+        raise ConfigError("fuse needs at least two runs")
+    if args.weights and args.method != "interpolate":
+        raise ConfigError("--weights are the interpolation's (--method interpolate)")
+    meta = inputs_meta(args.runs)
+    runs = [read_ranked(r, args.depth or None, args.resort) for r in args.runs]
+    fused = fuse(runs, args.method, rrf_k=args.rrf_k, weights=args.weights, normalize=not args.no_normalize,
+                 k=args.k or None)
+    tag = args.run_tag or {"rrf": f"rrf_k{args.rrf_k}", "interpolate": "interpolate", "average": "average"}[args.method]
+    lines = write_fused(fused, args.out, tag, args.overwrite,
+                        {**meta, "fused_from": [str(Path(r).resolve()) for r in args.runs], "method": args.method,
+                         "rrf_k": args.rrf_k if args.method == "rrf" else None, "weights": args.weights,
+                         "normalize": args.method == "interpolate" and not args.no_normalize,
+                         "depth": args.depth, "k": args.k})
+    print(f"[fuse] {args.method} of {len(runs)} runs: {len(fused):,} queries, {lines:,} lines -> {args.out}")
+
+
 def add_parsers(sub) -> None:
-    """The evaluate, sts, compare, authorship verbs."""
+    """The evaluate, sts, compare, fuse, authorship verbs."""
+    p = sub.add_parser("fuse", help="several TREC runs (a BM25 and a dense run, say) -> one fused run (pyserini's "
+                                    "fusion: reciprocal rank fusion, interpolation, average)",
+                       usage="%(prog)s RUN RUN [RUN ...] --out RUN [--method rrf|interpolate|average] [options]")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="TREC run files (two or more)")
+    p.add_argument("--out", required=True, help="the fused TREC run to write")
+    p.add_argument("--method", choices=("rrf", "interpolate", "average"), default="rrf",
+                   help="rrf: sum of 1/(k + rank); interpolate: weighted sum of scores normalised per query "
+                        "(min-max); average: mean of the raw scores")
+    p.add_argument("--rrf-k", "--rrf.k", dest="rrf_k", type=int, default=60, help="RRF's k (default 60)")
+    p.add_argument("--weights", type=float, nargs="+", help="interpolate: one weight a run, in their order "
+                                                            "(default equal)")
+    p.add_argument("--no-normalize", action="store_true", help="interpolate the raw scores (pyserini's "
+                                                               "`interpolation`: two runs, --weights A 1-A)")
+    p.add_argument("--depth", type=int, default=1000, help="lines of each query read from each run (default 1000; "
+                                                           "0: all)")
+    p.add_argument("--k", type=int, default=1000, help="documents kept per query (default 1000; 0: all)")
+    p.add_argument("--resort", action="store_true", help="rank each run again by its scores first (pyserini's "
+                                                         "--resort)")
+    p.add_argument("--run-tag", "--runtag", dest="run_tag", help="the fused run's tag column")
+    p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
+    p.set_defaults(func=cmd_fuse)
+
     p = sub.add_parser("evaluate", help="TREC run + qrels (or DPR QA answers) -> metrics",
                        usage="%(prog)s [QRELS RUN | --qrels QRELS --run RUN | --qa QA --corpus C --run RUN] "
                              "[options] [key=value ...]")
