@@ -529,10 +529,23 @@ def main() -> None:
     ap.add_argument("--ance-queries", type=parse_size, default=100_000)
     ap.add_argument("--faults", action="store_true", help="kills and full disks at scale (after the spine; "
                     "with --no-spine, on the outputs of an earlier spine run under --work)")
+    ap.add_argument("--parts", default="", help="an index in parts against one part instead (bench/sharded.py): "
+                                                "part counts, e.g. 1,2,4,8, over --rows synthetic vectors")
+    ap.add_argument("--rows", default="2m", help="--parts: synthetic vectors (default 2m)")
+    ap.add_argument("--dim", type=int, default=384, help="--parts: their dimension (default 384)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-scale"), help="generated data and stage outputs")
     ap.add_argument("--out", default=str(RESULTS), help="where scale.json, scale.md and scale.png go")
     ap.add_argument("--from-json", help="re-render scale.md and scale.png from a scale.json, run nothing")
     args = ap.parse_args()
+    if args.parts:  # the sharded index's benchmark (bench/sharded.py), with this command's sizes
+        import types
+
+        import sharded
+
+        sharded.run(types.SimpleNamespace(work=str(Path(args.work) / "sharded"), rows=sharded.parse_size(args.rows),
+                                          dim=args.dim, shard_rows=100_000, parts=args.parts, queries=1000,
+                                          top_k=100, no_ivf=False, out=args.out))
+        return
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         out = Path(args.out)

@@ -332,23 +332,49 @@ class Refresh:
         model = BiEncoder.load(ModelConfig(name_or_path=str(model_dir))).to(self.device)
         queries = model.embed(self.qtexts, "query", batch_size=cfg.batch_size, device=self.device,
                               precision=cfg.precision)
+        dev_vectors = None
+        if self.dev is not None:
+            dq = sorted(self.dev[1])
+            dev_vectors = model.embed([self.dev[1][q] for q in dq], "query", batch_size=cfg.batch_size,
+                                      device=self.device, precision=cfg.precision)
+        dev_k = min(100, len(self.pids))
         index = faiss.index_factory(queries.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
-        held = []  # an index that needs training sees every vector first; a Flat one takes them part by part
-        for docs in self._encode_corpus(model):
-            if index.is_trained:
-                index.add(docs)
-            else:
-                held.append(docs)
-        if held:
+        parts_searched = None
+        if index.is_trained:
+            # Flat: the version's index in parts, one corpus part each, searched as it is made and let go: the
+            # refresher holds one part's vectors and every query's running top k, never the whole corpus's
+            # vectors (index/sharded.order merges them by the tie rule every search follows)
+            from .sharded import order, search_ordered
+
+            allq = queries if dev_vectors is None else np.vstack([queries, dev_vectors])
+            k_all = max(cfg.top_k, dev_k if dev_vectors is not None else 0)
+            best_s = best_i = None
+            offset, parts_searched = 0, 0
+            for docs in self._encode_corpus(model):
+                part = faiss.index_factory(queries.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
+                part.add(np.ascontiguousarray(docs, dtype=np.float32))
+                sc, ix = search_ordered(part, allq, k_all, "ip")
+                ix = np.where(ix >= 0, ix + offset, -1)
+                offset += part.ntotal
+                del part, docs
+                best_s, best_i = (sc, ix) if best_s is None else order(np.hstack([best_s, sc]),
+                                                                      np.hstack([best_i, ix]), k_all)
+                parts_searched += 1
+            t_enc = time.time() - t0
+            ids = best_i[:len(queries), :cfg.top_k]
+            dev_hits = None if dev_vectors is None else (best_s[len(queries):, :dev_k], best_i[len(queries):, :dev_k])
+        else:  # an index that needs training sees every vector first
+            held = [docs for docs in self._encode_corpus(model)]
             docs = np.concatenate(held)
             del held
             index.train(docs)
             index.add(docs)
             del docs
-        t_enc = time.time() - t0
-        if cfg.nprobe and hasattr(index, "nprobe"):
-            index.nprobe = cfg.nprobe
-        _, ids = index.search(np.ascontiguousarray(queries), cfg.top_k)
+            t_enc = time.time() - t0
+            if cfg.nprobe and hasattr(index, "nprobe"):
+                index.nprobe = cfg.nprobe
+            _, ids = index.search(np.ascontiguousarray(queries), cfg.top_k)
+            dev_hits = None if dev_vectors is None else index.search(np.ascontiguousarray(dev_vectors), dev_k)
         version = self.version + 1
         rng = _rng_for(cfg.seed, version)
         negs = {}
@@ -360,9 +386,7 @@ class Refresh:
         if self.dev is not None:
             dev_qrels, dev_q = self.dev
             dq = sorted(dev_q)
-            dv = model.embed([dev_q[q] for q in dq], "query", batch_size=cfg.batch_size, device=self.device,
-                             precision=cfg.precision)
-            sc, di = index.search(np.ascontiguousarray(dv), min(100, len(self.pids)))
+            sc, di = dev_hits
             run = {q: dict(zip(self.pids.take(pa.array(di[i][di[i] >= 0])).to_pylist(), sc[i][di[i] >= 0].tolist()))
                    for i, q in enumerate(dq)}
             name = measure_name(cfg.dev_metric)
@@ -373,7 +397,8 @@ class Refresh:
                 "corpus_fingerprint": self.manifest["fingerprint"], "passages": len(self.pids),
                 "training_queries": len(self.qids), "seconds": round(seconds, 3), "encode_seconds": round(t_enc, 3),
                 "seconds_per_1000_passages": round(1000 * seconds / max(len(self.pids), 1), 3),
-                "skipped_checkpoints": self.skipped, "device": self.device, "settings": asdict(cfg)}
+                "skipped_checkpoints": self.skipped, "device": self.device, "settings": asdict(cfg),
+                "index_parts": parts_searched}
         publish_version(self.root, version, negs, meta, keep=cfg.keep_versions)
         self.version = version
         rec = {"version": version, "checkpoint_step": step, "dev_metric": dev_value, "seconds": meta["seconds"]}

@@ -496,3 +496,33 @@ def test_refresh_schedule_never_polls_less_often_than_versions_come():
     assert (job.train.checkpoint_every, job.train.negatives_poll_every) == (500, 100)
     shipped = load_train_config("jobs/configs/ance.yaml", [])
     assert refresh_schedule(shipped).train.negatives_poll_every == 3
+
+
+def test_the_refresher_searches_its_version_in_parts_and_finds_what_one_index_finds(run, tmp_path):
+    """The refresher held every passage's vector in one Flat index, so its memory grew with the corpus (#61). It
+    now searches its version as parts, one corpus part at a time, and merges every query's top k: the same
+    negatives and dev figure as one exact index over the whole corpus (IVF1,Flat: one list, exact)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.data.bundled import python_faq_dir
+    from pipeline.data.ingest import ingest
+    from pipeline.data.negatives import version_dir
+    from pipeline.index.refresher import Refresh
+
+    corpus = tmp_path / "corpus"
+    ingest([python_faq_dir()], "beir", corpus, progress=False, part_rows=40)
+    run_dir, model = run
+    _checkpoint(run_dir, 2, model)
+    dev = {"dev_qrels": str(corpus / "qrels" / "test.trec"), "dev_queries": str(corpus / "queries.tsv")}
+    parts = Refresh(run_dir, _cfg(**dev), corpus)
+    rec = parts.step_once()
+    meta = json.loads((version_dir(run_dir / "negatives", 1) / "meta.json").read_text())
+    assert meta["index_parts"] == len(json.loads((corpus / "manifest.json").read_text())["parts"]) > 1
+    got = pq.read_table(version_dir(run_dir / "negatives", 1) / "negatives.parquet").to_pylist()
+    other = tmp_path / "run2"
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("negatives"))
+    whole = Refresh(other, _cfg(**dev, factory="IVF1,Flat"), corpus)
+    rec2 = whole.step_once()
+    want = pq.read_table(version_dir(other / "negatives", 1) / "negatives.parquet").to_pylist()
+    assert json.loads((version_dir(other / "negatives", 1) / "meta.json").read_text())["index_parts"] is None
+    assert got == want and rec["dev_metric"] == pytest.approx(rec2["dev_metric"], abs=1e-12)
