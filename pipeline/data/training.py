@@ -84,8 +84,18 @@ def _read_ahead(items: Iterator, depth: int = 2) -> Iterator:
 
 def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
     """Build (or reuse, when the sources are unchanged) the training examples for `data_cfg`."""
+    from .training_files import SOURCES as FILE_SOURCES
+    from .training_files import training_file_examples
+
     out = Path(out)
-    if data_cfg.source == "dpr-json":
+    if data_cfg.source in FILE_SOURCES:
+        if not data_cfg.path:
+            raise PipelineError(f"data.source={data_cfg.source} needs data.path (the training file)")
+        sources = []
+        meta = {"source": data_cfg.source, "path": str(Path(data_cfg.path).resolve())}
+        if data_cfg.source == "tevatron":
+            meta["title_join"] = data_cfg.title_join
+    elif data_cfg.source == "dpr-json":
         if not data_cfg.path:
             raise PipelineError("data.source=dpr-json needs data.path (the DPR training JSON)")
         sources = [data_cfg.path]
@@ -111,6 +121,12 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         # absent for skip: examples built before the key existed stay reusable
         meta.update(missing_negatives=data_cfg.missing_negatives, negatives_seed=data_cfg.positives_seed)
     meta["sources_sha256"] = {str(s): sha256_file(s) for s in sources if Path(s).exists()}
+    if data_cfg.source in FILE_SOURCES and Path(data_cfg.path).exists():  # a file, or a folder's every file
+        from ..io_utils import sha256_files
+
+        p = Path(data_cfg.path)
+        meta["sources_sha256"][str(p)] = sha256_file(p) if p.is_file() else \
+            sha256_files(f for f in sorted(p.rglob("*")) if f.is_file())
     meta_path = out / EXAMPLES_META
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
@@ -118,7 +134,10 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             check_store(out, old, full=True)  # reused (a resume, a re-run): every byte as it was built
             return old
     skipped: dict = {}
-    if data_cfg.source == "dpr-json":
+    if data_cfg.source in FILE_SOURCES:
+        examples = training_file_examples(data_cfg.source, data_cfg.path, data_cfg.title_join, skipped,
+                                          need_negatives=data_cfg.hard_negatives > 0)
+    elif data_cfg.source == "dpr-json":
         examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
                                      need_negatives=data_cfg.hard_negatives > 0)
     else:

@@ -15,9 +15,13 @@ from ..losses.configs import LossConfig  # torch-free: a config is checked witho
 class TrainDataConfig(Section):
     """Where training examples come from (see pipeline/data/training.py)."""
 
-    source: Literal["qrels", "dpr-json"] = "qrels"
-    path: str | None = None                 # dpr-json: the DPR training JSON
-    title_join: str = "{title} [SEP] {text}"  # dpr-json: how ctx titles join the text
+    # qrels: an ingested corpus + queries + qrels; dpr-json: DPR's training JSON; the field's training files
+    # (data/training_files.py, all with data.path): tevatron (Tevatron's JSONL), msmarco-triples (MS MARCO's
+    # query<TAB>positive<TAB>negative texts), columns (sentence-transformers' anchor/positive/negative[_1..n]
+    # columns as Parquet, JSONL or a datasets folder)
+    source: Literal["qrels", "dpr-json", "tevatron", "msmarco-triples", "columns"] = "qrels"
+    path: str | None = None                 # dpr-json, tevatron, msmarco-triples, columns: the training file
+    title_join: str = "{title} [SEP] {text}"  # dpr-json, tevatron: how a passage's title joins its text
     negatives: Literal["hard", "random", "both"] = "hard"  # dpr-json: which ctx lists are negatives
     corpus: str | None = None               # qrels: ingested corpus folder
     queries: str | None = None              # qrels: default <corpus>/queries.tsv

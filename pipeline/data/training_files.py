@@ -1,0 +1,228 @@
+"""The field's training files as examples (`data.source` with `data.path`), each streamed (one line, record or
+row batch in memory at a time) into the texts form of the examples store (`examples_store.py`):
+
+    tevatron            Tevatron's JSONL: one query a line, {"query_id", "query", "positive_passages": [{"docid",
+                        "title", "text"}], "negative_passages": [...]}; the first positive is the example's
+                        (as DPR's loader takes its first), every negative a candidate hard negative; titles joined
+                        with data.title_join (no title: the text alone)
+    msmarco-triples     MS MARCO's triples.train.small.tsv: `query<TAB>positive<TAB>negative` (texts), one example
+                        a line (the line number is its query id: the file names none)
+    columns             sentence-transformers' column datasets: `anchor`, `positive`, and `negative` or
+                        `negative_1` ... `negative_n` (a column of lists of negatives is taken too), as Parquet (a
+                        file or a folder of them), JSON Lines, or a `datasets` folder (`save_to_disk`)
+
+Bad input is named by file and line (or row), with its reason: a line that is not JSON or lacks a field, a TSV
+line without three columns. A query without a positive, an empty text, or no negative where hard negatives
+are asked for (`data.hard_negatives`) is a counted skip, reported with the examples' line. Memory: a line (a
+Parquet row group, a datasets batch) at a time, whatever the file's size; the store written as it goes.
+
+MS MARCO's id triples (`qidpidtriples.train.full.2.tsv`, with `data.corpus` and `data.queries`) are not read yet;
+turn them into the qrels source's inputs (data.qrels and data.negatives_run) or into a columns file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import InputError
+from .manifest import join_title
+
+SOURCES = ("tevatron", "msmarco-triples", "columns")
+
+
+def _skip(skipped: dict, why: str) -> None:
+    skipped[why] = skipped.get(why, 0) + 1
+
+
+def _text(value, path, line, what: str) -> str:
+    if not isinstance(value, str):
+        raise InputError(path, line, f"{what} is not a string (got {type(value).__name__})")
+    return value
+
+
+def tevatron_examples(path: str | Path, join: str, skipped: dict, need_negatives: bool) -> Iterator[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "file not found (data.path: Tevatron's training JSONL)")
+    with open(path, encoding="utf-8-sig", errors="strict") as f:
+        for no, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise InputError(path, no, f"not a JSON object ({e.msg})") from None
+            except UnicodeDecodeError as e:
+                raise InputError(path, no, f"invalid UTF-8 ({e.reason})") from None
+            if not isinstance(obj, dict) or "query" not in obj or "positive_passages" not in obj:
+                raise InputError(path, no, "a Tevatron line has query and positive_passages (and query_id, "
+                                           "negative_passages)")
+
+            def text_of(p, what):
+                if not isinstance(p, dict) or "text" not in p:
+                    raise InputError(path, no, f"{what}: a passage is an object with text (and docid, title)")
+                return join_title(str(p.get("title") or ""), _text(p["text"], path, no, f"{what} text"), join)
+
+            positives = obj["positive_passages"] or []
+            if not positives:
+                _skip(skipped, "no_positive")
+                continue
+            negatives = [text_of(p, "negative_passages") for p in obj.get("negative_passages") or []]
+            if need_negatives and not negatives:
+                _skip(skipped, "no_negatives")
+                continue
+            query = _text(obj["query"], path, no, "query")
+            positive = text_of(positives[0], "positive_passages")
+            if not query.strip() or not positive.strip():
+                _skip(skipped, "empty_text")
+                continue
+            yield {"qid": str(obj.get("query_id", no)), "query": query, "positive": positive,
+                   "negatives": negatives}
+
+
+def msmarco_triples_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "file not found (data.path: MS MARCO's triples.train.small.tsv)")
+    with open(path, encoding="utf-8", errors="strict") as f:
+        no = 0
+        while True:
+            try:
+                raw = f.readline()
+            except UnicodeDecodeError as e:
+                raise InputError(path, no + 1, f"invalid UTF-8 ({e.reason})") from None
+            if not raw:
+                return
+            no += 1
+            if not raw.strip():
+                continue
+            cols = raw.rstrip("\r\n").split("\t")
+            if len(cols) != 3:
+                raise InputError(path, no, f"{len(cols)} tab-separated columns; a triple is "
+                                           "query<TAB>positive<TAB>negative")
+            query, positive, negative = cols
+            if not query.strip() or not positive.strip():
+                _skip(skipped, "empty_text")
+                continue
+            if need_negatives and not negative.strip():
+                _skip(skipped, "no_negatives")
+                continue
+            yield {"qid": str(no), "query": query, "positive": positive,
+                   "negatives": [negative] if negative.strip() else []}
+
+
+def _negative_columns(names: list[str]) -> list[str]:
+    """`negative`, or `negative_1` ... `negative_n` in their number's order (sentence-transformers' layout)."""
+    numbered = sorted((n for n in names if n.startswith("negative_") and n[len("negative_"):].isdigit()),
+                      key=lambda n: int(n[len("negative_"):]))
+    return (["negative"] if "negative" in names else []) + numbered
+
+
+def _column_rows(path: Path) -> Iterator[tuple[str, list[str], Iterator[tuple[int, dict]]]]:
+    """(what to name a row by, the columns, the rows numbered from 1) of a Parquet file or folder, a JSONL file,
+    or a `datasets` folder."""
+    if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "state.json").is_file()):
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))  # memory-mapped Arrow: rows are read as they are iterated
+        if isinstance(ds, datasets.DatasetDict):
+            raise InputError(path, None, f"a DatasetDict ({', '.join(ds)}); point data.path at one split's folder")
+
+        def rows():
+            for i, row in enumerate(ds, 1):
+                yield i, row
+
+        return "row", list(ds.column_names), rows()
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise InputError(path, None, "file not found (data.path: a Parquet file or folder, a JSONL file, or a "
+                                     "datasets folder)")
+    if files[0].suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        names = pq.ParquetFile(files[0]).schema_arrow.names
+
+        def rows():
+            n = 0
+            for f in files:
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+                    for row in batch.to_pylist():
+                        n += 1
+                        yield n, row
+
+        return "row", names, rows()
+    first = None
+    with open(files[0], encoding="utf-8-sig") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    first = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    raise InputError(files[0], 1, f"not JSON Lines ({e.msg}); columns are read from Parquet, JSONL "
+                                                  "or a datasets folder") from None
+                break
+    if not isinstance(first, dict):
+        raise InputError(files[0], 1, "not JSON Lines of objects (empty, or not an object per line)")
+
+    def rows():
+        with open(files[0], encoding="utf-8-sig", errors="strict") as f:
+            for no, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    raise InputError(files[0], no, f"not a JSON object ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise InputError(files[0], no, "not a JSON object")
+                yield no, obj
+
+    return "line", list(first), rows()
+
+
+def columns_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, None, "not found (data.path: a Parquet file or folder, a JSONL file, or a datasets "
+                                     "folder with anchor, positive and negative columns)")
+    unit, names, rows = _column_rows(path)
+    missing = [c for c in ("anchor", "positive") if c not in names]
+    if missing:
+        raise InputError(path, None, f"no {' or '.join(missing)} column (columns: {', '.join(names)}); "
+                                     "sentence-transformers' layout is anchor, positive, negative[_1..n]")
+    negs = _negative_columns(names)
+    for no, row in rows:
+        if "anchor" not in row or "positive" not in row:
+            raise InputError(path, no, f"{unit} {no}: no anchor or positive")
+        anchor, positive = row["anchor"], row["positive"]
+        for what, v in (("anchor", anchor), ("positive", positive)):
+            if v is not None and not isinstance(v, str):
+                raise InputError(path, no, f"{unit} {no}: {what} is not a string (got {type(v).__name__})")
+        if not (anchor or "").strip() or not (positive or "").strip():
+            _skip(skipped, "empty_text")
+            continue
+        negatives = []
+        for c in negs:
+            v = row.get(c)
+            values = v if isinstance(v, list) else [v]
+            for x in values:
+                if x is None or (isinstance(x, str) and not x.strip()):
+                    continue
+                if not isinstance(x, str):
+                    raise InputError(path, no, f"{unit} {no}: {c} is not a string (got {type(x).__name__})")
+                negatives.append(x)
+        if need_negatives and not negatives:
+            _skip(skipped, "no_negatives")
+            continue
+        yield {"qid": str(row.get("id", no)), "query": anchor, "positive": positive, "negatives": negatives}
+
+
+def training_file_examples(source: str, path: str | Path, join: str, skipped: dict,
+                           need_negatives: bool) -> Iterator[dict]:
+    if source == "tevatron":
+        return tevatron_examples(path, join, skipped, need_negatives)
+    if source == "msmarco-triples":
+        return msmarco_triples_examples(path, skipped, need_negatives)
+    return columns_examples(path, skipped, need_negatives)
