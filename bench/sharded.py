@@ -23,7 +23,6 @@ from machine import cpu_line  # bench/machine.py (run as python bench/<name>.py)
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
