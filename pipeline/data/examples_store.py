@@ -194,9 +194,12 @@ def read_examples_table(examples_dir) -> pa.Table:
     return pa.concat_tables(parts) if parts else SCHEMA.empty_table()
 
 
+TEACHER_FIELDS = [pa.field("teacher_positive", pa.float64()), pa.field("teacher_negatives", pa.list_(pa.float64()))]
+
+
 def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: dict, part_rows: int = 50_000,
                    skipped: dict | None = None, passages: str | Path | None = None,
-                   counts: dict | None = None) -> dict:
+                   counts: dict | None = None, teacher: bool = False) -> dict:
     """Write examples as Parquet parts with a running `idx`; the meta file marks completion.
     Rows go out `batch_rows` at a time (a row group each), so memory holds one batch, not a part;
     an Arrow table among the examples (columns qid, query, positive, negatives) is one row group.
@@ -205,6 +208,9 @@ def write_examples(examples: Iterator[dict | pa.Table], out: str | Path, meta: d
     out = Path(out)
     n = 0
     schema = ID_SCHEMA if passages is not None else SCHEMA
+    if teacher:  # a teacher's scores of each example's positive and negatives (distillation)
+        for f in TEACHER_FIELDS:
+            schema = schema.append(f)
     batch_rows = min(part_rows, 5_000)
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)

@@ -82,8 +82,18 @@ def _read_ahead(items: Iterator, depth: int = 2) -> Iterator:
         worker.join()
 
 
-def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
-    """Build (or reuse, when the sources are unchanged) the training examples for `data_cfg`."""
+def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teacher: bool = False) -> dict:
+    """Build (or reuse, when the sources are unchanged) the training examples for `data_cfg`. `needs_teacher`:
+    the method trains on a teacher's scores (data.teacher_scores, or a columns file's label column)."""
+    from ..errors import ConfigError
+
+    if data_cfg.teacher_scores and data_cfg.source != "tevatron":
+        raise ConfigError(f"data.teacher_scores is joined by (query id, document id) with data.source=tevatron; "
+                          f"data.source={data_cfg.source} names no document ids (a columns file carries its teacher's "
+                          "scores in its label column)")
+    if needs_teacher and not data_cfg.teacher_scores and data_cfg.source != "columns":
+        raise ConfigError("distillation needs the teacher's scores: data.teacher_scores=PATH (with data.source=tevatron) "
+                          "or a columns file with a label column")
     from .training_files import SOURCES as FILE_SOURCES
     from .training_files import training_file_examples
 
@@ -95,6 +105,12 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
         meta = {"source": data_cfg.source, "path": str(Path(data_cfg.path).resolve())}
         if data_cfg.source == "tevatron":
             meta["title_join"] = data_cfg.title_join
+        if data_cfg.teacher_scores:
+            meta.update(teacher_scores=str(Path(data_cfg.teacher_scores).resolve()),
+                        teacher_format=data_cfg.teacher_format)
+            sources.append(data_cfg.teacher_scores)
+        if needs_teacher:
+            meta["teacher"] = True
     elif data_cfg.source == "dpr-json":
         if not data_cfg.path:
             raise PipelineError("data.source=dpr-json needs data.path (the DPR training JSON)")
@@ -134,9 +150,20 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             check_store(out, old, full=True)  # reused (a resume, a re-run): every byte as it was built
             return old
     skipped: dict = {}
+    teacher = False
     if data_cfg.source in FILE_SOURCES:
         examples = training_file_examples(data_cfg.source, data_cfg.path, data_cfg.title_join, skipped,
-                                          need_negatives=data_cfg.hard_negatives > 0)
+                                          need_negatives=data_cfg.hard_negatives > 0 and not data_cfg.teacher_scores)
+        if data_cfg.teacher_scores:
+            from .training_files import read_teacher_scores, with_teacher
+
+            scores, lines = read_teacher_scores(data_cfg.teacher_scores, data_cfg.teacher_format)
+            examples = with_teacher(examples, scores, skipped)
+            teacher = True
+            if progress:
+                print(f"[train-data] teacher scores: {len(scores):,} (query, document) pairs from {lines:,} lines of "
+                      f"{data_cfg.teacher_scores} ({data_cfg.teacher_format})", flush=True)
+        teacher = teacher or (data_cfg.source == "columns" and needs_teacher)
     elif data_cfg.source == "dpr-json":
         examples = dpr_json_examples(data_cfg.path, data_cfg.title_join, data_cfg.negatives, skipped,
                                      need_negatives=data_cfg.hard_negatives > 0)
@@ -172,7 +199,7 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True) -> dict:
             print(f"[train-data] {result['examples']:,} examples from {meta['source']} ({rule}){skip} "
                   f"naming {result['passages_rows']:,} distinct passages -> {out}", flush=True)
         return result
-    result = write_examples(examples, out, meta, skipped=skipped)
+    result = write_examples(examples, out, meta, skipped=skipped, teacher=teacher)
     if progress:
         skip = f", skipped {skipped}" if skipped else ""
         print(f"[train-data] {result['examples']:,} examples from {meta['source']}{skip} -> {out}", flush=True)

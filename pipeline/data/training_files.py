@@ -79,7 +79,8 @@ def tevatron_examples(path: str | Path, join: str, skipped: dict, need_negatives
                 _skip(skipped, "empty_text")
                 continue
             yield {"qid": str(obj.get("query_id", no)), "query": query, "positive": positive,
-                   "negatives": negatives}
+                   "negatives": negatives, "positive_id": str(positives[0].get("docid", "")),
+                   "negative_ids": [str(p.get("docid", "")) for p in obj.get("negative_passages") or []]}
 
 
 def msmarco_triples_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:
@@ -216,7 +217,26 @@ def columns_examples(path: str | Path, skipped: dict, need_negatives: bool) -> I
         if need_negatives and not negatives:
             _skip(skipped, "no_negatives")
             continue
-        yield {"qid": str(row.get("id", no)), "query": anchor, "positive": positive, "negatives": negatives}
+        example = {"qid": str(row.get("id", no)), "query": anchor, "positive": positive, "negatives": negatives}
+        if "label" in row:  # sentence-transformers' teacher scores: a margin, or [positive, negative_1, ...]
+            example.update(_label_scores(row["label"], len(negatives), path, no, unit))
+        yield example
+
+
+def _label_scores(label, n_negatives: int, path, no, unit) -> dict:
+    """The teacher's scores a `label` column gives: one number is MarginMSELoss's margin (the positive's score
+    minus the one negative's), a list DistillKLDivLoss's scores of the positive and each negative."""
+    if isinstance(label, (int, float)) and not isinstance(label, bool):
+        if n_negatives != 1:
+            raise InputError(path, no, f"{unit} {no}: a label of one number is a margin of one negative; this row "
+                                       f"has {n_negatives}")
+        return {"teacher_positive": float(label), "teacher_negatives": [0.0]}
+    if isinstance(label, list) and all(isinstance(x, (int, float)) for x in label):
+        if len(label) != n_negatives + 1:
+            raise InputError(path, no, f"{unit} {no}: {len(label)} teacher scores for a positive and "
+                                       f"{n_negatives} negatives")
+        return {"teacher_positive": float(label[0]), "teacher_negatives": [float(x) for x in label[1:]]}
+    raise InputError(path, no, f"{unit} {no}: label is not a number or a list of numbers")
 
 
 def training_file_examples(source: str, path: str | Path, join: str, skipped: dict,
@@ -226,3 +246,75 @@ def training_file_examples(source: str, path: str | Path, join: str, skipped: di
     if source == "msmarco-triples":
         return msmarco_triples_examples(path, skipped, need_negatives)
     return columns_examples(path, skipped, need_negatives)
+
+
+# ------------------------------------------------------------------------------------------- teacher scores
+
+
+def read_teacher_scores(path: str | Path, fmt: str) -> tuple[dict, int]:
+    """{(qid, docid): score} from a teacher's scores, and the lines read: `trec` (a TREC run with scores: a
+    reranker's run is a teacher's scores) or `hofstaetter` (`score_pos<TAB>score_neg<TAB>qid<TAB>pid_pos<TAB>
+    pid_neg`, his published MS MARCO teacher files). A malformed line is one error naming the file and line; a
+    pair scored twice with two scores too. Pickled score files are never read (unpickling runs code): convert
+    them to one of these first. Memory: ~150 bytes per (query, document) pair held."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "file not found (data.teacher_scores)")
+    if path.suffix in (".pkl", ".pickle", ".pt"):
+        raise InputError(path, None, "a pickle: never read (unpickling runs whatever code it holds); write the "
+                                     "scores as a TREC run or in Hofstätter's TSV layout")
+    out: dict = {}
+    lines = 0
+
+    def put(key, value, no):
+        old = out.get(key)
+        if old is not None and old != value:
+            raise InputError(path, no, f"query {key[0]!r}, document {key[1]!r} scored twice ({old} and {value})")
+        out[key] = value
+
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for no, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            lines += 1
+            cols = raw.split()
+            try:
+                if fmt == "trec":
+                    if len(cols) != 6:
+                        raise ValueError("a TREC run line is qid Q0 docid rank score tag")
+                    put((cols[0], cols[2]), float(cols[4]), no)
+                else:
+                    if len(cols) != 5:
+                        raise ValueError("Hofstätter's layout is score_pos<TAB>score_neg<TAB>qid<TAB>pid_pos<TAB>pid_neg")
+                    put((cols[2], cols[3]), float(cols[0]), no)
+                    put((cols[2], cols[4]), float(cols[1]), no)
+            except ValueError as e:
+                raise InputError(path, no, str(e) if "layout" in str(e) or "line is" in str(e)
+                                 else f"a score that is not a number ({e})") from None
+    if not out:
+        raise InputError(path, None, "no teacher scores in it")
+    return out, lines
+
+
+def with_teacher(examples: Iterator[dict], teacher: dict, counts: dict) -> Iterator[dict]:
+    """Examples (with positive_id, negative_ids) given their teacher scores: a negative without one is dropped
+    and counted, an example whose positive has none is a counted skip; the pairs the examples never named are
+    counted in `counts["teacher_pairs_unused"]` once the examples are through."""
+    used = 0
+    for ex in examples:
+        key = (ex["qid"], ex.get("positive_id"))
+        if key not in teacher:
+            counts["no_teacher_score_for_positive"] = counts.get("no_teacher_score_for_positive", 0) + 1
+            continue
+        used += 1
+        negs, scores = [], []
+        for text, docid in zip(ex["negatives"], ex.get("negative_ids") or []):
+            t = teacher.get((ex["qid"], docid))
+            if t is None:
+                counts["negatives_without_teacher_score"] = counts.get("negatives_without_teacher_score", 0) + 1
+                continue
+            used += 1
+            negs.append(text)
+            scores.append(t)
+        yield {**ex, "negatives": negs, "teacher_positive": teacher[key], "teacher_negatives": scores}
+    counts["teacher_pairs_unused"] = max(len(teacher) - used, 0)

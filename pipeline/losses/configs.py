@@ -88,6 +88,28 @@ class ANCEDARConfig(DARConfig):
     in_batch_negatives: bool = False
 
 
+# --------------------------------------------------------------------------- distillation (losses/distill.py)
+
+@dataclass(frozen=True)
+class MarginMSEConfig(LossConfig):
+    """MarginMSE (Hofstätter et al. 2020): the student's margin between a query's positive and each hard negative
+    against the teacher's margin (docs/METHODS.md §8). Needs data.hard_negatives >= 1 and teacher scores."""
+
+    name: str = "margin_mse"
+
+
+@dataclass(frozen=True)
+class DistillKLConfig(LossConfig):
+    """Listwise KL divergence from the teacher's distribution over a query's scored documents (its positive and
+    hard negatives) to the student's (docs/METHODS.md §8). teacher_temperature divides the teacher's scores, the
+    student's are divided by loss.temperature (its similarity's τ); in_batch_negatives adds the other queries'
+    documents to the student's distribution (the teacher gives them no probability)."""
+
+    name: str = "distill_kl"
+    teacher_temperature: PosFloat = 1.0
+    in_batch_negatives: bool = False
+
+
 # --------------------------------------------------------------------------- RCL (losses/rcl.py)
 
 @dataclass(frozen=True)

@@ -49,17 +49,25 @@ def fixed_batches(rows: Iterable[dict], batch_size: int, max_batches: int) -> It
                 return
 
 
+def pick_negative_positions(row: dict, k: int, rng: random.Random) -> list[int]:
+    """The positions in the example's negatives of its k hard negatives: a seeded sample, cycling when fewer than
+    k exist (the draw `pick_negatives` makes: the same positions for the same rng state)."""
+    n = len(row["negatives"])
+    if k == 0:
+        return []
+    if not n:
+        raise ValueError(f"example {row['idx']} has no negatives but {k} are asked for")
+    if n >= k:
+        return rng.sample(range(n), k)
+    order = list(range(n))
+    rng.shuffle(order)
+    return [order[i % n] for i in range(k)]
+
+
 def pick_negatives(row: dict, k: int, rng: random.Random) -> list[str]:
     """k hard negatives for one example: a seeded sample, cycling when fewer than k exist."""
     negs = list(row["negatives"])
-    if k == 0:
-        return []
-    if not negs:
-        raise ValueError(f"example {row['idx']} has no negatives but {k} are asked for")
-    if len(negs) >= k:
-        return rng.sample(negs, k)
-    rng.shuffle(negs)
-    return [negs[i % len(negs)] for i in range(k)]
+    return [negs[i] for i in pick_negative_positions(row, k, rng)]
 
 
 def steps_per_epoch(n_examples: int, world: int, batch_size: int) -> int:

@@ -21,6 +21,12 @@ class TrainDataConfig(Section):
     # columns as Parquet, JSONL or a datasets folder)
     source: Literal["qrels", "dpr-json", "tevatron", "msmarco-triples", "columns"] = "qrels"
     path: str | None = None                 # dpr-json, tevatron, msmarco-triples, columns: the training file
+    # A teacher's scores for distillation (loss.name=margin_mse / distill_kl): trec = a TREC run with scores (a
+    # reranker's, `pipeline rerank`), hofstaetter = score_pos<TAB>score_neg<TAB>qid<TAB>pid_pos<TAB>pid_neg;
+    # joined by (query id, document id) with data.source=tevatron (a columns file carries its own `label`
+    # column instead). Pickles are never read.
+    teacher_scores: str | None = None
+    teacher_format: Literal["trec", "hofstaetter"] = "trec"
     title_join: str = "{title} [SEP] {text}"  # dpr-json, tevatron: how a passage's title joins its text
     negatives: Literal["hard", "random", "both"] = "hard"  # dpr-json: which ctx lists are negatives
     corpus: str | None = None               # qrels: ingested corpus folder

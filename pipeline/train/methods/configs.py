@@ -21,7 +21,8 @@ from annotated_types import Ge
 from ...config import EncodeConfig, NonNegFloat, NonNegInt, OpenFraction, PosInt, Real, Section
 from ...data.negatives import RefresherConfig
 from ...errors import ConfigError
-from ...losses.configs import (ANCEConfig, ANCEDARConfig, ARRConfig, DARConfig, LossConfig, MLLConfig, RCLConfig,
+from ...losses.configs import (ANCEConfig, ANCEDARConfig, ARRConfig, DARConfig, DistillKLConfig, LossConfig,  # noqa: E501
+                               MarginMSEConfig, MLLConfig, RCLConfig,
                                SupConConfig)
 
 
@@ -136,6 +137,8 @@ METHOD_CONFIGS: dict[str, MethodConfig] = {
     "dpr": MethodConfig(LossConfig),
     "dar": MethodConfig(DARConfig),
     "ance": MethodConfig(ANCEConfig, {"ance": ANCESettings}),
+    "margin_mse": MethodConfig(MarginMSEConfig),
+    "distill_kl": MethodConfig(DistillKLConfig),
     "ance_dar": MethodConfig(ANCEDARConfig, {"ance": ANCESettings}),
     "rcl": MethodConfig(RCLConfig, {"rcl": RCLSettings}),
     "arr_cl": MethodConfig(SupConConfig, _AUTHORSHIP),

@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 
 from ...data.training import build_examples
+from ...losses.configs import DistillKLConfig, MarginMSEConfig
 from ...losses.dar import DARConfig, dar_batch_loss
 from ...losses.dist import gather_docs
+from ...losses.distill import distill_kl_batch_loss, margin_mse_batch_loss
 from ...losses.dpr import dpr_batch_loss
-from ..batching import pick_negatives
+from ..batching import pick_negative_positions, pick_negatives
 from .registry import register
 from .base import Method, StepContext
 
@@ -92,3 +94,79 @@ class DAR(PairMethod):
     config_cls = DARConfig
     loss_fn = staticmethod(dar_batch_loss)
     terms = ("nll", "mix")
+
+
+class _Distill(PairMethod):
+    """Distillation from a teacher's scores (losses/distill.py): each example's positive and `data.hard_negatives`
+    of its negatives, drawn as PairMethod draws them, with the teacher's score of each."""
+
+    uses_negatives_provider = False
+
+    def build_examples(self, job, out_dir: Path, progress: bool = True) -> dict:
+        return build_examples(job.data, out_dir, progress=progress, needs_teacher=True)
+
+    def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
+        from ...errors import PipelineError
+
+        h = ctx.job.data.hard_negatives
+        if h < 1:
+            raise PipelineError(f"loss.name={self.name} scores each query's positive against its hard negatives: "
+                                "set data.hard_negatives (1 or more)")
+        docs, t_pos, t_neg = [], [], []
+        for r in rows:
+            if r.get("teacher_positive") is None:
+                raise PipelineError(f"example {r['idx']} (query {r['qid']}) has no teacher score: give "
+                                    "data.teacher_scores, or a columns file with a label column")
+            at = pick_negative_positions(r, h, ctx.rng)
+            docs += [r["negatives"][i] for i in at]
+            t_pos.append(float(r["teacher_positive"]))
+            t_neg.append([float(r["teacher_negatives"][i]) for i in at])
+        B = len(rows)
+        base = model.module if hasattr(model, "module") else model
+        q_tok = {k: v.to(ctx.device) for k, v in base.tokenize([r["query"] for r in rows], "query").items()}
+        d_tok = {k: v.to(ctx.device) for k, v in base.tokenize([r["positive"] for r in rows] + docs, "doc").items()}
+        q, d = model(q_tok, d_tok)
+        return {"q": q, "pos": d[:B], "hard": d[B:],
+                "t_pos": torch.tensor(t_pos, dtype=torch.float32, device=ctx.device),
+                "t_neg": torch.tensor(t_neg, dtype=torch.float32, device=ctx.device)}
+
+
+@register
+class MarginMSE(_Distill):
+    name = "margin_mse"
+    description = "MarginMSE: the student's positive-negative margin against the teacher's (docs/METHODS.md §8)"
+    config_cls = MarginMSEConfig
+    loss_fn = staticmethod(margin_mse_batch_loss)
+    terms = ("mse",)
+
+    def assemble(self, out: dict[str, torch.Tensor], ctx: StepContext) -> dict:
+        q, pos, hard = (_fp32(out[k]) for k in ("q", "pos", "hard"))
+        B = pos.shape[0]
+        return {"q": q, "pos": pos, "neg": hard.view(B, -1, hard.shape[-1]), "t_pos": out["t_pos"],
+                "t_neg": out["t_neg"]}
+
+
+@register
+class DistillKL(_Distill):
+    name = "distill_kl"
+    description = "Listwise KL from the teacher's distribution over a query's documents (docs/METHODS.md §8)"
+    config_cls = DistillKLConfig
+    loss_fn = staticmethod(distill_kl_batch_loss)
+    terms = ("kl",)
+
+    def assemble(self, out: dict[str, torch.Tensor], ctx: StepContext) -> dict:
+        from ...losses.dist import world
+
+        q, pos, hard = (_fp32(out[k]) for k in ("q", "pos", "hard"))
+        B, h = pos.shape[0], hard.shape[0] // max(pos.shape[0], 1)
+        local = torch.arange(B, device=q.device)
+        if ctx.job.loss.in_batch_negatives:  # every document of the global batch in the student's distribution
+            docs, pos_idx, G = gather_docs(pos, hard)
+            rank, _ = world()
+            first_hard = G + rank * B * h
+        else:
+            docs, pos_idx, first_hard = torch.cat([pos, hard], 0), local, B
+        negs = first_hard + local[:, None] * h + torch.arange(h, device=q.device)[None, :]
+        group = torch.cat([pos_idx[:, None], negs], 1)
+        teacher = torch.cat([out["t_pos"][:, None], out["t_neg"]], 1)
+        return {"q": q, "docs": docs, "group": group, "teacher": teacher}
