@@ -218,8 +218,38 @@ def cmd_fuse(args) -> None:
     print(f"[fuse] {args.method} of {len(runs)} runs: {len(fused):,} queries, {lines:,} lines -> {args.out}")
 
 
+def cmd_rerank(args) -> None:
+    from ..eval.rerank import rerank
+
+    device = "cuda" if args.device == "cuda" else "cpu"
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no GPU is visible to torch here")
+    rerank(args.run, args.corpus, args.queries, args.model, args.out, batch_size=args.batch_size,
+           max_length=args.max_length, top_k=args.top_k, device=device, overwrite=args.overwrite,
+           tag=args.run_tag)
+
+
 def add_parsers(sub) -> None:
-    """The evaluate, sts, compare, fuse, authorship verbs."""
+    """The evaluate, sts, compare, fuse, rerank, authorship verbs."""
+    p = sub.add_parser("rerank", help="a run's (query, passage) pairs scored by a cross-encoder -> a reranked TREC "
+                                      "run (also a teacher's scores for distillation)")
+    p.add_argument("--run", required=True, help="the TREC run whose pairs are scored")
+    p.add_argument("--corpus", required=True, help="the ingested corpus the run ranks (pipeline ingest --out)")
+    p.add_argument("--queries", required=True, help="the queries file (qid<TAB>text, or BEIR queries.jsonl)")
+    p.add_argument("--model", required=True, help="a local cross-encoder folder (a Hugging Face sequence-"
+                                                  "classification model, as sentence-transformers' CrossEncoder saves it)")
+    p.add_argument("--out", required=True, help="the reranked TREC run to write")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass (default 32)")
+    p.add_argument("--max-length", type=int, default=512, help="tokens of a (query, passage) pair (default 512)")
+    p.add_argument("--top-k", type=int, default=0, help="passages kept per query (default 0: all the run ranked)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the cross-encoder runs")
+    p.add_argument("--run-tag", default="rerank", help="the run's tag column")
+    p.add_argument("--overwrite", action="store_true", help="replace a run this tool wrote at --out")
+    p.set_defaults(func=cmd_rerank)
+
     p = sub.add_parser("fuse", help="several TREC runs (a BM25 and a dense run, say) -> one fused run (pyserini's "
                                     "fusion: reciprocal rank fusion, interpolation, average)",
                        usage="%(prog)s RUN RUN [RUN ...] --out RUN [--method rrf|interpolate|average] [options]")
