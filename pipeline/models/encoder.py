@@ -251,9 +251,12 @@ class BiEncoder(nn.Module):
         return tok(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
 
     def _forward(self, model, batch: dict[str, torch.Tensor], head: Head | None = None,
-                 prompt_length: int = 0) -> torch.Tensor:
+                 prompt_length: int = 0, side: str = "doc") -> torch.Tensor:
         rows, group = batch["input_ids"].shape[0], self.length_group_rows
         self.row_order = None
+        cache = getattr(self, "grad_cache", None)
+        if cache is not None and self.training:  # train.grad_cache: chunk by chunk, no graph (train/grad_cache.py)
+            return cache.encode(self, model, batch, head, prompt_length, side)
         if self.training and group > 0 and rows >= 2 * group and self._right_padded(model):
             return self._forward_grouped(model, batch, head, prompt_length, rows // group)
         return self._forward_one(model, batch, head, prompt_length)
@@ -289,7 +292,7 @@ class BiEncoder(nn.Module):
 
     def encode_queries(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised queries -> (B, D) vectors (with gradients when training)."""
-        return self._forward(self.query_encoder, batch, self.query_head, self._prompt_lengths["query"])
+        return self._forward(self.query_encoder, batch, self.query_head, self._prompt_lengths["query"], "query")
 
     def encode_docs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tokenised documents -> (B, D) vectors (with gradients when training)."""

@@ -123,6 +123,14 @@ class TrainConfig(Section):
     # a step's vectors and loss differ from the one-batch ones: the value is part of the run's identity (a
     # resume with another value is refused). 0 = one padded batch per tower (the plain way)
     length_group_rows: NonNegInt = 16
+    # Gradient caching (train/grad_cache.py): a step over the whole batch with the memory of one chunk of rows:
+    # the towers run chunk by chunk without a graph, the loss sees every representation (gathered across
+    # workers), and each chunk runs again with its dropout masks replayed to back-propagate its cached gradient.
+    # With chunks that are train.length_group_rows's groups (e.g. 16 and 16), a step equals the uncached one.
+    # DPR, DAR, ANCE, ANCE+DAR, MarginMSE and listwise KL. Part of the run's identity.
+    grad_cache: bool = False
+    grad_cache_query_chunk: PosInt = 16     # query rows per forward chunk
+    grad_cache_doc_chunk: PosInt = 16       # document rows per forward chunk
     log_batches: bool = False               # write every step's example ids (resume audits)
     # Attention regularizers of the RCL paper's Tables 1-3 (train/regularizers.py), training mode only:
     # attention_dropout = the rate of dropout on every self-attention layer's attention probabilities

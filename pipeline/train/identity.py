@@ -50,7 +50,9 @@ def step_settings(job) -> dict:
     inputs the checkpoint never had, while config.yaml and summary.json named only the new values; it is
     refused, naming each key (an intended continuation is a new train.name with train.init_from)."""
     return {"optim": to_dict(job.optim),
-            "train": {"epochs": job.train.epochs, "max_steps": job.train.max_steps},
+            "train": {"epochs": job.train.epochs, "max_steps": job.train.max_steps,
+                      **({"grad_cache": [job.train.grad_cache_query_chunk, job.train.grad_cache_doc_chunk]}
+                         if job.train.grad_cache else {})},
             "model": {k: getattr(job.model, k) for k in MODEL_STEP_KEYS},
             "data": {"shuffle_window": job.data.shuffle_window, "hard_negatives": job.data.hard_negatives}}
 

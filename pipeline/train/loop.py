@@ -483,6 +483,13 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         flag = bool(extra.pop("stop", False))
         return bool(_all_gather_object(flag, world)[0])
 
+    cache = None
+    if tc.grad_cache:
+        from .grad_cache import GradCache, recording  # noqa: F401 (recording: used in the step)
+
+        cache = GradCache(tc.grad_cache_query_chunk, tc.grad_cache_doc_chunk, device)
+    else:
+        from .grad_cache import recording  # noqa: F401
     stopped = False
     model.train()
     try:
@@ -503,16 +510,24 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
                     poll_negatives()
                 sctx = StepContext(job=job, device=device, rank=rank, world=world, step=step,
                                    rng=random.Random(tc.seed * 7919 + step), side=side, negatives=negatives)
-                with autocast():
-                    out = method.forward(ddp, batch, sctx)
+                if cache is not None:  # train.grad_cache: the towers chunk by chunk, without a graph
+                    with recording(model, cache), autocast():
+                        out = method.forward(model, batch, sctx)
+                else:
+                    with autocast():
+                        out = method.forward(ddp, batch, sctx)
                 loss, terms = method.loss(method.assemble(out, sctx), job.loss, training=True)
                 check_finite_loss(loss, terms, step + 1, lambda: _stop_note(run_loc))
                 optimizer.zero_grad(set_to_none=True)
                 if scaler is not None:
                     scaler.scale(loss).backward()
+                    if cache is not None:
+                        cache.replay(model, autocast, world)
                     scaler.unscale_(optimizer)
                 else:
                     loss.backward()
+                    if cache is not None:  # each chunk again, its cached gradient back-propagated
+                        cache.replay(model, autocast, world)
                 # the global gradient norm (the same on every rank after DDP's all-reduce), clipped when
                 # optim.grad_clip is set; a non-finite one stops the run before the update is applied (with
                 # fp16's GradScaler an overflow is expected: the scaler skips that step itself)

@@ -41,10 +41,18 @@ from .runner_choice import check_device, resolve_runner
 DATA_TASK_CPUS = 0.1
 
 
-def _regularizers_text(tc) -> str:
-    """The attention regularizers a run trains with, for its first line ('' when none)."""
+def _regularizers_text(tc, job=None) -> str:
+    """The attention regularizers a run trains with, and its gradient caching, for its first line ('' when
+    none)."""
     parts = ([f"attention dropout {tc.attention_dropout:g}"] if tc.attention_dropout is not None else []) \
         + ([f"DropHead {tc.drophead:g}"] if tc.drophead else [])
+    if job is not None and tc.grad_cache:
+        B, h = tc.num_workers * tc.batch_size, job.data.hard_negatives
+        in_batch = job.loss.name in ("dpr", "dar") or getattr(job.loss, "in_batch_negatives", False)
+        docs = B * (1 + h) if in_batch else 1 + h
+        parts.append(f"gradient caching: an effective batch of {B:,} queries, each scored against {docs:,} "
+                     f"documents, the towers run {tc.grad_cache_query_chunk} query / {tc.grad_cache_doc_chunk} "
+                     "document rows a chunk")
     return "".join(", " + p for p in parts)
 
 
@@ -268,6 +276,12 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     runner = resolve_runner(job)
     amp = check_device(job, runner)
     method = get_method(job.loss.name)
+    if tc.grad_cache:
+        from .grad_cache import GRAD_CACHE_METHODS
+
+        if job.loss.name not in GRAD_CACHE_METHODS:
+            raise ConfigError(f"train.grad_cache: for the in-batch methods ({', '.join(GRAD_CACHE_METHODS)}), not "
+                              f"loss.name={job.loss.name}")
     storage = st.resolve(tc.storage_path)  # a local Path, or a RemotePath for s3://, gs://, … URIs
     run_dir = storage / tc.name
     remote = isinstance(run_dir, RemotePath)
@@ -509,7 +523,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
               f" ({'held in memory' if materialize else 'streamed by Ray Data' if ray_data else 'read from files'}),"
               f" {world} worker(s) x batch {B} "
               f"(global {world * B}), {spe} steps/epoch, {total} steps, {job.loss.similarity}/τ={job.loss.tau:g}"
-              + _regularizers_text(tc) + (f", resuming from {resume.name}" if resume else ""), flush=True)
+              + _regularizers_text(tc, job) + (f", resuming from {resume.name}" if resume else ""), flush=True)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n_examples,
                 "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None}
@@ -599,7 +613,7 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
     if progress:
         print(f"[train] {tc.name}: {method.name}, {n:,} examples ({'held in memory' if materialize else 'read from files'}), "
               f"1 worker in this process (train.runner=local, no Ray) x batch {tc.batch_size}, {spe} steps/epoch, "
-              f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}" + _regularizers_text(tc)
+              f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}" + _regularizers_text(tc, job)
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
     session = LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu)
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n,
