@@ -204,13 +204,12 @@ def graph_key(model, side: str) -> str:
 
 
 @contextlib.contextmanager
-def entry_lock(entry: Path, wait: bool = True):
-    """Exclusive lock of one cache entry, held while it is made, checked or repaired. Yields False
-    (without the lock) when `wait` is off and another process holds it."""
+def _flocked(path: Path, wait: bool):
+    """An exclusive fcntl lock on `path` (made when missing): yields True holding it, or False without it when
+    `wait` is off and another process holds it."""
     import fcntl
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f".{entry.name}.lock", "a+") as f:
+    with open(path, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -220,6 +219,15 @@ def entry_lock(entry: Path, wait: bool = True):
             yield True
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def entry_lock(entry: Path, wait: bool = True):
+    """Exclusive lock of one cache entry, held while it is made, checked or repaired. Yields False
+    (without the lock) when `wait` is off and another process holds it."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with _flocked(entry.parent / f".{entry.name}.lock", wait) as held:
+        yield held
 
 
 @contextlib.contextmanager
@@ -249,18 +257,8 @@ def in_use(entry: Path):
 @contextlib.contextmanager
 def _removable(entry: Path):
     """Yields True holding the entry's use lock exclusively when no process is using it (else False)."""
-    import fcntl
-
-    with open(entry.parent / f".{entry.name}.use", "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with _flocked(entry.parent / f".{entry.name}.use", wait=False) as held:
+        yield held
 
 
 MARKERS = {"openvino": "export.json", "openvino-graphs": GRAPH_MARKER}  # each kind's entry marker
