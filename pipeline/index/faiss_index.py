@@ -240,7 +240,10 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
         print(f"[index] {cfg.factory} over {n_total:,} x {dim}: ~{per_vec:,.0f} B/vector, "
               f"estimated {need / 2**30:.2f} GiB (available {avail / 2**30:.1f} GiB)", flush=True)
     fits = cfg.max_ram_fraction * avail
-    if resuming or cfg.shards > 1 or cfg.shard_max_gb > 0 or (cfg.shards == 0 and need > fits):
+    # by itself, parts only where parts of one embedding shard each would fit; else the refusal below says what would
+    one_shard = per_vec * max((rows for _, rows, _ in shard_shapes(emb_dir)), default=0) + base
+    auto = cfg.shards == 0 and not cfg.shard_max_gb and need > fits and one_shard <= fits
+    if resuming or cfg.shards > 1 or cfg.shard_max_gb > 0 or auto:
         return _build_in_parts(emb_dir, out_dir, cfg, meta, index, per_vec, base, fits, rerun, overwrite, progress,
                                say_done, t0, None if sample is None else len(sample))
     if need > cfg.max_ram_fraction * avail:

@@ -55,7 +55,8 @@ def test_each_reader_gives_the_examples_and_counts_what_it_skips(tmp_path):
     skipped = {}
     tev = list(tevatron_examples(_tevatron(tmp_path / "t.jsonl"), "{title} [SEP] {text}", skipped, True))
     assert tev[0] == {"qid": "q0", "query": ROWS[0][0], "positive": "FAQ [SEP] " + ROWS[0][1],
-                      "negatives": [ROWS[0][2]]}  # no title: the text alone
+                      "negatives": [ROWS[0][2]],  # no title: the text alone
+                      "positive_id": "p0", "negative_ids": ["n0"]}  # (what a teacher's scores are joined by)
     tri = list(msmarco_triples_examples(_triples(tmp_path / "tri.tsv"), skipped, True))
     assert tri[1] == {"qid": "2", "query": ROWS[1][0], "positive": ROWS[1][1], "negatives": [ROWS[1][2]]}
     for kind in ("jsonl", "parquet", "datasets"):
