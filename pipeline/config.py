@@ -222,6 +222,10 @@ class IndexConfig(Section):
     # shard_max_gb: parts of at most this many GB of vectors (0 = not asked). IVF/PQ parts share one quantizer.
     shards: NonNegInt = 0
     shard_max_gb: NonNegFloat = 0.0
+    # Who builds the parts: local = one after another in this process; ray = Ray tasks, in parallel where the
+    # cluster has their memory (the embeddings and --out on storage every node shares); auto = ray where
+    # RAY_ADDRESS names a cluster (as `ray job submit` sets it), else local.
+    build_runner: Literal["auto", "local", "ray"] = "auto"
 
     SECTION = "index"
 

@@ -149,13 +149,17 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
               + (f", sharing one quantizer trained on {sample_rows:,} sampled vectors" if sample_rows else ""),
               flush=True)
     kept = 0
+    todo = []
     for i, part in enumerate(parts, 1):
-        folder = out_dir / part["name"]
-        if part_problem(folder, part, plan) is None:
+        if part_problem(out_dir / part["name"], part, plan) is None:
             kept += 1
-            continue
+        else:
+            todo.append((i, part))
+    if todo and build_on_ray(cfg):
+        _build_parts_on_ray(emb_dir, out_dir, todo, plan, trained, cfg, len(parts), progress)
+    for i, part in ([] if todo and build_on_ray(cfg) else todo):
         t = time.time()
-        _build_part(faiss, emb_dir, folder, part, plan, trained, cfg)
+        _build_part(faiss, emb_dir, out_dir / part["name"], part, plan, trained, cfg)
         if progress:
             print(f"[index] part {i}/{len(parts)} ({part['name']}): {part['rows']:,} vectors in "
                   f"{time.time() - t:.1f}s", flush=True)
@@ -173,6 +177,59 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
     write_json_atomic(out_dir / "index.json", info)
     (out_dir / PLAN_FILE).unlink(missing_ok=True)
     return info
+
+
+def build_on_ray(cfg) -> bool:
+    """Whether the parts are built as Ray tasks: `index.build_runner=ray`, or auto with RAY_ADDRESS naming a cluster
+    (as `ray job submit` sets it for its entrypoint)."""
+    import os
+
+    runner = getattr(cfg, "build_runner", "auto")
+    if runner != "auto":
+        return runner == "ray"
+    address = os.environ.get("RAY_ADDRESS", "")
+    return bool(address) and address != "local"
+
+
+def _part_task(emb_dir: str, folder: str, part: dict, plan: dict, trained_bytes, cfg) -> dict:
+    """One part built in a Ray task (where its memory is free); what node built it."""
+    import faiss
+    import ray
+
+    trained = faiss.deserialize_index(trained_bytes)
+    t = time.time()
+    _build_part(faiss, emb_dir, Path(folder), part, plan, trained, cfg)
+    return {"node": ray.get_runtime_context().get_node_id(), "seconds": time.time() - t}
+
+
+def _build_parts_on_ray(emb_dir, out_dir: Path, todo: list, plan: dict, trained, cfg, n_parts: int,
+                        progress: bool) -> None:
+    """The missing parts built as Ray tasks, in parallel where the cluster has the memory (each asks for its
+    part's bytes of Ray's `memory` resource); the embeddings and the index folder must be where every node
+    reads and writes them (shared storage), as a cluster's encode output is. A task that fails fails the
+    build, naming its part; the parts finished meanwhile are kept for the re-run."""
+    import faiss
+    import ray
+
+    from ..ray_runtime import init_ray
+
+    init_ray()
+    blob = ray.put(faiss.serialize_index(trained))
+    task = ray.remote(_part_task)
+    refs = {task.options(num_cpus=1, memory=max(int(part["bytes"]), 1)).remote(
+        str(emb_dir), str(out_dir / part["name"]), part, plan, blob, cfg): (i, part) for i, part in todo}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        i, part = refs[done[0]]
+        try:
+            got = ray.get(done[0])
+        except ray.exceptions.RayError as e:
+            raise PipelineError(f"part {part['name']} of the index failed on Ray ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200]}); the parts finished are kept: run again") from None
+        if progress:
+            print(f"[index] part {i}/{n_parts} ({part['name']}): {part['rows']:,} vectors in {got['seconds']:.1f}s "
+                  f"on node {got['node'][:12]} (a Ray task)", flush=True)
 
 
 def _needs_training(factory: str, trained) -> bool:

@@ -58,11 +58,15 @@ SCRIPT = textwrap.dedent('''
     print("STAGE two nodes up", flush=True)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
+        # the parts built again as Ray tasks on the cluster (index.build_runner=ray): the same index
+        on_ray = build_index(emb, tmp / "four-ray", IndexConfig(shards=4, build_runner="ray"), progress=True)
+        rebuilt_same = [p["rows"] for p in on_ray["parts"]] == [p["rows"] for p in info["parts"]]
         cfg = load_config(None, ["retrieve.runner=ray"])
         search = RaySearch(load_index(tmp / "four", resident=False), cfg, init=False)
         nodes = search.node_of()
         queries = rng.standard_normal((30, 16)).astype(np.float32)
         s1, i1 = load_index(tmp / "one").search(queries, 20)
+        ray_built_same = bool(np.array_equal(load_index(tmp / "four-ray").search(queries, 20)[1], i1))
         first = search.search(queries, 20)
         second = search.search(queries[:10], 20)  # a second batch: nothing loaded again
         ray.kill(search.actors[2])
@@ -78,7 +82,8 @@ SCRIPT = textwrap.dedent('''
             "nodes": nodes, "cluster_nodes": alive,
             "same": bool(np.array_equal(first[1], i1)), "max_diff": float(np.abs(first[0] - s1).max()),
             "second_same": bool(np.array_equal(second[1], i1[:10])),
-            "after_kill_same": bool(np.array_equal(after_kill[1], i1)), "too_big": too_big}))
+            "after_kill_same": bool(np.array_equal(after_kill[1], i1)), "too_big": too_big,
+            "ray_built": rebuilt_same and ray_built_same}))
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -94,3 +99,4 @@ def test_search_actors_on_two_nodes_answer_as_one_part_and_survive_a_dead_actor(
     assert res["same"] and res["max_diff"] <= 1e-5 and res["second_same"]
     assert res["after_kill_same"]  # the dead actor's part made again and searched: the same run
     assert "search actors: part part-00" in res["too_big"] and "needs" in res["too_big"]
+    assert res["ray_built"]  # the parts built as Ray tasks: the same index, the same answers
