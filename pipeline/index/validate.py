@@ -168,9 +168,12 @@ class Validator:
             qv = np.concatenate([s["queries"] for s in qshares])
             progress.update("encoding queries", len(qv), len(qids))
         pids = corpus["pid"].to_pylist()
+        from .sharded import search_ordered
+
         index = faiss.IndexFlatIP(model.dim)
         index.add(np.ascontiguousarray(docs, dtype=np.float32))
-        scores, ids = index.search(np.ascontiguousarray(qv, dtype=np.float32), min(self.top_k, len(pids)))
+        # the tie rule of every search (index/sharded.order): the figure is the one `pipeline retrieve` gives
+        scores, ids = search_ordered(index, qv, min(self.top_k, len(pids)), "ip")
         with tempfile.TemporaryDirectory() as tmp:
             run_path = Path(tmp) / "val.trec"
             write_run(run_path, qids, pids, scores, ids, "validation")
