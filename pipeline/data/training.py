@@ -98,7 +98,16 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teach
     from .training_files import training_file_examples
 
     out = Path(out)
-    if data_cfg.source in FILE_SOURCES:
+    if data_cfg.source == "msmarco-id-triples":
+        if not (data_cfg.path and data_cfg.corpus and data_cfg.queries):
+            raise PipelineError("data.source=msmarco-id-triples needs data.path (the id triples), data.corpus (the "
+                                "ingested collection) and data.queries (qid<TAB>text)")
+        manifest = load_manifest(Path(data_cfg.corpus))
+        sources = [data_cfg.path, data_cfg.queries]
+        meta = {"source": "msmarco-id-triples", "path": str(Path(data_cfg.path).resolve()),
+                "corpus": str(Path(data_cfg.corpus).resolve()), "corpus_fingerprint": manifest["fingerprint"],
+                "queries": str(data_cfg.queries), "title_join": manifest["title_join"]}
+    elif data_cfg.source in FILE_SOURCES:
         if not data_cfg.path:
             raise PipelineError(f"data.source={data_cfg.source} needs data.path (the training file)")
         sources = []
@@ -151,6 +160,24 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teach
             return old
     skipped: dict = {}
     teacher = False
+    if data_cfg.source == "msmarco-id-triples":
+        from .training_files import msmarco_id_triple_tables
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".passages-", dir=out.parent))
+        try:
+            store = scratch / PASSAGES_FILE
+            counts: dict = {}
+            examples = msmarco_id_triple_tables(data_cfg.path, data_cfg.corpus, data_cfg.queries, store, skipped,
+                                                counts)
+            result = write_examples(examples, out, meta, skipped=skipped, passages=store)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if progress:
+            skip = f", skipped {skipped}" if skipped else ""
+            print(f"[train-data] {result['examples']:,} examples from msmarco-id-triples{skip} naming "
+                  f"{result['passages_rows']:,} distinct passages -> {out}", flush=True)
+        return result
     if data_cfg.source in FILE_SOURCES:
         examples = training_file_examples(data_cfg.source, data_cfg.path, data_cfg.title_join, skipped,
                                           need_negatives=data_cfg.hard_negatives > 0 and not data_cfg.teacher_scores)

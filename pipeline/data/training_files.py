@@ -16,8 +16,11 @@ line without three columns. A query without a positive, an empty text, or no neg
 are asked for (`data.hard_negatives`) is a counted skip, reported with the examples' line. Memory: a line (a
 Parquet row group, a datasets batch) at a time, whatever the file's size; the store written as it goes.
 
-MS MARCO's id triples (`qidpidtriples.train.full.2.tsv`, with `data.corpus` and `data.queries`) are not read yet;
-turn them into the qrels source's inputs (data.qrels and data.negatives_run) or into a columns file.
+    msmarco-id-triples  MS MARCO's `qidpidtriples.train.full.2.tsv`: `qid<TAB>pid_pos<TAB>pid_neg`, one example a line,
+                        with `data.corpus` (the ingested collection the pids name) and `data.queries` (qid<TAB>text);
+                        the ids form of the store (`msmarco_id_triple_tables`): read twice, first for the pids it
+                        names (each passage's text then copied once into the store, looked up by binary search on
+                        the pids' integer values), then a block of lines at a time
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Iterator
 from ..errors import InputError
 from .manifest import join_title
 
-SOURCES = ("tevatron", "msmarco-triples", "columns")
+SOURCES = ("tevatron", "msmarco-triples", "columns")  # the texts form; msmarco-id-triples: the ids form, below
 
 
 def _skip(skipped: dict, why: str) -> None:
@@ -318,3 +321,70 @@ def with_teacher(examples: Iterator[dict], teacher: dict, counts: dict) -> Itera
             scores.append(t)
         yield {**ex, "negatives": negs, "teacher_positive": teacher[key], "teacher_negatives": scores}
     counts["teacher_pairs_unused"] = max(len(teacher) - used, 0)
+
+
+# ------------------------------------------------------------------------------------------- MS MARCO's id triples
+
+
+def _id_triple_blocks(path: Path, block: int = 100_000) -> Iterator[tuple[int, list[tuple[str, str, str]]]]:
+    """(first line number, [(qid, pid_pos, pid_neg)]) a block of lines at a time; a malformed line is named."""
+    rows, first = [], 1
+    with open(path, encoding="utf-8", errors="strict") as f:
+        for no, raw in enumerate(f, 1):
+            cols = raw.split()
+            if not cols:
+                continue
+            if len(cols) != 3:
+                raise InputError(path, no, f"{len(cols)} columns; an id triple is qid<TAB>pid_pos<TAB>pid_neg")
+            if not rows:
+                first = no
+            rows.append((cols[0], cols[1], cols[2]))
+            if len(rows) >= block:
+                yield first, rows
+                rows = []
+    if rows:
+        yield first, rows
+
+
+def msmarco_id_triple_tables(path: str | Path, corpus: str | Path, queries: str | Path, store_path: str | Path,
+                             skipped: dict, counts: dict) -> Iterator:
+    """Examples of MS MARCO's id triples in the ids form: Arrow tables (qid, query, positive_row, negative_rows)
+    whose rows point into the passage store written at `store_path`. A line whose query is not in `queries`, or
+    whose pid is not in the corpus, is a counted skip. Memory: the queries' texts, the store's sorted integer
+    pids (8 bytes a passage) and one block of 100,000 lines."""
+    import pyarrow as pa
+
+    from .corpus import PassageStore
+    from .readers import load_queries
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, None, "file not found (data.path: MS MARCO's qidpidtriples.train.full.2.tsv)")
+    qtexts = load_queries(queries)
+    pids: set[str] = set()
+    for _, rows in _id_triple_blocks(path):  # first pass: the passages the triples name
+        for _, p, n in rows:
+            pids.add(p)
+            pids.add(n)
+    store = PassageStore(corpus, pa.array(sorted(pids), pa.string()), store_path, join=None)
+    counts["passages"] = len(store)
+    del pids
+    for _, rows in _id_triple_blocks(path):
+        keep = [r for r in rows if r[0] in qtexts]
+        if len(keep) < len(rows):
+            skipped["query_not_in_queries"] = skipped.get("query_not_in_queries", 0) + len(rows) - len(keep)
+        if not keep:
+            continue
+        pos_rows, pos_found = store.rows([r[1] for r in keep])
+        neg_rows, neg_found = store.rows([r[2] for r in keep])
+        ok = pos_found & neg_found
+        missing = int((~ok).sum())
+        if missing:
+            skipped["pid_not_in_corpus"] = skipped.get("pid_not_in_corpus", 0) + missing
+        idx = [i for i in range(len(keep)) if ok[i]]
+        if not idx:
+            continue
+        yield pa.table({"qid": pa.array([keep[i][0] for i in idx], pa.string()),
+                        "query": pa.array([qtexts[keep[i][0]] for i in idx], pa.string()),
+                        "positive_row": pa.array(pos_rows[idx], pa.int64()),
+                        "negative_rows": pa.array([[int(neg_rows[i])] for i in idx], pa.list_(pa.int64()))})

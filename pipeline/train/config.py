@@ -19,7 +19,8 @@ class TrainDataConfig(Section):
     # (data/training_files.py, all with data.path): tevatron (Tevatron's JSONL), msmarco-triples (MS MARCO's
     # query<TAB>positive<TAB>negative texts), columns (sentence-transformers' anchor/positive/negative[_1..n]
     # columns as Parquet, JSONL or a datasets folder)
-    source: Literal["qrels", "dpr-json", "tevatron", "msmarco-triples", "columns"] = "qrels"
+    # msmarco-id-triples: MS MARCO's qid<TAB>pid_pos<TAB>pid_neg, with data.corpus and data.queries
+    source: Literal["qrels", "dpr-json", "tevatron", "msmarco-triples", "msmarco-id-triples", "columns"] = "qrels"
     path: str | None = None                 # dpr-json, tevatron, msmarco-triples, columns: the training file
     # A teacher's scores for distillation (loss.name=margin_mse / distill_kl): trec = a TREC run with scores (a
     # reranker's, `pipeline rerank`), hofstaetter = score_pos<TAB>score_neg<TAB>qid<TAB>pid_pos<TAB>pid_neg;

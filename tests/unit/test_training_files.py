@@ -124,3 +124,30 @@ def test_a_tiny_run_from_each_training_file_trains_and_exports_a_model_sentence_
     st = SentenceTransformer(str(tmp_path / "runs" / "run" / "model"), device="cpu")
     assert st.encode(["a query"]).shape[0] == 1
     assert load_train_config(None, [f"data.source={name}"]).data.source == name
+
+
+def test_msmarco_id_triples_read_through_the_corpus_and_queries_and_train(tiny_model_dir, faq, tmp_path):
+    """MS MARCO's id triples name the query and passages by id: their texts come from the ingested corpus and
+    the queries file (each passage copied once into the store); a line naming an unknown query or passage is a
+    counted skip, a malformed one an error naming its line; a tiny run from them trains."""
+    from pipeline.data.readers import load_qrels
+    from pipeline.train.trainer import train
+
+    judged = load_qrels(faq / "qrels" / "train.trec")
+    pids = sorted({d for docs in judged.values() for d in docs})
+    lines = [f"{q}\t{d}\t{pids[(i * 7) % len(pids)]}" for i, (q, docs) in enumerate(sorted(judged.items()))
+             for d in list(docs)[:1]]
+    path = tmp_path / "qidpidtriples.tsv"
+    path.write_text("\n".join(lines + ["no-such-query\tx\ty", f"{lines[0].split()[0]}\tno-such-pid\t{pids[0]}"]) + "\n")
+    job = dpr_job(tiny_model_dir, faq, tmp_path / "runs", "run", "train.num_workers=1", "train.runner=local",
+                  "train.max_steps=2", "train.batch_size=4", "data.source=msmarco-id-triples", f"data.path={path}",
+                  f"data.queries={faq / 'queries.tsv'}", "data.hard_negatives=1")
+    done = train(job, progress=False)
+    meta = json.loads((tmp_path / "runs" / "run" / "examples" / "examples.json").read_text())
+    assert done["examples"] == len(lines) and meta["form"] == "ids"
+    assert meta["skipped"] == {"query_not_in_queries": 1, "pid_not_in_corpus": 1}
+    (tmp_path / "bad.tsv").write_text(lines[0] + "\n" + "q1\tp1\n")
+    from pipeline.data.training_files import msmarco_id_triple_tables
+
+    with pytest.raises(InputError, match=r"bad.tsv:2: 2 columns; an id triple is qid<TAB>pid_pos<TAB>pid_neg"):
+        list(msmarco_id_triple_tables(tmp_path / "bad.tsv", faq, faq / "queries.tsv", tmp_path / "s.arrow", {}, {}))
