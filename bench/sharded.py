@@ -70,9 +70,9 @@ sys.path.insert(0, sys.argv[5])
 from pipeline.config import IndexConfig
 from pipeline.index.faiss_index import load_index
 index_dir, out, n, k = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-nprobe = int(sys.argv[6])
+nprobe, ef = int(sys.argv[6]), int(sys.argv[7])
 t0 = time.time()
-index = load_index(index_dir, IndexConfig(nprobe=nprobe), resident=False)
+index = load_index(index_dir, IndexConfig(nprobe=nprobe, ef_search=ef), resident=False)
 rng = np.random.default_rng(123)
 q = rng.standard_normal((n, index.index.d)).astype(np.float32)
 q /= np.linalg.norm(q, axis=1, keepdims=True)
@@ -103,14 +103,63 @@ def run_build(emb: Path, out: Path, extra: list[str]) -> dict:
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-def run_search(index: Path, out: Path, n: int, k: int, nprobe: int = 0) -> dict:
+def run_search(index: Path, out: Path, n: int, k: int, nprobe: int = 0, ef: int = 0) -> dict:
     got = subprocess.run([sys.executable, "-c", CHILD_SEARCH, str(index), str(out), str(n), str(k), str(ROOT),
-                          str(nprobe)], check=True, capture_output=True, text=True, cwd=ROOT)
+                          str(nprobe), str(ef)], check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
 def recall(ids: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, truth)]))
+
+
+def write_clustered(folder: Path, rows: int, dim: int, shard_rows: int, clusters: int = 1000, seed: int = 1) -> Path:
+    """Seeded unit vectors around `clusters` random centres (the structure real embeddings have and random
+    vectors lack, which IVF and HNSW rely on), as an embedding set."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.index.shards import plan_part, write_shard
+
+    meta_path = folder / "embeddings.json"
+    want = {"rows": rows, "dim": dim, "shard_rows": shard_rows, "seed": seed, "clusters": clusters}
+    if meta_path.is_file() and all(json.loads(meta_path.read_text()).get(k) == v for k, v in want.items()):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+    pids = [f"d{i}" for i in range(rows)]
+    specs = plan_part(0, "corpus/part-00000.parquet", pids, shard_rows)
+    for s in specs:
+        n = s["end"] - s["start"]
+        v = centres[rng.integers(0, clusters, n)] + 0.5 * rng.standard_normal((n, dim)).astype(np.float32)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        write_shard(folder, s, pids[s["start"]:s["end"]], v)
+    meta_path.write_text(json.dumps({**want, "complete": True, "shard_names": [s["name"] for s in specs],
+                                     "corpus_fingerprint": f"clustered-{rows}-{dim}-{seed}", "model_config": {},
+                                     "model": {"path": "synthetic"}}))
+    return folder
+
+
+def recall_table(args, work: Path) -> list[str]:
+    """recall@100 against Flat of IVF, HNSW and IVF-PQ, in one part and in 4, on clustered vectors."""
+    emb = write_clustered(work / "clustered", args.recall_rows, args.dim, max(args.recall_rows // 20, 1000))
+    lines = ["", f"recall@100 against Flat's top 100 on {args.recall_rows:,} clustered unit vectors x {args.dim} "
+                 "(1,000 centres, noise 0.5), 20 embedding shards, 1,000 queries:", "",
+             "| factory (search setting) | one part | 4 parts |", "|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    run_build(emb, work / "c-flat", ["index.shards=1"])
+    run_search(work / "c-flat", work / "c-flat-run", args.queries, args.top_k)
+    truth = np.load(work / "c-flat-run.ids.npy")
+    for factory, extra, nprobe in (("IVF256,Flat", [], 16), ("HNSW32", [], 0), ("IVF256,PQ32", [], 16)):
+        got = []
+        for p in (1, 4):
+            idx = work / f"c-{factory.replace(',', '-')}-{p}"
+            run_build(emb, idx, ["--factory", factory, "index.train_sample=100000", f"index.shards={p}", *extra])
+            run_search(idx, work / f"c-run-{p}", args.queries, args.top_k, nprobe=nprobe, ef=0 if nprobe else 128)
+            got.append(recall(np.load(work / f"c-run-{p}.ids.npy"), truth))
+        row = f"| {factory} ({f'nprobe {nprobe}' if nprobe else 'efSearch 128'}) | {got[0]:.4f} | {got[1]:.4f} |"
+        lines.append(row)
+        print(row, flush=True)
+    return lines
 
 
 def main() -> None:
@@ -122,6 +171,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--top-k", type=int, default=100)
     ap.add_argument("--no-ivf", action="store_true")
+    ap.add_argument("--recall-rows", type=parse_size, default=0, help="also recall@100 of IVF, HNSW and IVF-PQ in "
+                                                                     "1 and 4 parts on this many clustered vectors")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-sharded"))
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
@@ -169,6 +220,8 @@ def run(args) -> list[str]:
                    f"{s['seconds'] * 1000 / args.queries:.1f} |")
             lines.append(row)
             print(row, flush=True)
+    if args.recall_rows:
+        lines += recall_table(args, work)
     out = Path(args.out) / f"sharded-{time.strftime('%Y-%m-%d')}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
