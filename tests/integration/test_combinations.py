@@ -201,6 +201,8 @@ TRAINING = {  # method -> the end-to-end tests that train it through the trainer
     "arr_cl": [("test_arr.py", "test_cl_mll_then_arr_distillation")],
     "arr_mll": [("test_arr.py", "test_cl_mll_then_arr_distillation")],
     "arr": [("test_arr.py", "test_cl_mll_then_arr_distillation")],
+    "margin_mse": [("../unit/test_distill.py", "test_a_tiny_distillation_run_trains_on_the_teachers_scores")],
+    "distill_kl": [("../unit/test_distill.py", "test_a_tiny_distillation_run_trains_on_the_teachers_scores")],
 }
 
 
