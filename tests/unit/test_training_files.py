@@ -146,6 +146,9 @@ def test_msmarco_id_triples_read_through_the_corpus_and_queries_and_train(tiny_m
     meta = json.loads((tmp_path / "runs" / "run" / "examples" / "examples.json").read_text())
     assert done["examples"] == len(lines) and meta["form"] == "ids"
     assert meta["skipped"] == {"query_not_in_queries": 1, "pid_not_in_corpus": 1}
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(tmp_path / "runs" / "run" / "model"), device="cpu").encode(["q"]).shape[0] == 1
     (tmp_path / "bad.tsv").write_text(lines[0] + "\n" + "q1\tp1\n")
     from pipeline.data.training_files import msmarco_id_triple_tables
 
