@@ -99,9 +99,9 @@ def describe_difference(then: dict | None, now: dict) -> str:
     identity" for a marker without one)."""
     if not isinstance(then, dict) or "digest" not in then:
         return "made before runs recorded their identity (the data, prepare and config files it read are unknown)"
-    words = {"definition": "the arm's definition", "vars": "the vars", "configs": "a config file its commands name",
-             "data": "the data (corpus or judgements)", "prepare": "the prepare (its commands or the runs it made)",
-             "seed": "the seed"}
+    words = {"definition": "arm definitions", "vars": "vars", "configs": "config files its commands name",
+             "data": "data (corpus or judgements)", "prepare": "prepare steps (their commands or the runs they made)",
+             "seed": "seeds"}
     differ = [k for k in IDENTITY_KEYS if then.get(k) != now.get(k)]
     if not differ:
         return "another identity"

@@ -106,13 +106,13 @@ def test_a_finished_run_is_not_done_after_its_judgements_or_a_config_file_change
     _prepared(work, ["q1 0 d1 1", "q2 0 d3 1"], ["q9 0 d1 1"])
     run.run()
     assert len(fake_runner) == 2
-    assert any("seed 0: finished earlier, made with other the data (corpus or judgements)" in t for t in said)
+    assert any("seed 0: finished earlier, made with other data (corpus or judgements)" in t for t in said)
     assert len(list((work / "arms" / "dpr").glob("seed-0.replaced-*"))) == 1
     # the config file the train command names is edited
     fake_runner.clear()
     (repo / "c.yaml").write_text("train: {epochs: 2}\n")
     run.run()
-    assert len(fake_runner) == 2 and any("a config file its commands name ({repo}/c.yaml)" in t for t in said)
+    assert len(fake_runner) == 2 and any("made with other config files its commands name ({repo}/c.yaml)" in t for t in said)
     assert str(repo_root())  # (the real checkout is not the one the runner saw)
 
 
