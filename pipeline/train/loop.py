@@ -483,13 +483,10 @@ def train_loop_per_worker(loop_cfg: dict) -> None:
         flag = bool(extra.pop("stop", False))
         return bool(_all_gather_object(flag, world)[0])
 
-    cache = None
-    if tc.grad_cache:
-        from .grad_cache import GradCache, recording  # noqa: F401 (recording: used in the step)
+    from .grad_cache import GradCache, recording
 
-        cache = GradCache(tc.grad_cache_query_chunk, tc.grad_cache_doc_chunk, device)
-    else:
-        from .grad_cache import recording  # noqa: F401
+    # train.grad_cache: the step's towers chunk by chunk, replayed for the gradient (train/grad_cache.py)
+    cache = GradCache(tc.grad_cache_query_chunk, tc.grad_cache_doc_chunk, device) if tc.grad_cache else None
     stopped = False
     model.train()
     try:
