@@ -91,7 +91,9 @@ def test_training_reduces_loss_and_saves_loadable_model(ray_session, tiny_model_
     for step in (12, 24):
         assert f"[train] dpr step {step} validation: encoding 0/176 passages" in out, out
         assert f"[train] dpr step {step} validation: encoding 176/176 passages" in out, out
-    assert "0.00 steps/s" not in out, out
+    import re
+
+    assert not re.search(r"(?<![\d.])0\.00 steps/s", out), out  # (a rate of 10.00 steps/s is not a zero rate)
     done = [ln for ln in out.splitlines() if ln.startswith("[train] done: dpr")]
     assert len(done) == 1 and all(f"{k} " in done[0] for k in ("start-up", "training", "validation", "checkpoints",
                                                                "export")), done
