@@ -87,10 +87,10 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teach
     the method trains on a teacher's scores (data.teacher_scores, or a columns file's label column)."""
     from ..errors import ConfigError
 
-    if data_cfg.teacher_scores and data_cfg.source != "tevatron":
-        raise ConfigError(f"data.teacher_scores is joined by (query id, document id) with data.source=tevatron; "
-                          f"data.source={data_cfg.source} names no document ids (a columns file carries its teacher's "
-                          "scores in its label column)")
+    if data_cfg.teacher_scores and data_cfg.source not in ("tevatron", "msmarco-id-triples"):
+        raise ConfigError(f"data.teacher_scores is joined by (query id, document id) with data.source=tevatron or "
+                          f"msmarco-id-triples; data.source={data_cfg.source} names no document ids (a columns file "
+                          "carries its teacher's scores in its label column)")
     if needs_teacher and not data_cfg.teacher_scores and data_cfg.source != "columns":
         raise ConfigError("distillation needs the teacher's scores: data.teacher_scores=PATH (with data.source=tevatron) "
                           "or a columns file with a label column")
@@ -107,6 +107,10 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teach
         meta = {"source": "msmarco-id-triples", "path": str(Path(data_cfg.path).resolve()),
                 "corpus": str(Path(data_cfg.corpus).resolve()), "corpus_fingerprint": manifest["fingerprint"],
                 "queries": str(data_cfg.queries), "title_join": manifest["title_join"]}
+        if data_cfg.teacher_scores:
+            meta.update(teacher_scores=str(Path(data_cfg.teacher_scores).resolve()),
+                        teacher_format=data_cfg.teacher_format)
+            sources.append(data_cfg.teacher_scores)
     elif data_cfg.source in FILE_SOURCES:
         if not data_cfg.path:
             raise PipelineError(f"data.source={data_cfg.source} needs data.path (the training file)")
@@ -168,9 +172,15 @@ def build_examples(data_cfg, out: str | Path, progress: bool = True, needs_teach
         try:
             store = scratch / PASSAGES_FILE
             counts: dict = {}
+            teacher_map = None
+            if data_cfg.teacher_scores:
+                from .training_files import read_teacher_scores
+
+                teacher_map, _ = read_teacher_scores(data_cfg.teacher_scores, data_cfg.teacher_format)
             examples = msmarco_id_triple_tables(data_cfg.path, data_cfg.corpus, data_cfg.queries, store, skipped,
-                                                counts)
-            result = write_examples(examples, out, meta, skipped=skipped, passages=store)
+                                                counts, teacher=teacher_map)
+            result = write_examples(examples, out, meta, skipped=skipped, passages=store,
+                                    teacher=teacher_map is not None)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if progress:

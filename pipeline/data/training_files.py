@@ -347,7 +347,7 @@ def _id_triple_blocks(path: Path, block: int = 100_000) -> Iterator[tuple[int, l
 
 
 def msmarco_id_triple_tables(path: str | Path, corpus: str | Path, queries: str | Path, store_path: str | Path,
-                             skipped: dict, counts: dict) -> Iterator:
+                             skipped: dict, counts: dict, teacher: dict | None = None) -> Iterator:
     """Examples of MS MARCO's id triples in the ids form: Arrow tables (qid, query, positive_row, negative_rows)
     whose rows point into the passage store written at `store_path`. A line whose query is not in `queries`, or
     whose pid is not in the corpus, is a counted skip. Memory: the queries' texts, the store's sorted integer
@@ -382,9 +382,19 @@ def msmarco_id_triple_tables(path: str | Path, corpus: str | Path, queries: str 
         if missing:
             skipped["pid_not_in_corpus"] = skipped.get("pid_not_in_corpus", 0) + missing
         idx = [i for i in range(len(keep)) if ok[i]]
+        if teacher is not None:  # a teacher's scores of both passages (Hofstätter's file names these triples)
+            scored = [i for i in idx if (keep[i][0], keep[i][1]) in teacher and (keep[i][0], keep[i][2]) in teacher]
+            if len(scored) < len(idx):
+                skipped["no_teacher_score"] = skipped.get("no_teacher_score", 0) + len(idx) - len(scored)
+            idx = scored
         if not idx:
             continue
-        yield pa.table({"qid": pa.array([keep[i][0] for i in idx], pa.string()),
-                        "query": pa.array([qtexts[keep[i][0]] for i in idx], pa.string()),
-                        "positive_row": pa.array(pos_rows[idx], pa.int64()),
-                        "negative_rows": pa.array([[int(neg_rows[i])] for i in idx], pa.list_(pa.int64()))})
+        columns = {"qid": pa.array([keep[i][0] for i in idx], pa.string()),
+                   "query": pa.array([qtexts[keep[i][0]] for i in idx], pa.string()),
+                   "positive_row": pa.array(pos_rows[idx], pa.int64()),
+                   "negative_rows": pa.array([[int(neg_rows[i])] for i in idx], pa.list_(pa.int64()))}
+        if teacher is not None:
+            columns["teacher_positive"] = pa.array([teacher[(keep[i][0], keep[i][1])] for i in idx], pa.float64())
+            columns["teacher_negatives"] = pa.array([[teacher[(keep[i][0], keep[i][2])]] for i in idx],
+                                                    pa.list_(pa.float64()))
+        yield pa.table(columns)

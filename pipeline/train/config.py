@@ -24,8 +24,8 @@ class TrainDataConfig(Section):
     path: str | None = None                 # dpr-json, tevatron, msmarco-triples, columns: the training file
     # A teacher's scores for distillation (loss.name=margin_mse / distill_kl): trec = a TREC run with scores (a
     # reranker's, `pipeline rerank`), hofstaetter = score_pos<TAB>score_neg<TAB>qid<TAB>pid_pos<TAB>pid_neg;
-    # joined by (query id, document id) with data.source=tevatron (a columns file carries its own `label`
-    # column instead). Pickles are never read.
+    # joined by (query id, document id) with data.source=tevatron or msmarco-id-triples (a columns file carries
+    # its own `label` column instead). Pickles are never read.
     teacher_scores: str | None = None
     teacher_format: Literal["trec", "hofstaetter"] = "trec"
     title_join: str = "{title} [SEP] {text}"  # dpr-json, tevatron: how a passage's title joins its text

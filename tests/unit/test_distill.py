@@ -118,3 +118,27 @@ def test_a_tiny_distillation_run_trains_on_the_teachers_scores(loss, source, tin
     done = train(job, progress=False)
     assert done["steps"] == 3 and done["loss"] == loss and math.isfinite(done["final_metrics"]["loss"])
     SentenceTransformer(str(tmp_path / "runs" / "run" / "model"), device="cpu")
+
+
+def test_margin_mse_on_msmarco_id_triples_with_hofstaetters_scores(tiny_model_dir, faq, tmp_path):
+    """Hofstätter's teacher file names MS MARCO's id triples: read with data.source=msmarco-id-triples, each
+    triple gets its two scores (a triple the file does not score is a counted skip), and MarginMSE trains on them."""
+    from pipeline.data.readers import load_qrels
+    from pipeline.train.trainer import train
+
+    judged = load_qrels(faq / "qrels" / "train.trec")
+    pids = sorted({d for docs in judged.values() for d in docs})
+    triples = [(q, sorted(docs)[0], next(p for p in pids[(i * 7) % len(pids):] + pids if p not in docs))
+               for i, (q, docs) in enumerate(sorted(judged.items()))]
+    (tmp_path / "triples.tsv").write_text("".join(f"{q}\t{p}\t{n}\n" for q, p, n in triples))
+    (tmp_path / "teacher.tsv").write_text("".join(f"{9.0 - i % 3}\t{1.0 + i % 2}\t{q}\t{p}\t{n}\n"
+                                                  for i, (q, p, n) in enumerate(triples[:-1])))
+    job = dpr_job(tiny_model_dir, faq, tmp_path / "runs", "run", "train.num_workers=1", "train.runner=local",
+                  "train.max_steps=2", "train.batch_size=4", "data.source=msmarco-id-triples",
+                  f"data.path={tmp_path / 'triples.tsv'}", f"data.queries={faq / 'queries.tsv'}",
+                  f"data.teacher_scores={tmp_path / 'teacher.tsv'}", "data.teacher_format=hofstaetter",
+                  "data.hard_negatives=1", "loss.name=margin_mse")
+    done = train(job, progress=False)
+    meta = json.loads((tmp_path / "runs" / "run" / "examples" / "examples.json").read_text())
+    assert done["examples"] == len(triples) - 1 and meta["skipped"] == {"no_teacher_score": 1}
+    assert done["steps"] == 2 and math.isfinite(done["final_metrics"]["loss"])
