@@ -100,7 +100,7 @@ _DIGESTS: dict = {}  # (path, size, mtime) -> digest: a result is written after 
 
 def judgements_digest(path: Path) -> str | None:
     """The judgements' digest: their sorted (qid, docid, grade) triples, whatever the file's layout and order
-    (None where the file cannot be read)."""
+    (None where there is no such file; a malformed one is read_qrels's error, naming its line)."""
     from .readers import read_qrels
 
     try:
@@ -110,10 +110,7 @@ def judgements_digest(path: Path) -> str | None:
         return None
     if key in _DIGESTS:
         return _DIGESTS[key]
-    try:
-        triples = sorted(f"{r['qid']}\t{r['docid']}\t{int(r['rel'])}" for r in read_qrels(path))
-    except Exception:  # (an unreadable file: its runs cannot be vouched for; the caller says unknown)
-        return None
+    triples = sorted(f"{r['qid']}\t{r['docid']}\t{int(r['rel'])}" for r in read_qrels(path))  # bad: file:line
     _DIGESTS[key] = hashlib.sha256("\n".join(triples).encode()).hexdigest()[:16]
     return _DIGESTS[key]
 

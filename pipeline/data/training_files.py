@@ -45,45 +45,56 @@ def _text(value, path, line, what: str) -> str:
     return value
 
 
+def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a JSON Lines file, blank lines passed over; a line that is not UTF-8 or not a
+    JSON object is one error naming the file and the line."""
+    with open(path, "rb") as f:
+        for no, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8-sig" if no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(path, no, f"invalid UTF-8 ({e.reason})") from None
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise InputError(path, no, f"not a JSON object ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise InputError(path, no, "not a JSON object")
+            yield no, obj
+
+
 def tevatron_examples(path: str | Path, join: str, skipped: dict, need_negatives: bool) -> Iterator[dict]:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, None, "file not found (data.path: Tevatron's training JSONL)")
-    with open(path, encoding="utf-8-sig", errors="strict") as f:
-        for no, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise InputError(path, no, f"not a JSON object ({e.msg})") from None
-            except UnicodeDecodeError as e:
-                raise InputError(path, no, f"invalid UTF-8 ({e.reason})") from None
-            if not isinstance(obj, dict) or "query" not in obj or "positive_passages" not in obj:
-                raise InputError(path, no, "a Tevatron line has query and positive_passages (and query_id, "
-                                           "negative_passages)")
+    for no, obj in _json_lines(path):
+        if "query" not in obj or "positive_passages" not in obj:
+            raise InputError(path, no, "a Tevatron line has query and positive_passages (and query_id, "
+                                       "negative_passages)")
 
-            def text_of(p, what):
-                if not isinstance(p, dict) or "text" not in p:
-                    raise InputError(path, no, f"{what}: a passage is an object with text (and docid, title)")
-                return join_title(str(p.get("title") or ""), _text(p["text"], path, no, f"{what} text"), join)
+        def text_of(p, what):
+            if not isinstance(p, dict) or "text" not in p:
+                raise InputError(path, no, f"{what}: a passage is an object with text (and docid, title)")
+            return join_title(str(p.get("title") or ""), _text(p["text"], path, no, f"{what} text"), join)
 
-            positives = obj["positive_passages"] or []
-            if not positives:
-                _skip(skipped, "no_positive")
-                continue
-            negatives = [text_of(p, "negative_passages") for p in obj.get("negative_passages") or []]
-            if need_negatives and not negatives:
-                _skip(skipped, "no_negatives")
-                continue
-            query = _text(obj["query"], path, no, "query")
-            positive = text_of(positives[0], "positive_passages")
-            if not query.strip() or not positive.strip():
-                _skip(skipped, "empty_text")
-                continue
-            yield {"qid": str(obj.get("query_id", no)), "query": query, "positive": positive,
-                   "negatives": negatives, "positive_id": str(positives[0].get("docid", "")),
-                   "negative_ids": [str(p.get("docid", "")) for p in obj.get("negative_passages") or []]}
+        positives = obj["positive_passages"] or []
+        if not positives:
+            _skip(skipped, "no_positive")
+            continue
+        negatives = [text_of(p, "negative_passages") for p in obj.get("negative_passages") or []]
+        if need_negatives and not negatives:
+            _skip(skipped, "no_negatives")
+            continue
+        query = _text(obj["query"], path, no, "query")
+        positive = text_of(positives[0], "positive_passages")
+        if not query.strip() or not positive.strip():
+            _skip(skipped, "empty_text")
+            continue
+        yield {"qid": str(obj.get("query_id", no)), "query": query, "positive": positive,
+               "negatives": negatives, "positive_id": str(positives[0].get("docid", "")),
+               "negative_ids": [str(p.get("docid", "")) for p in obj.get("negative_passages") or []]}
 
 
 def msmarco_triples_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:
@@ -170,20 +181,7 @@ def _column_rows(path: Path) -> Iterator[tuple[str, list[str], Iterator[tuple[in
     if not isinstance(first, dict):
         raise InputError(files[0], 1, "not JSON Lines of objects (empty, or not an object per line)")
 
-    def rows():
-        with open(files[0], encoding="utf-8-sig", errors="strict") as f:
-            for no, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    raise InputError(files[0], no, f"not a JSON object ({e.msg})") from None
-                if not isinstance(obj, dict):
-                    raise InputError(files[0], no, "not a JSON object")
-                yield no, obj
-
-    return "line", list(first), rows()
+    return "line", list(first), _json_lines(files[0])
 
 
 def columns_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:

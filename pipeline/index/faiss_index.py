@@ -118,7 +118,9 @@ def _load_embeddings_meta(emb_dir) -> dict:
     rows, dim = int(meta["rows"]), int(meta["dim"])
     total = 0
     try:  # headers and ids only (no vectors read, also on object stores)
+        shards = []
         for name, n_ids, shape in shard_shapes(emb_dir):
+            shards.append((name, shape[0] if len(shape) else 0))
             if len(shape) != 2 or shape[1] != dim:
                 raise InputError(emb_dir, None, f"a shard holds vectors of shape {shape}, embeddings.json "
                                  f"says dim {dim}; run `pipeline encode` again")
@@ -137,7 +139,7 @@ def _load_embeddings_meta(emb_dir) -> dict:
     if rows == 0:
         raise InputError(emb_dir, None, "the embedding set is empty: nothing to index")
     _check_corpus_unchanged(emb_dir, meta)
-    return meta
+    return {**meta, "_shard_rows": shards}  # (name, rows) in order: what a plan of parts is made from, read once
 
 
 def _check_corpus_unchanged(emb_dir, meta: dict) -> None:
@@ -241,7 +243,7 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
               f"estimated {need / 2**30:.2f} GiB (available {avail / 2**30:.1f} GiB)", flush=True)
     fits = cfg.max_ram_fraction * avail
     # by itself, parts only where parts of one embedding shard each would fit; else the refusal below says what would
-    one_shard = per_vec * max((rows for _, rows, _ in shard_shapes(emb_dir)), default=0) + base
+    one_shard = per_vec * max((rows for _, rows in meta["_shard_rows"]), default=0) + base
     auto = cfg.shards == 0 and not cfg.shard_max_gb and need > fits and one_shard <= fits
     if resuming or cfg.shards > 1 or cfg.shard_max_gb > 0 or auto:
         return _build_in_parts(emb_dir, out_dir, cfg, meta, index, per_vec, base, fits, rerun, overwrite, progress,
@@ -287,7 +289,7 @@ def _build_in_parts(emb_dir, out_dir: Path, cfg: IndexConfig, meta: dict, traine
     then built (resumed when a killed build of the same plan is there)."""
     from .sharded import _part_fits, build_sharded, part_problem, plan_parts
 
-    shards = [(name, rows) for name, rows, _ in shard_shapes(emb_dir)]
+    shards = meta["_shard_rows"]
     parts, why = plan_parts(shards, per_vec, base, cfg.shards, cfg.shard_max_gb, fits)
     for part in parts:
         _part_fits(part, fits, f"index {cfg.factory} over {int(meta['rows']):,} vectors")

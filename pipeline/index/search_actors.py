@@ -11,13 +11,17 @@ the search, naming the part: a run never lacks a part's passages.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import PipelineError, ResourceError
 from .sharded import ShardedIndex, order
 
 
+@functools.lru_cache(maxsize=1)
 def _actor_class():
+    """The actor class, defined (and registered with Ray) once a process."""
     import ray
 
     @ray.remote

@@ -325,6 +325,20 @@ class ConcatPids:
         for t in self.tables:
             yield from t
 
+    def take(self, rows) -> list[str]:
+        """The ids of many global rows at once (what a run writer asks for), each part's rows in one lookup."""
+        rows = np.asarray(rows, dtype=np.int64)
+        part = np.searchsorted(self.offsets, rows, side="right") - 1
+        out: list = [None] * len(rows)
+        for p in np.unique(part):
+            at = np.flatnonzero(part == p)
+            table = self.tables[int(p)]
+            local = rows[at] - self.offsets[p]
+            got = table.take(local) if hasattr(table, "take") else [table[int(i)] for i in local]
+            for i, pid in zip(at.tolist(), got):
+                out[i] = pid
+        return out
+
 
 def is_sharded(index_dir: Path) -> bool:
     meta = _read_json(Path(index_dir) / "index.json")
@@ -480,13 +494,13 @@ def merge_index(index_dir, out_dir, progress: bool = True) -> dict:
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         with open(tmp / "pids.txt", "w", encoding="utf-8") as pid_file:
-            for part in index.parts:
+            for part, pids in zip(index.parts, index.pids.tables):
                 one = index.load_part(part)
                 if merged is None:
                     merged = one
                 else:
                     merged.merge_from(one)
-                pid_file.write("".join(p + "\n" for p in index.pids.tables[index.parts.index(part)]))
+                pid_file.write("".join(p + "\n" for p in pids))
         faiss.write_index(merged, str(tmp / "index.faiss"))
         meta = {k: v for k, v in index.meta.items() if k not in ("parts", "shared_quantizer", "train_sample")}
         meta.update({"ntotal": int(merged.ntotal), "merged_from": str(index_dir), "seconds": round(time.time() - t0, 2)})
