@@ -40,26 +40,33 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if text[-1:] in "km" else text) * mult)
 
 
-def write_embeddings(folder: Path, rows: int, dim: int, shard_rows: int, seed: int = 0) -> Path:
-    """Seeded random unit vectors as an embedding set (kept: the same arguments reuse it)."""
+def write_embeddings(folder: Path, rows: int, dim: int, shard_rows: int, seed: int = 0, clusters: int = 0) -> Path:
+    """Seeded unit vectors as an embedding set (kept: the same arguments reuse it): random ones, or with `clusters`
+    around that many random centres (noise 0.5: the structure real embeddings have and random vectors lack, which
+    IVF and HNSW rely on)."""
     sys.path.insert(0, str(ROOT))
     from pipeline.index.shards import plan_part, write_shard
 
     meta_path = folder / "embeddings.json"
-    want = {"rows": rows, "dim": dim, "shard_rows": shard_rows, "seed": seed}
+    want = {"rows": rows, "dim": dim, "shard_rows": shard_rows, "seed": seed, "clusters": clusters}
     if meta_path.is_file() and all(json.loads(meta_path.read_text()).get(k) == v for k, v in want.items()):
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     pids = [f"d{i}" for i in range(rows)]
     specs = plan_part(0, "corpus/part-00000.parquet", pids, shard_rows)
     rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, dim)).astype(np.float32) if clusters else None
     for s in specs:
-        v = rng.standard_normal((s["end"] - s["start"], dim)).astype(np.float32)
+        n = s["end"] - s["start"]
+        if centres is not None:  # (the draws in the order the recorded results were made with)
+            v = centres[rng.integers(0, clusters, n)] + 0.5 * rng.standard_normal((n, dim)).astype(np.float32)
+        else:
+            v = rng.standard_normal((n, dim)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
         write_shard(folder, s, pids[s["start"]:s["end"]], v)
     meta_path.write_text(json.dumps({**want, "complete": True, "shard_names": [s["name"] for s in specs],
-                                     "corpus_fingerprint": f"synthetic-{rows}-{dim}-{seed}", "model_config": {},
-                                     "model": {"path": "synthetic"}}))
+                                     "corpus_fingerprint": f"synthetic-{rows}-{dim}-{seed}-{clusters}",
+                                     "model_config": {}, "model": {"path": "synthetic"}}))
     return folder
 
 
@@ -90,6 +97,7 @@ t0 = time.time()
 rc = main(["index", "--embeddings", sys.argv[1], "--out", sys.argv[2], *sys.argv[4:]])
 print(json.dumps({"rc": rc, "seconds": time.time() - t0,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+sys.exit(rc)
 """
 
 
@@ -98,8 +106,10 @@ def run_build(emb: Path, out: Path, extra: list[str]) -> dict:
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
-    got = subprocess.run([sys.executable, "-c", CHILD_BUILD, str(emb), str(out), str(ROOT), *extra], check=True,
+    got = subprocess.run([sys.executable, "-c", CHILD_BUILD, str(emb), str(out), str(ROOT), *extra],
                          capture_output=True, text=True, cwd=ROOT)
+    if got.returncode != 0:
+        raise SystemExit(f"pipeline index {' '.join(extra)} failed: {(got.stderr or got.stdout).strip()[-500:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])
 
 
@@ -113,37 +123,12 @@ def recall(ids: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, truth)]))
 
 
-def write_clustered(folder: Path, rows: int, dim: int, shard_rows: int, clusters: int = 1000, seed: int = 1) -> Path:
-    """Seeded unit vectors around `clusters` random centres (the structure real embeddings have and random
-    vectors lack, which IVF and HNSW rely on), as an embedding set."""
-    sys.path.insert(0, str(ROOT))
-    from pipeline.index.shards import plan_part, write_shard
-
-    meta_path = folder / "embeddings.json"
-    want = {"rows": rows, "dim": dim, "shard_rows": shard_rows, "seed": seed, "clusters": clusters}
-    if meta_path.is_file() and all(json.loads(meta_path.read_text()).get(k) == v for k, v in want.items()):
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, dim)).astype(np.float32)
-    pids = [f"d{i}" for i in range(rows)]
-    specs = plan_part(0, "corpus/part-00000.parquet", pids, shard_rows)
-    for s in specs:
-        n = s["end"] - s["start"]
-        v = centres[rng.integers(0, clusters, n)] + 0.5 * rng.standard_normal((n, dim)).astype(np.float32)
-        v /= np.linalg.norm(v, axis=1, keepdims=True)
-        write_shard(folder, s, pids[s["start"]:s["end"]], v)
-    meta_path.write_text(json.dumps({**want, "complete": True, "shard_names": [s["name"] for s in specs],
-                                     "corpus_fingerprint": f"clustered-{rows}-{dim}-{seed}", "model_config": {},
-                                     "model": {"path": "synthetic"}}))
-    return folder
-
-
 def recall_table(args, work: Path) -> list[str]:
     """recall@100 against Flat of IVF, HNSW and IVF-PQ, in one part and in 4, on clustered vectors."""
-    emb = write_clustered(work / "clustered", args.recall_rows, args.dim, max(args.recall_rows // 20, 1000))
+    emb = write_embeddings(work / "clustered", args.recall_rows, args.dim, max(args.recall_rows // 20, 1000), seed=1,
+                           clusters=1000)
     lines = ["", f"recall@100 against Flat's top 100 on {args.recall_rows:,} clustered unit vectors x {args.dim} "
-                 "(1,000 centres, noise 0.5), 20 embedding shards, 1,000 queries:", "",
+                 f"(1,000 centres, noise 0.5), 20 embedding shards, {args.queries:,} queries:", "",
              "| factory (search setting) | one part | 4 parts |", "|---|---|---|"]
     print("\n".join(lines), flush=True)
     run_build(emb, work / "c-flat", ["index.shards=1"])

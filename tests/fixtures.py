@@ -167,3 +167,11 @@ def short_temp_dir(prefix: str) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """||a - b|| / ||a|| over every tensor of two state dicts (a tensor whose gradient is 0 in exact arithmetic, such
+    as attention's key bias, holds float noise: compared within the whole, not alone)."""
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
+    den = sum(float(a[k].double().pow(2).sum()) for k in a)
+    return (num / den) ** 0.5

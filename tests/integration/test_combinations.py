@@ -224,6 +224,58 @@ def test_every_training_method_is_exercised():
             assert fn is not None, f"{method}: {test_file}::{name} does not exist"
 
 
+# every value of the keys #61 and #62 added, and the tests that take it through the steps after it
+VALUES = {
+    ("train", "data.source"): {
+        "qrels": [("test_train.py", "test_training_reduces_loss_and_saves_loadable_model")],
+        "dpr-json": [("../unit/test_training_data.py", "test_build_examples_dpr_json_reuse_and_rebuild")],
+        "tevatron": [("../unit/test_training_files.py",
+                      "test_a_tiny_run_from_each_training_file_trains_and_exports_a_model_sentence_transformers_opens")],
+        "msmarco-triples": [("../unit/test_training_files.py",
+                             "test_a_tiny_run_from_each_training_file_trains_and_exports_a_model_sentence_transformers_opens")],
+        "msmarco-id-triples": [("../unit/test_training_files.py",
+                                "test_msmarco_id_triples_read_through_the_corpus_and_queries_and_train")],
+        "columns": [("../unit/test_training_files.py",
+                     "test_a_tiny_run_from_each_training_file_trains_and_exports_a_model_sentence_transformers_opens")]},
+    ("train", "data.teacher_format"): {
+        "trec": [("../unit/test_distill.py", "test_a_tiny_distillation_run_trains_on_the_teachers_scores")],
+        "hofstaetter": [("../unit/test_distill.py", "test_margin_mse_on_msmarco_id_triples_with_hofstaetters_scores")]},
+    ("pipeline", "retrieve.runner"): {
+        "local": [("test_sharded_retrieve.py", "test_a_run_over_four_parts_is_the_one_part_run_line_for_line")],
+        "ray": [("test_sharded_search_cluster.py",
+                 "test_search_actors_on_two_nodes_answer_as_one_part_and_survive_a_dead_actor")]},
+    ("pipeline", "index.build_runner"): {
+        "auto": [("test_sharded_retrieve.py", "test_a_run_over_four_parts_is_the_one_part_run_line_for_line")],
+        "local": [("../unit/test_sharded_index.py",
+                   "test_a_killed_build_keeps_its_finished_parts_and_a_rerun_builds_only_the_missing_ones")],
+        "ray": [("test_sharded_search_cluster.py",
+                 "test_search_actors_on_two_nodes_answer_as_one_part_and_survive_a_dead_actor")]},
+}
+
+
+def test_every_value_of_the_new_keys_is_taken_through_the_steps_after_it():
+    """A value of data.source, data.teacher_format, retrieve.runner or index.build_runner without a test that runs
+    it end to end (trains and exports, or builds, searches and writes a run) fails here; a new value needs its row."""
+    import ast
+    import dataclasses
+
+    from pipeline.config import PipelineConfig
+    from pipeline.train.config import TrainJobConfig
+
+    here = Path(__file__).parent
+    for (kind, key), rows in VALUES.items():
+        section, name = key.split(".")
+        root = TrainJobConfig if kind == "train" else PipelineConfig
+        cls = typing.get_type_hints(root)[section]
+        assert dataclasses.is_dataclass(cls), key
+        assert set(typing.get_args(typing.get_type_hints(cls)[name])) == set(rows), key
+        for value, tests in rows.items():
+            for test_file, test_name in tests:
+                tree = ast.parse((here / test_file).read_text())
+                assert any(isinstance(n, ast.FunctionDef) and n.name == test_name for n in tree.body), \
+                    f"{key}={value}: {test_file}::{test_name} does not exist"
+
+
 AMPS = ("auto", "no", "bf16", "fp16")
 
 

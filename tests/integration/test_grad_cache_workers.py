@@ -5,17 +5,11 @@ the loss, each worker replays its own chunks, and the parameters' gradients are 
 from __future__ import annotations
 
 import pytest
-from fixtures import dpr_job
+from fixtures import dpr_job, relative_difference
 
 from pipeline.train.trainer import train
 
 pytestmark = pytest.mark.integration
-
-
-def _rel(a: dict, b: dict) -> float:
-    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
-    den = sum(float(a[k].double().pow(2).sum()) for k in a)
-    return (num / den) ** 0.5
 
 
 @pytest.mark.parametrize("loss", ["dpr", "dar"])
@@ -34,4 +28,4 @@ def test_two_workers_cached_steps_end_where_uncached_steps_end(ray_session, loss
                     "train.grad_cache_doc_chunk=8")
     assert plain["world_size"] == cached["world_size"] == 2
     assert [h["loss"] for h in plain["history"]] == pytest.approx([h["loss"] for h in cached["history"]], rel=1e-6)
-    assert _rel(a, b) <= 1e-5
+    assert relative_difference(a, b) <= 1e-5

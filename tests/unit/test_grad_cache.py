@@ -9,17 +9,9 @@ import contextlib
 
 import pytest
 import torch
-from fixtures import dpr_job
+from fixtures import dpr_job, relative_difference
 
 from pipeline.errors import ConfigError, PipelineError
-
-
-def _rel(a: dict, b: dict) -> float:
-    """||a - b|| / ||a|| over every tensor of the model (a tensor whose gradient is 0 in exact arithmetic, such
-    as attention's key bias, holds float noise: compared within the whole, not alone)."""
-    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
-    den = sum(float(a[k].double().pow(2).sum()) for k in a)
-    return (num / den) ** 0.5
 
 
 def test_one_cached_step_has_the_uncached_steps_gradients_with_dropout_on(tiny_model_dir):
@@ -48,7 +40,7 @@ def test_one_cached_step_has_the_uncached_steps_gradients_with_dropout_on(tiny_m
         return float(loss), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
     (la, a), (lb, b) = grads(False), grads(True)
-    assert la == lb and a.keys() == b.keys() and _rel(a, b) < 1e-5
+    assert la == lb and a.keys() == b.keys() and relative_difference(a, b) < 1e-5
     assert any(float(g.abs().max()) > 0 for g in a.values())
 
 
@@ -69,10 +61,10 @@ def test_three_cached_steps_end_where_three_uncached_steps_end(loss, tiny_model_
     cached, b = run("cached", "train.grad_cache=true", "train.grad_cache_query_chunk=16",
                     "train.grad_cache_doc_chunk=16")
     assert [h["loss"] for h in plain["history"]] == pytest.approx([h["loss"] for h in cached["history"]], rel=1e-6)
-    assert _rel(a, b) <= 1e-5
+    assert relative_difference(a, b) <= 1e-5
     other, c = run("chunks-of-8", "train.grad_cache=true", "train.grad_cache_query_chunk=8",
                    "train.grad_cache_doc_chunk=8")  # other groups: other dropout draws, the same method
-    assert other["steps"] == 3 and _rel(a, c) > 1e-5
+    assert other["steps"] == 3 and relative_difference(a, c) > 1e-5
     # the setting is part of the run's identity: a resume that turns it off is refused
     with pytest.raises(PipelineError, match=r"train.grad_cache"):
         run("cached")

@@ -61,15 +61,19 @@ class PairMethod(Method):
     def fallback_negatives(self, row: dict, ctx: StepContext, h: int) -> list[str]:
         return pick_negatives(row, h, ctx.rng)
 
-    def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
-        """Tokenise and encode: q (B, D); docs (B + B*h, D) = [positives | hard negatives]."""
-        B = len(rows)
-        queries = [r["query"] for r in rows]
-        docs = [r["positive"] for r in rows] + [n for r in rows for n in self.negatives_for(r, ctx)]
+    @staticmethod
+    def encode(model, queries: list[str], docs: list[str], ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenise and run each tower once: (queries (B, D), documents (N, D))."""
         base = model.module if hasattr(model, "module") else model
         q_tok = {k: v.to(ctx.device) for k, v in base.tokenize(queries, "query").items()}
         d_tok = {k: v.to(ctx.device) for k, v in base.tokenize(docs, "doc").items()}
-        q, d = model(q_tok, d_tok)  # each tower runs once per step
+        return model(q_tok, d_tok)
+
+    def forward(self, model, rows: list[dict], ctx: StepContext) -> dict[str, torch.Tensor]:
+        """Tokenise and encode: q (B, D); docs (B + B*h, D) = [positives | hard negatives]."""
+        B = len(rows)
+        docs = [r["positive"] for r in rows] + [n for r in rows for n in self.negatives_for(r, ctx)]
+        q, d = self.encode(model, [r["query"] for r in rows], docs, ctx)
         return {"q": q, "pos": d[:B], "hard": d[B:]}
 
     def assemble(self, out: dict[str, torch.Tensor], ctx: StepContext) -> dict:
@@ -122,10 +126,7 @@ class _Distill(PairMethod):
             t_pos.append(float(r["teacher_positive"]))
             t_neg.append([float(r["teacher_negatives"][i]) for i in at])
         B = len(rows)
-        base = model.module if hasattr(model, "module") else model
-        q_tok = {k: v.to(ctx.device) for k, v in base.tokenize([r["query"] for r in rows], "query").items()}
-        d_tok = {k: v.to(ctx.device) for k, v in base.tokenize([r["positive"] for r in rows] + docs, "doc").items()}
-        q, d = model(q_tok, d_tok)
+        q, d = self.encode(model, [r["query"] for r in rows], [r["positive"] for r in rows] + docs, ctx)
         return {"q": q, "pos": d[:B], "hard": d[B:],
                 "t_pos": torch.tensor(t_pos, dtype=torch.float32, device=ctx.device),
                 "t_neg": torch.tensor(t_neg, dtype=torch.float32, device=ctx.device)}
