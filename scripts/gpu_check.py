@@ -11,8 +11,8 @@ Prints one table:
 - encoder throughput in bf16 (autocast) of a MiniLM-sized (6 x 384) and a BERT-base-sized (12 x 768) encoder, in
   tokens/s and passages/s at 128 and 256 tokens, and the hours that implies for 21,015,324 Wikipedia passages;
 - a DPR training step (in-batch negatives, AdamW, bf16 autocast) at batch 128 (query 32, passage 256 tokens):
-  its time and peak GPU memory, for both sizes;
-- what it skipped and why (Ray's runners, faiss-gpu, gradient caching: not built yet).
+  its time and peak GPU memory, for both sizes, without and with gradient caching (chunks of 32);
+- what it skipped and why (Ray's runners, faiss-gpu).
 `--json PATH` writes the same figures as JSON.
 """
 
@@ -140,7 +140,7 @@ def equality(table: Table, device: str, work: Path, small: bool) -> dict:
         opt.step()
         q2, d2 = m(q_tok, d_tok)
         after, _ = dpr_batch_loss({**batch, "q": q2, "docs": d2}, LossConfig(similarity="cos", temperature=0.05))
-        results[where] = (float(dpr), float(dar), float(after))
+        results[where] = (dpr.item(), dar.item(), after.item())
     for i, name in enumerate(("DPR loss", "DAR loss (deterministic form)", "DPR loss after one AdamW step")):
         a, b = results["cpu"][i], results[device][i]
         rel = abs(a - b) / max(abs(a), 1e-12)
@@ -202,43 +202,86 @@ def throughput(table: Table, device: str, work: Path, small: bool) -> dict:
 
 
 def train_step(table: Table, device: str, work: Path, small: bool) -> dict:
+    """A DPR step at batch 128 (query 32, passage 256 tokens, bf16 autocast, AdamW): its time and peak GPU memory,
+    without gradient caching and with it (train/grad_cache.py, chunks of 32 rows: the package's own code, where it
+    imports)."""
     import torch
 
     batch = 128 if not small else 8
     out = {}
     for name, layers, hidden, heads in (SIZES if not small else [("tiny (2 x 64)", 2, 64, 2)]):
-        model, encode = _encoder(layers, hidden, heads, device)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        qi = torch.randint(1000, 29000, (batch, 32), device=device)
-        di = torch.randint(1000, 29000, (batch, 256), device=device)
-        times = []
-        if device == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        for i in range(4 if not small else 2):
+        for cached in (False, True):
+            try:
+                step_s, peak = _one_step(device, work, layers, hidden, heads, batch, cached)
+            except ImportError as e:  # the package's pure-Python dependency missing on this machine
+                table.add(f"DPR step with gradient caching, {name}", "skipped", f"cannot import the package ({e})")
+                continue
+            key = f"{name}{', gradient caching (chunks of 32)' if cached else ''}"
+            out[key] = {"step_seconds": step_s, "peak_gib": peak, "batch": batch}
+            table.add(f"DPR step, {key}, batch {batch} (query 32, passage 256 tokens, bf16 autocast, AdamW)",
+                      f"{step_s * 1000:.0f} ms a step" + (f", peak {peak:.2f} GiB" if not math.isnan(peak) else ""))
             if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.time()
-            with torch.autocast(device_type=device, dtype=torch.bfloat16):
-                q, d = encode(qi), encode(di)
-            s = (q.float() @ d.float().T) / 0.05  # DPR's in-batch NLL, cos / 0.05 (docs/METHODS.md §1)
-            loss = torch.nn.functional.cross_entropy(s, torch.arange(batch, device=device))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if i:
-                times.append(time.time() - t0)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-        step_s = sum(times) / len(times)
-        out[name] = {"step_seconds": step_s, "peak_gib": peak, "batch": batch}
-        table.add(f"DPR step, {name}, batch {batch} (query 32, passage 256 tokens, bf16 autocast, AdamW)",
-                  f"{step_s * 1000:.0f} ms a step" + (f", peak {peak:.2f} GiB" if not math.isnan(peak) else ""),
-                  "without gradient caching (not built yet)")
-        del model, opt
+                torch.cuda.empty_cache()
     return out
+
+
+def _one_step(device: str, work: Path, layers: int, hidden: int, heads: int, batch: int, cached: bool):
+    import contextlib
+
+    import torch
+
+    if cached:  # the BiEncoder and its gradient cache, as train.grad_cache runs them
+        from pipeline.config import ModelConfig
+        from pipeline.models import BiEncoder
+        from pipeline.train.grad_cache import GradCache, recording
+
+        model = BiEncoder.load(ModelConfig(name_or_path=str(_model_dir(work / f"step-{layers}-{hidden}", layers, hidden,
+                                                                       heads, _vocab_dir(work / "vocab"))),
+                                           pooling="mean", normalize=True)).to(device)
+        size = len((work / "vocab" / "vocab.txt").read_text().split())
+        cache = GradCache(32, 32, device)
+
+        def encode_pair(qi, di):
+            tok = lambda ids: {"input_ids": ids, "attention_mask": torch.ones_like(ids),  # noqa: E731
+                               "token_type_ids": torch.zeros_like(ids)}
+            with recording(model, cache):
+                return model(tok(qi), tok(di))
+    else:
+        model, encode = _encoder(layers, hidden, heads, device)
+        size = 30522
+
+        def encode_pair(qi, di):
+            return encode(qi), encode(di)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    qi = torch.randint(5, size, (batch, 32), device=device)
+    di = torch.randint(5, size, (batch, 256), device=device)
+    autocast = lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)  # noqa: E731
+    times = []
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(4 if batch > 8 else 2):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.time()
+        with autocast():
+            q, d = encode_pair(qi, di)
+        s = (q.float() @ d.float().T) / 0.05  # DPR's in-batch NLL, cos / 0.05 (docs/METHODS.md §1)
+        loss = torch.nn.functional.cross_entropy(s, torch.arange(batch, device=device))
+        opt.zero_grad()
+        loss.backward()
+        if cached:
+            cache.replay(model, autocast, 1)
+        opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.time() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    del model, opt
+    with contextlib.suppress(Exception):
+        torch.cuda.empty_cache()
+    return sum(times) / len(times), peak
 
 
 def main() -> int:
@@ -260,6 +303,9 @@ def main() -> int:
                                                                if device == "cuda" else "") + ")", flush=True)
     figures = {"device": name, "torch": torch.__version__}
     t0 = time.time()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # (saving the check's random models: no "Writing model shards" bars)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         for part, fn in (("equality", equality), ("throughput", throughput), ("train_step", train_step)):
@@ -273,7 +319,7 @@ def main() -> int:
                 else "not part of this check: it runs the in-process paths"),
                ("FAISS on the GPU (index.use_gpu)", "faiss is not installed here" if not _importable("faiss")
                 else "not part of this check"),
-               ("gradient caching (train.grad_cache)", "not built yet")]
+]
     for what, why in skipped:
         table.add(f"skipped: {what}", "—", why)
     table.add("Ray imported by this check", "yes" if "ray" in sys.modules else "no")

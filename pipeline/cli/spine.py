@@ -45,6 +45,9 @@ def cmd_index(args) -> None:
         raise ConfigError(f"--pyserini writes pyserini's layout into a local folder; --out {args.out} is a storage URI "
                           "(build the index there without --pyserini, or to a local folder with it)")
     cfg = load_cfg(args, extra).index
+    if args.pyserini and (cfg.shards > 1 or cfg.shard_max_gb):
+        raise ConfigError("--pyserini writes pyserini's one-index layout; an index of several parts has none: build it, "
+                          "then `pipeline index --merge` it into one and export that")
     from ..index.faiss_index import build_index  # after the config: a config error never loads FAISS or torch
 
     build_index(args.embeddings, args.out, cfg, overwrite=args.overwrite)
