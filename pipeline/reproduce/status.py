@@ -189,6 +189,7 @@ def _status_text(status: dict | None, cell: Cell, relative: bool = True) -> str:
         fig = (f": {d.get('difference', float('nan')):+.4f}" if d.get("difference") is not None else "")
         fig += f" [{iv[0]:+.4f}, {iv[1]:+.4f}]" if iv else ""
         fig += f", p {p:.3f}" if p is not None else ""
+        fig += f" (Holm over the table {d['p_holm']:.3f})" if d.get("p_holm") is not None else ""
         n = d.get("n_seeds", 0)
         fig += f", {n} seed{'' if n == 1 else 's'}"
         changed = f", vars changed {status['changed_vars']}" if status.get("changed_vars") else ""
