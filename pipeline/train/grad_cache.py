@@ -53,7 +53,6 @@ class GradCache:
     def __init__(self, query_chunk: int, doc_chunk: int, device):
         self.query_chunk, self.doc_chunk, self.device = query_chunk, doc_chunk, device
         self.calls: list[ToweredCall] = []
-        self.recording = False
 
     def encode(self, encoder, model, batch: dict, head, prompt_length: int, side: str) -> torch.Tensor:
         """Pass 1 of one tower call: the rows in chunks, no graph, random states kept; a leaf of the whole output."""
@@ -106,6 +105,8 @@ class GradCache:
 
 @contextlib.contextmanager
 def recording(encoder, cache: GradCache):
+    """The step's pass 1: the encoder's tower calls recorded into `cache` (what an earlier step left is dropped)."""
+    cache.calls = []
     encoder.grad_cache = cache
     try:
         yield cache
