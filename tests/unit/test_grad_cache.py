@@ -37,7 +37,7 @@ def test_one_cached_step_has_the_uncached_steps_gradients_with_dropout_on(tiny_m
         loss.backward()
         if cached:
             cache.replay(m, contextlib.nullcontext, 1)
-        return float(loss), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        return loss.item(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
     (la, a), (lb, b) = grads(False), grads(True)
     assert la == lb and a.keys() == b.keys() and relative_difference(a, b) < 1e-5
