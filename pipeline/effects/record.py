@@ -345,6 +345,10 @@ def merge(exp: Experiment, earlier: dict, new: dict) -> tuple[dict, list[str]]:
                             f"{', '.join(seeds)}) {why}; left out of the record")
         if kept:
             runs[a] = kept
+    unknown = sum(1 for v in runs.values() for r in v.values() if not r.get("identity"))
+    if unknown:
+        said.append(f"{unknown} run{'' if unknown == 1 else 's'} kept carry no identity (recorded before runs kept "
+                    "one): judged by their arm's definition only, their data and config files unknown")
     carried = sum(1 for a, v in runs.items() for s, r in v.items() if r is old_runs.get(a, {}).get(s))
     said.append(f"with the record made before: {carried} of its runs kept beside this result's "
                 f"{sum(len(v) for v in new_runs.values())}" + (f", {replaced} replaced by this result's newer runs"

@@ -131,8 +131,15 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = {"embeddings": str(emb_dir), "factory": cfg.factory, "metric": cfg.metric, "dim": int(meta["dim"]),
-            "corpus_fingerprint": meta.get("corpus_fingerprint"), "parts": parts}
+    import hashlib
+
+    from .shards import META_NAME, location
+
+    # the embedding set as written (its model, shards and their digests): vectors encoded again into the same folder
+    # are another plan, so a killed build's parts of the old vectors are never kept beside parts of the new
+    written = hashlib.sha256((location(emb_dir) / META_NAME).read_bytes()).hexdigest()[:16]
+    plan = {"embeddings": str(emb_dir), "embeddings_sha256": written, "factory": cfg.factory, "metric": cfg.metric,
+            "dim": int(meta["dim"]), "corpus_fingerprint": meta.get("corpus_fingerprint"), "parts": parts}
     old_plan = _read_json(out_dir / PLAN_FILE)
     if old_plan is not None and old_plan != plan:
         raise PipelineError(f"{out_dir}: holds an unfinished build of another plan (other embeddings, factory or "
@@ -173,6 +180,7 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
             "query_precision": query_precision(),
             "parts": [{k: p[k] for k in ("name", "offset", "rows", "shards", "bytes")} for p in parts],
             "shared_quantizer": TRAINED_FILE if (out_dir / TRAINED_FILE).exists() else None,
+            "embeddings_sha256": plan["embeddings_sha256"],
             "train_sample": sample_rows}
     write_json_atomic(out_dir / "index.json", info)
     (out_dir / PLAN_FILE).unlink(missing_ok=True)
@@ -258,7 +266,7 @@ def _build_part(faiss, emb_dir, folder: Path, part: dict, plan: dict, trained, c
                              f"{part['rows']:,}: the embeddings changed while the index was built")
         faiss.write_index(index, str(tmp / "index.faiss"))
         (tmp / PART_FILE).write_text(json.dumps({**part, "factory": plan["factory"], "metric": plan["metric"],
-                                                 "dim": plan["dim"],
+                                                 "dim": plan["dim"], "embeddings_sha256": plan["embeddings_sha256"],
                                                  "corpus_fingerprint": plan["corpus_fingerprint"]},
                                                 indent=2, sort_keys=True) + "\n")
     del index
@@ -282,7 +290,7 @@ def part_problem(folder: Path, part: dict, meta: dict) -> str | None:
     for key in ("rows", "offset", "shards"):
         if record.get(key) != part.get(key):
             return f"holds other rows ({key} {record.get(key)!r}, the index lists {part.get(key)!r})"
-    for key in ("factory", "metric", "dim", "corpus_fingerprint"):
+    for key in ("factory", "metric", "dim", "corpus_fingerprint", "embeddings_sha256"):
         if key in meta and record.get(key) != meta.get(key):
             return f"of another {key.replace('_', ' ')} ({record.get(key)!r}, the index's {meta.get(key)!r})"
     if not (folder / "index.faiss").is_file():

@@ -190,3 +190,18 @@ def test_a_search_that_would_not_fit_is_refused_before_any_part_is_loaded(tmp_pa
     with pytest.raises(ResourceError, match=r"retrieve: its largest part need ~.* GiB, more than 0% of"):
         sharded.check_search_memory(index, "retrieve", 1e-12)
     assert os.environ.get("PIPELINE_NO_SUCH") is None
+
+
+def test_a_killed_build_never_keeps_parts_of_vectors_encoded_again_into_the_same_folder(tmp_path, vectors,
+                                                                                        monkeypatch):
+    """The plan names the embedding set as written: vectors encoded again into the same folder (same rows, same
+    corpus) are another plan, refused, not resumed with the old vectors' parts beside the new."""
+    emb = _embeddings(tmp_path / "emb", vectors, 100)
+    monkeypatch.setattr(sharded, "_build_part", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        build_index(emb, tmp_path / "idx", IndexConfig(shards=4), progress=False)
+    meta = json.loads((emb / "embeddings.json").read_text())
+    (emb / "embeddings.json").write_text(json.dumps({**meta, "model": {"path": "/models/another"}}))
+    monkeypatch.undo()
+    with pytest.raises(PipelineError, match="unfinished build of another plan"):
+        build_index(emb, tmp_path / "idx", IndexConfig(shards=4), progress=False)
