@@ -31,6 +31,7 @@ from typing import Iterator
 
 from ..errors import InputError
 from .manifest import join_title
+from .readers import _iter_jsonl  # the readers' JSON Lines: strict UTF-8, errors by line
 
 SOURCES = ("tevatron", "msmarco-triples", "columns")  # the texts form; msmarco-id-triples: the ids form, below
 
@@ -45,31 +46,11 @@ def _text(value, path, line, what: str) -> str:
     return value
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of a JSON Lines file, blank lines passed over; a line that is not UTF-8 or not a
-    JSON object is one error naming the file and the line."""
-    with open(path, "rb") as f:
-        for no, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8-sig" if no == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(path, no, f"invalid UTF-8 ({e.reason})") from None
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(path, no, f"not a JSON object ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(path, no, "not a JSON object")
-            yield no, obj
-
-
 def tevatron_examples(path: str | Path, join: str, skipped: dict, need_negatives: bool) -> Iterator[dict]:
     path = Path(path)
     if not path.is_file():
         raise InputError(path, None, "file not found (data.path: Tevatron's training JSONL)")
-    for no, obj in _json_lines(path):
+    for no, obj in _iter_jsonl(path):
         if "query" not in obj or "positive_passages" not in obj:
             raise InputError(path, no, "a Tevatron line has query and positive_passages (and query_id, "
                                        "negative_passages)")
@@ -181,7 +162,7 @@ def _column_rows(path: Path) -> Iterator[tuple[str, list[str], Iterator[tuple[in
     if not isinstance(first, dict):
         raise InputError(files[0], 1, "not JSON Lines of objects (empty, or not an object per line)")
 
-    return "line", list(first), _json_lines(files[0])
+    return "line", list(first), _iter_jsonl(files[0])
 
 
 def columns_examples(path: str | Path, skipped: dict, need_negatives: bool) -> Iterator[dict]:

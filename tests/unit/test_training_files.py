@@ -74,7 +74,7 @@ def test_each_reader_gives_the_examples_and_counts_what_it_skips(tmp_path):
 
 @pytest.mark.parametrize("write, line, reason", [
     (lambda p: p.write_text('{"query": "a", "positive_passages": [{"text": "x"}]}\n{"query": broken\n'), 2,
-     "not a JSON object"),
+     "invalid JSON"),
     (lambda p: p.write_text('{"query": "a"}\n'), 1, "a Tevatron line has query and positive_passages"),
     (lambda p: p.write_text('{"query": "a", "positive_passages": [{"title": "t"}]}\n'), 1,
      "a passage is an object with text"),
