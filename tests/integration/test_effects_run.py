@@ -47,8 +47,8 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     result = json.loads((root / "result.json").read_text())
     # this command's part finished; the experiment as defined (every arm, five seeds) did not, and says so
     assert result["this_invocation"] == {"runs_planned": 7, "runs_finished": 7, "complete": True}
-    # 12 seeded arms and the no-op x 5 seeds + zero-shot once
-    assert not result["complete"] and result["runs_finished"] == 7 and result["runs_planned"] == 66
+    # 13 seeded arms and the no-op x 5 seeds + zero-shot once
+    assert not result["complete"] and result["runs_finished"] == 7 and result["runs_planned"] == 71
     assert result["seeds"] == [0, 1, 2, 3, 4] and result["seeds_run"] == [0, 1]
     assert result["changed_vars"]["max_steps"] == 2
     assert set(result["arms"]) == {"zero-shot", "dpr", "dar", "no-op"}
@@ -68,7 +68,7 @@ def test_the_experiment_runs_every_arm_and_seed_and_resumes(tmp_path, tiny_model
     for seed in ("seed-0", "seed-1"):  # each run kept its commands' output in its own logs
         assert (root / "arms" / "dpr" / seed / "logs" / "train.log").is_file()
         assert json.loads((root / "arms" / "dpr" / seed / "done.json").read_text())["commands"][0][1] == "train"
-    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "7 of 66 runs finished" in out
+    assert "dar-vs-dpr:" in out and "[effects] python_faq:" in out and "7 of 71 runs finished" in out
     assert "no-op-vs-dpr: +0.0000 [+0.0000, +0.0000], p 1.000, 2 seed(s): no difference" in out
     # the same command again: nothing runs
     assert main(args) == 0
