@@ -273,12 +273,15 @@ def test_the_local_runner_refuses_what_only_ray_does(tiny_model_dir, collection,
         assert not (tmp_path / "emb").exists()
 
 
-def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tiny_model_dir, collection, tmp_path):
+def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tiny_model_dir, collection, tmp_path,
+                                                                monkeypatch, capsys):
     """encode.backend: the Ray actors and the local encoder with OpenVINO write the vectors torch writes
-    (fp32: within 1e-5), and embeddings.json and the summary name the backend and precision used."""
+    (fp32: within 1e-5), and embeddings.json and the summary name the backend and precision used; the encode that
+    made the model's export says what it cost, once, and the next one does not pay it."""
     import numpy as np
 
     pytest.importorskip("openvino")
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "exports"))  # empty: a new machine
     corpus = tmp_path / "corpus"
     ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
     common = ("encode.shard_rows=40", "encode.precision=fp32")
@@ -286,17 +289,25 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
                                                          "encode.runner=local"))
     assert ref["backend"] == "torch"
     va = np.concatenate([v for _, v in iter_shards(tmp_path / "torch")])
+    made = "the model's OpenVINO export was made by this encode, once, in "
     for runner in ("local", "ray"):
         out = tmp_path / f"ov-{runner}"
         extra = ("encode.num_actors=1", "encode.cpus_per_actor=1") if runner == "ray" else ()
+        capsys.readouterr()
         got = encode_corpus(corpus, out, _cfg(tiny_model_dir, *common, "encode.backend=auto",
                                               f"encode.runner={runner}", *extra))
         assert got["backend"] == "openvino" and got["precision"] == "fp32" and got["runner"] == runner
+        said = capsys.readouterr().out
+        if runner == "local":  # this process's first encode on an empty export cache made the export, and says so
+            assert made in said and "the next encode of this model does not pay it" in said, said
         meta = json.loads((out / "embeddings.json").read_text())
         assert (meta["backend"], meta["backend_resolved"], meta["precision_resolved"]) == ("auto", "openvino", "fp32")
         assert all(m["backend"] == "openvino" for m in completed_shards(out).values())
         assert _all_pids(out) == _all_pids(tmp_path / "torch")
         np.testing.assert_allclose(np.concatenate([v for _, v in iter_shards(out)]), va, rtol=0, atol=1e-5)
+    capsys.readouterr()
+    again = encode_corpus(corpus, tmp_path / "ov-again", _cfg(tiny_model_dir, *common, "encode.runner=local"))
+    assert again["backend"] == "openvino" and made not in capsys.readouterr().out  # read from the cache: not made again
 
 
 def test_int8_is_an_opt_in_of_the_openvino_backend(tiny_model_dir, collection, tmp_path):
