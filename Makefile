@@ -7,7 +7,7 @@ FAISS   ?= cpu
 TORCH   ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FAISS)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
