@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-unit test-integration test-stress bench clean docs docs-serve
+.PHONY: setup demo test test-unit test-unit-all test-integration test-stress bench clean docs docs-serve
 
 setup: $(STAMP)
 
@@ -33,7 +33,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# the quick loop: the unit tests but those marked slow (each over 2 s: a process, a model conversion, a training
+# run, a memory measurement); `make test` runs every test, those included
 test-unit: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests/unit
+
+test-unit-all: setup
 	$(BIN)/python -m pytest -q tests/unit
 
 test-integration: setup

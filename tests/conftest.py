@@ -17,6 +17,13 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # A dataset that cannot move (an actor pool that can never be placed) fails in 10 min, not Ray's 30
 os.environ.setdefault("RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S", "600")
+# One compute thread per process for what does not set its own (torch's and MKL's pools read these when they
+# start; the pipeline's own thread settings, encode.torch_threads and the workers' cpus, still set theirs): the
+# tests' models are tiny, where a second thread costs more in synchronisation than it gains, and on a busy
+# 2-core machine a pool of two spins against the other processes (the rerank tests: 30 s with two threads
+# beside other work, 6.5 s with one). Inherited by the CLI subprocesses and the session's Ray.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -36,6 +43,18 @@ from pipeline.runtime_env import setup_offline_env  # noqa: E402
 setup_offline_env()
 
 DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_after_each_test():
+    """An in-process encode or training sets torch's thread count for its work (encode.torch_threads, the
+    workers' cpus) and keeps it; the next test starts from one again (OMP_NUM_THREADS above says why)."""
+    yield
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -169,6 +169,7 @@ def test_pipeline_refresh_started_before_its_trainer_waits_for_the_run_folder(tm
         check_run_dir(never, tmp_path)
 
 
+@pytest.mark.slow
 def test_pipeline_refresh_follows_a_finished_run_that_is_resumed_until_it_finishes_again(run, faq, capsys):
     """A finished run resumed to train further (a larger train.max_steps) keeps its old summary.json until it
     ends again: `pipeline refresh` started beside it took that summary for the end and exited at once, so the
@@ -455,6 +456,7 @@ def test_a_failure_before_any_checkpoint_is_retried_then_ends_the_refresher(run,
     assert log.count("Traceback") == 3  # one per attempt, then no more
 
 
+@pytest.mark.slow
 def test_dev_qrels_naming_queries_the_dev_queries_lack_is_one_line_before_anything_starts(faq, tmp_path,
                                                                                          tiny_model_dir):
     """Checked on the driver before Ray, the dev split or the run folder start: no raylet traceback,

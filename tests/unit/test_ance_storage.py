@@ -55,6 +55,7 @@ def test_versions_on_s3_publish_list_load_prune(faq):
     assert pickle.loads(pickle.dumps(prov)).load(4).get("q1")  # what a Ray worker gets
 
 
+@pytest.mark.slow
 def test_refresher_reads_s3_checkpoints_and_publishes_s3_versions(tmp_path, tiny_model_dir, faq):
     from pipeline.config import ModelConfig
     from pipeline.data.negatives import RefresherConfig, VersionedNegatives, list_versions

@@ -31,6 +31,7 @@ def test_resolve_backend_rules():
         resolve_backend("onnx", "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_openvino_tower_gives_torchs_vectors(tiny_model_dir, tmp_path, pooling):
     model = _model(tiny_model_dir, pooling=pooling, normalize=pooling == "mean")
@@ -42,6 +43,7 @@ def test_openvino_tower_gives_torchs_vectors(tiny_model_dir, tmp_path, pooling):
     np.testing.assert_allclose(got, ref, atol=1e-5)  # same rows, same order, same values
 
 
+@pytest.mark.slow
 def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path, monkeypatch):
     """One export per model folder's digest; another model (other weights) of an architecture exported before
     is made from the graph kept then, its weights written in: nothing converted, torch's vectors."""
@@ -73,6 +75,7 @@ def test_the_export_is_cached_by_digest_and_never_stale(tiny_model_dir, tmp_path
     assert OpenVinoTower(changed, cache=cache).converted
 
 
+@pytest.mark.slow
 def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model_dir, tmp_path, monkeypatch):
     model = _model(tiny_model_dir)
     monkeypatch.setattr(tower_check, "COSINE_GATE", 1.5)  # no tower can pass
@@ -83,6 +86,7 @@ def test_a_tower_that_fails_its_check_is_refused_or_replaced_by_torch(tiny_model
     assert tower_runner(model, "doc", "torch", "fp32", 1) == ("torch", None, "fp32", None)
 
 
+@pytest.mark.slow
 def test_bf16_is_checked_on_fewer_of_the_corpus_passages_than_int8(tiny_model_dir, tmp_path):
     """bf16's check reads the corpus's first BF16_CHECK_TEXTS passages (its error is rounding, alike on every
     text), int8's the first CHECK_TEXTS (its mean gate); each check's figures name how many it read."""
@@ -98,6 +102,7 @@ def test_bf16_is_checked_on_fewer_of_the_corpus_passages_than_int8(tiny_model_di
         assert check["on"] == "the corpus's first passages"
 
 
+@pytest.mark.slow
 def test_int8_is_opt_in_calibrated_cached_and_refused_without_openvino(tiny_model_dir, tmp_path):
     """encode.precision=int8: OpenVINO + NNCF only (torch or a GPU refused), quantised on the given
     texts and cached under their digest; its vectors stay near fp32 (a known cost, bounded here)."""
@@ -156,6 +161,7 @@ def _convert_at_once(model_dir, cache, precision: str, n: int = 2) -> list[dict]
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_converting_one_model_into_one_cache_both_succeed(tiny_model_dir, tmp_path):
     """The export is made once (under the entry's lock); the other process waits and uses it. A complete
     entry is never replaced: its files keep their inodes, and an int8 entry inside it survives."""
@@ -175,6 +181,7 @@ def test_two_processes_converting_one_model_into_one_cache_both_succeed(tiny_mod
     assert not [p for p in folder.parent.iterdir() if "-tmp-" in p.name or "-broken-" in p.name]
 
 
+@pytest.mark.slow
 def test_a_broken_cache_entry_is_set_aside_and_made_again_once(tiny_model_dir, tmp_path):
     from pipeline.models.backends import entry_problem
 
@@ -225,6 +232,7 @@ def _nudge(model, seed: int, scale: float = 0.05):
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
+@pytest.mark.slow
 def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_model_dir, tmp_path, monkeypatch):
     """Converted once, with seeded random weights (a freshly initialised model multiplies its layer norms by
     exactly 1, which the converter would drop); at each use the model's weights as they are now (training
@@ -257,6 +265,7 @@ def test_a_refreshable_tower_follows_the_weights_of_a_model_being_trained(tiny_m
     assert not refreshable.fits(_model(tiny_model_dir), "doc") and not refreshable.fits(model, "query")
 
 
+@pytest.mark.slow
 def test_a_converted_graph_is_kept_by_architecture_and_a_later_run_converts_nothing(tiny_model_dir, tmp_path,
                                                                                     monkeypatch):
     """Once its graph passed the check with real weights it is kept in the export cache under a digest of the
@@ -307,6 +316,7 @@ def test_a_converted_graph_is_kept_by_architecture_and_a_later_run_converts_noth
     assert backends.RefreshableTower(later, "doc", cache=tmp_path).source == "cache"
 
 
+@pytest.mark.slow
 def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tiny_model_dir, tmp_path, monkeypatch):
     """The short probe reads every layer: the last layer's feed-forward output matrix left unwritten fails
     the check (0.985 against the 0.9999 gate; the full probe gives the same figure), and auto encodes with
@@ -331,6 +341,7 @@ def test_the_short_check_of_a_refreshed_tower_catches_a_weight_written_wrong(tin
     assert (used, runner) == ("torch", None) and "minimum cosine of 0.98" in note and "4 probe texts" in note, note
 
 
+@pytest.mark.slow
 def test_a_graph_with_a_constant_computed_from_the_weights_is_converted_each_time(tiny_model_dir, tmp_path,
                                                                                   monkeypatch):
     """A constant the converter folded from the (random) weights cannot be refreshed by copying weights in: the

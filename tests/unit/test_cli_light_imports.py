@@ -49,6 +49,7 @@ def _run(argv: list[str], cwd) -> tuple[int, list[str], str]:
     (["compare", "a.trec", "b.trec", "--qrels", "q", "eval.rel_levle=2"], 2, "eval.rel_level"),
     (["tune", "--config", "nonexistent.yaml"], 2, "config file not found"),
 ])
+@pytest.mark.slow
 def test_quick_answers_import_no_torch_transformers_or_ray(argv, rc, shown, tmp_path):
     got_rc, loaded, out = _run(argv, tmp_path)
     assert got_rc == rc and shown in out, out  # it answered what was asked (the check is not vacuous)

@@ -89,6 +89,7 @@ def _openvino_encode(tiny_model_dir, precision: str):
                               f"encode.precision={precision}", "encode.show_progress=false"])
 
 
+@pytest.mark.slow
 def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp_path, monkeypatch):
     """An encode again of a corpus with the same model: the export, the tower's check and the model check
     are remembered, so the torch tower is never loaded; its vectors are the first encode's."""
@@ -108,6 +109,7 @@ def test_a_warm_openvino_encode_never_loads_the_weights(tiny_model_dir, faq, tmp
         np.testing.assert_array_equal(np.load(tmp_path / "a" / f"{name}.npy"), np.load(tmp_path / "b" / f"{name}.npy"))
 
 
+@pytest.mark.slow
 def test_a_first_encode_of_another_corpus_with_the_export_cached_loads_no_weights(tiny_model_dir, faq, tmp_path,
                                                                                    monkeypatch):
     """The export's fp32 check against torch is kept when the export is made: a later encode of a corpus never seen,

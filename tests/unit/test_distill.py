@@ -89,6 +89,7 @@ ROWS = [("how do I sort a list", "Use sorted() or list.sort().", "Tuples are imm
 
 @pytest.mark.parametrize("loss, source", [("margin_mse", "columns"), ("distill_kl", "columns"),
                                           ("margin_mse", "tevatron"), ("distill_kl", "tevatron-in-batch")])
+@pytest.mark.slow
 def test_a_tiny_distillation_run_trains_on_the_teachers_scores(loss, source, tiny_model_dir, faq, tmp_path):
     from sentence_transformers import SentenceTransformer
 

@@ -140,6 +140,7 @@ def test_the_shipped_experiment_loads_with_every_arm_and_comparison():
     (["zero-shot", "dpr"], [0, 1], {"max_steps": 2}, False),  # its vars changed
     (["zero-shot", "dpr"], [0, 1], None, False),              # made from an edited copy of the matrix (no --set)
 ])
+@pytest.mark.slow
 def test_record_keeps_a_part_of_the_experiment_never_a_changed_one(arms, seeds, changed, recorded, tmp_path,
                                                                    capsys):
     """`reproduce record --family`: a run of some of the defined arms and seeds with the defined vars is
@@ -334,6 +335,7 @@ def test_identify_counts_a_beir_folder_and_names_a_mismatch(tmp_path):
     assert "not counted" in check_identity("x", {"layout": "x", "identify": {"authors": 3}}, str(faq))[0]
 
 
+@pytest.mark.slow
 def test_retrieve_searches_only_the_queries_a_qrels_file_judges(faq, tiny_model_dir, tmp_path):
     from pipeline.cli import main
     from pipeline.eval.runs import read_run

@@ -212,6 +212,7 @@ def test_a_redefined_arm_never_brings_back_its_old_row_and_its_record_is_stale()
     assert status_word({**earlier["comparisons"]["dpr-vs-zero"], "_definition": "changed"}, cell) == "stale"
 
 
+@pytest.mark.slow
 def test_reproduce_check_fails_a_record_whose_arm_was_redefined(tmp_path):
     import shutil
 

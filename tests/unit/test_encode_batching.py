@@ -170,6 +170,7 @@ def test_unknown_precision_is_a_config_error():
         resolve_precision("int8", "cpu")
 
 
+@pytest.mark.slow
 def test_bf16_vectors_match_fp32_on_real_text():
     """MiniLM on 50 real FAQ answers: bf16 autocast keeps cosine >= 0.9999 to fp32."""
     docs = [json.loads(line) for line in FAQ.read_text(encoding="utf-8").splitlines()[:50]]

@@ -47,6 +47,7 @@ def test_a_second_encode_into_a_locked_folder_is_refused_and_writes_nothing(held
     assert _tree(held.parent) == before
 
 
+@pytest.mark.slow
 def test_the_lock_is_held_while_encoding_and_gone_after(faq, tiny_model_dir, tmp_path, monkeypatch):
     from pipeline.index import encode as encode_mod
 

@@ -57,6 +57,7 @@ def test_every_head_setting_that_changes_the_computation_is_in_both_keys(tiny_mo
     assert export_cache.tower_digest(other, "doc") != export_cache.tower_digest(base, "doc")
 
 
+@pytest.mark.slow
 def test_two_models_differing_only_in_the_dense_activation_each_export_their_own_vectors(tiny_model_dir, tmp_path,
                                                                                         monkeypatch):
     """Saved models equal but for the Dense activation (same weights, same parameter shapes): two graphs, and
@@ -98,6 +99,7 @@ def test_two_models_differing_only_in_the_dense_activation_each_export_their_own
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_tampered_weight_map_of_a_kept_graph_is_detected_set_aside_and_made_again(tiny_model_dir, tmp_path):
     """graph.json (which constant holds which weight) is under the marker's own digest: two weights of one
     shape swapped in it (their files untouched) is a broken entry, said in one line, set aside and made again;
@@ -129,6 +131,7 @@ def test_a_tampered_weight_map_of_a_kept_graph_is_detected_set_aside_and_made_ag
     assert backends.RefreshableTower(later, "doc", cache=cache).source == "cache"
 
 
+@pytest.mark.slow
 def test_vectors_off_by_more_than_the_fp32_floor_are_refused_at_fp32_though_their_cosine_passes(
         tiny_model_dir, tmp_path, monkeypatch):
     model = _model(tiny_model_dir, pooling="mean", normalize=True)
@@ -149,6 +152,7 @@ def test_vectors_off_by_more_than_the_fp32_floor_are_refused_at_fp32_though_thei
     assert (used, runner) == ("torch", None) and "component off by" in note and "torch used" in note
 
 
+@pytest.mark.slow
 def test_a_graph_is_kept_only_once_it_passed_the_fp32_gate_whatever_the_precision_it_is_used_in(
         tiny_model_dir, tmp_path, monkeypatch):
     """A validation in bf16 (simulated: this CPU may not have it) checks its tower at bf16's gate, and verifies
@@ -185,6 +189,7 @@ def test_a_graph_is_kept_only_once_it_passed_the_fp32_gate_whatever_the_precisio
     assert not backends.graph_cached(model, "doc", cache=tmp_path / "bad")
 
 
+@pytest.mark.slow
 def test_the_model_code_is_in_the_export_key(tiny_model_dir, tmp_path, monkeypatch):
     """A change to the model modules' source (a fix to pooling or a head) is a new export, with no version to
     bump by hand; the same code finds its export."""
@@ -200,6 +205,7 @@ def test_the_model_code_is_in_the_export_key(tiny_model_dir, tmp_path, monkeypat
     assert changed.converted and changed.folder != first.folder and changed.check["passed"]
 
 
+@pytest.mark.slow
 def test_a_bf16_check_stands_on_the_fp32_export_only_where_its_fp32_check_passed_on_this_cpu(
         tiny_model_dir, tmp_path, monkeypatch):
     """An export keeps its fp32 check against torch (made when the export is made); a bf16 tower's check on the

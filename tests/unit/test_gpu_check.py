@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_gpu_check_runs_on_a_cpu_without_ray(tmp_path):
     fake = tmp_path / "no-ray" / "ray"
     fake.mkdir(parents=True)

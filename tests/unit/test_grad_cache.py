@@ -44,6 +44,7 @@ def test_one_cached_step_has_the_uncached_steps_gradients_with_dropout_on(tiny_m
     assert any(float(g.abs().max()) > 0 for g in a.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["dpr", "dar"])
 def test_three_cached_steps_end_where_three_uncached_steps_end(loss, tiny_model_dir, faq, tmp_path):
     from safetensors.torch import load_file

@@ -473,6 +473,7 @@ def test_stale_temporary_folder_of_a_killed_run_is_removed_and_reported(tmp_path
     assert "interrupted ingest" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_killed_process_leaves_the_old_corpus_and_the_next_run_cleans_up(tmp_path):
     """A real SIGKILL while the new parts are being written."""
     import signal

@@ -203,6 +203,7 @@ def test_an_existing_path_wins_over_an_identifier(irds, tmp_path):
     assert "q9" in (tmp_path / "beir" / "scifact" / "test").read_text()
 
 
+@pytest.mark.slow
 def test_retrieve_queries_identifier_equals_the_file(irds, tmp_path, tiny_model_dir):
     import faiss
     from dataclasses import asdict, replace
@@ -282,6 +283,7 @@ def test_network_guard_nests_in_any_order(tmp_path, monkeypatch):
     assert (dl.Download.__dict__["path"], dl.RequestsDownload.__dict__["__iter__"]) == orig
 
 
+@pytest.mark.slow
 def test_training_validation_takes_identifiers(irds, tmp_path, tiny_model_dir):
     # the trainer's validator (index/validate.py) resolves --queries/--qrels identifiers like the CLI does
     f = irds["files"]

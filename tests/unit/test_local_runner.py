@@ -214,6 +214,7 @@ def test_a_resume_refused_for_a_train_setting_builds_no_examples(tiny_model_dir,
     assert meta.read_text() == before and json.loads(before)["depth"] == 100
 
 
+@pytest.mark.slow
 def test_a_resume_refused_for_its_examples_leaves_the_runs_examples_as_they_were(tiny_model_dir, faq, tmp_path):
     """A resume with other judgements (another examples digest) rebuilt the run's own examples in place before
     the refusal: the run's folder then held examples its checkpoints were not trained on. It now builds beside
@@ -244,6 +245,7 @@ def test_a_resume_refused_for_its_examples_leaves_the_runs_examples_as_they_were
     assert not (tmp_path / "run" / RESUME_STAGING).exists()
 
 
+@pytest.mark.slow
 def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_model_dir, faq, tmp_path, capsys):
     """`pipeline train` again on a finished run trains nothing; its summary (what `pipeline info` shows) said
     the no-op call's 0.4 s as the run's wall time and lost the split of the call that trained."""
@@ -259,6 +261,7 @@ def test_a_finished_run_called_again_keeps_the_wall_time_that_trained_it(tiny_mo
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {**first_file, "versions": again["versions"]}
 
 
+@pytest.mark.slow
 def test_the_attention_a_run_trains_with_joins_its_identity_and_auto_resumes_with_the_checkpoints(
         tiny_model_dir, faq, tmp_path):
     """train.attention (models/attention.py) changes the dropout draws of a step: a resume with another is
@@ -331,6 +334,7 @@ def test_a_checkpoint_made_before_the_step_settings_joined_resumes_by_what_its_c
         check_resume_early(ckpt, job)
 
 
+@pytest.mark.slow
 def test_a_real_resume_with_another_lr_is_refused_and_a_new_run_from_its_checkpoint_starts_from_its_weights(
         tiny_model_dir, faq, tmp_path, capsys):
     """The tiny run resumed with optim.lr=0.5 trained on at the checkpoint's rate and reported 0.5. Now it is

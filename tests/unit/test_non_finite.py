@@ -111,6 +111,7 @@ def test_a_nan_model_is_refused_by_embed_encode_retrieve_and_sts(nan_model_dir, 
         evaluate_sts(pairs, model)
 
 
+@pytest.mark.slow
 def test_cli_encode_of_a_nan_model_is_one_line(nan_model_dir, faq, tmp_path):
     out = tmp_path / "emb"
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(faq), "--out", str(out),
@@ -122,6 +123,7 @@ def test_cli_encode_of_a_nan_model_is_one_line(nan_model_dir, faq, tmp_path):
     assert "Traceback" not in r.stdout + r.stderr and not out.exists()
 
 
+@pytest.mark.slow
 def test_the_up_front_model_check_runs_once_per_model_and_texts(tiny_model_dir, faq, tmp_path, monkeypatch):
     """encode's check of the model's vectors on the corpus's first passages (a torch pass) is remembered once
     it passed: an encode again of the same corpus with the same model skips it; other settings (another model
@@ -221,6 +223,7 @@ def _encode_cli(model_dir, corpus, out) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, faq, tmp_path):
     """A complete set whose shards were damaged since (a NaN, a finite 3e38) is not "already
     complete": a re-run names each damaged shard in one line, encodes those again (the vectors the

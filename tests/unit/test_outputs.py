@@ -491,6 +491,7 @@ def _can_mount_private(d: Path) -> bool:
     return r.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["index", "retrieve", "evaluate"])
 def test_read_only_filesystem_is_a_message(tmp_path, verb):
     """Outputs on a read-only filesystem (a private read-only tmpfs mount): exit 2, one line."""
@@ -509,6 +510,7 @@ def test_read_only_filesystem_is_a_message(tmp_path, verb):
     assert "read-only filesystem" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_index_on_a_disk_that_fills_is_a_message_and_keeps_the_old_index(tmp_path):
     """A private 256 KiB tmpfs: an index of 200 vectors fits; replacing it with one of 20,000
     (1.3 MB) fills the disk. Exit 2 with the OS's reason, the old index still complete, and no

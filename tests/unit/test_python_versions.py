@@ -32,6 +32,7 @@ def _vermin(target: str, *paths: Path) -> subprocess.CompletedProcess:
                            "--no-make-paths-absolute", *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_every_file_runs_on_the_oldest_declared_python():
     target = _oldest_python()
     done = _vermin(target, *(ROOT / f for f in FOLDERS))

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import sys
 from transformers import AutoModel
@@ -32,6 +34,7 @@ def _run(tiny_model_dir, how: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_loading_through_the_library_shows_no_transformers_progress_bar(tiny_model_dir):
     plain = _run(tiny_model_dir, "plain")
     assert plain.returncode == 0, plain.stderr

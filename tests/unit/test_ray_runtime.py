@@ -99,6 +99,7 @@ def test_a_hanging_ray_shutdown_is_bounded(monkeypatch, capsys):
     assert rr.shutdown_local_ray() is True  # nothing left to stop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,rc", [("error", 2), ("hangup", 129), ("ok", 0)])
 def test_the_cli_exits_with_its_status_when_ray_will_not_stop(tmp_path, how, rc):
     """`pipeline` ends with the status it had even when Ray's shutdown hangs (the watchdog cleans up)."""

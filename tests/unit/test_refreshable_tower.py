@@ -27,6 +27,7 @@ def _nudge(model, seed: int, scale: float = 0.05):
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
+@pytest.mark.slow
 def test_a_refresh_ends_the_towers_compiled_before_it(tiny_model_dir, tmp_path):
     model = BiEncoder.load(ModelConfig(name_or_path=str(tiny_model_dir), doc_max_length=64, pooling="mean",
                                        normalize=True)).eval()

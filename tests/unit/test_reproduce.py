@@ -26,6 +26,7 @@ def matrix():
     return load_matrix()
 
 
+@pytest.mark.slow
 def test_every_cell_parses_with_the_real_cli_and_configs(matrix):
     n = 0
     for cell in matrix.cells.values():
@@ -38,6 +39,7 @@ def test_every_cell_parses_with_the_real_cli_and_configs(matrix):
     assert n > 500
 
 
+@pytest.mark.slow
 def test_check_parses_every_command_from_another_folder_and_keeps_the_rules(tmp_path, monkeypatch, capsys):
     """Relative configs are read from the repository wherever check runs; the matrix keeps its own rules."""
     monkeypatch.chdir(tmp_path)
@@ -179,6 +181,7 @@ def test_an_empty_or_missing_matrix_folder_is_one_error(tmp_path, capsys):
     assert "no reproduction matrix here" in err and "not a folder" in err
 
 
+@pytest.mark.slow
 def test_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text("mine")

@@ -36,6 +36,7 @@ def _bm25(faq, tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_a_run_is_reranked_by_the_cross_encoders_scores(faq, cross_encoder, tmp_path):
     from pipeline.data.corpus import fetch_passages
     from pipeline.data.readers import load_queries
@@ -61,6 +62,7 @@ def test_a_run_is_reranked_by_the_cross_encoders_scores(faq, cross_encoder, tmp_
     assert json.loads((tmp_path / "ce.trec.meta.json").read_text())["n_queries"] == len(got)
 
 
+@pytest.mark.slow
 def test_a_killed_rerank_resumes_without_scoring_a_query_twice(faq, cross_encoder, tmp_path, monkeypatch):
     from pipeline.eval import rerank as R
 

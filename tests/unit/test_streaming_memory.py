@@ -84,6 +84,7 @@ def test_run_groups_stream_and_detect_interleaving(tmp_path):
         list(iter_run_groups(run))
 
 
+@pytest.mark.slow
 def test_evaluation_memory_does_not_grow_with_the_run(tmp_path):
     small, big, qrels = tmp_path / "small.trec", tmp_path / "big.trec", tmp_path / "qrels.trec"
     _write_run(small, 200, 50)
@@ -184,6 +185,7 @@ def _corpus_with_vectors(tmp_path: Path, n: int, shard_rows: int, dim: int = 16)
     return random_embeddings(corpus, tmp_path / f"emb{n}", shard_rows=shard_rows, dim=dim)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", ["IVF8,SQ8", "PQ4"])
 def test_index_build_holds_a_bounded_sample_and_one_batch(tmp_path, factory):
     from pipeline.config import IndexConfig
@@ -354,6 +356,7 @@ def test_ingest_finds_a_duplicate_id_across_spilled_hashes(tmp_path, monkeypatch
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_ingest_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     from fixtures import random_collection
 
@@ -394,6 +397,7 @@ def test_ingest_parts_and_row_groups_follow_part_rows(tmp_path):
     assert got == texts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", ["Flat", "SQ8", "PQ4"])
 def test_an_index_with_one_code_array_is_sized_once_and_never_copied(factory):
     """Flat/SQ/PQ keep their codes in one array that adding would grow (each growth a copy: the build
@@ -421,6 +425,7 @@ def test_an_index_with_one_code_array_is_sized_once_and_never_copied(factory):
     assert storage_moves(reserve=True) == 0
 
 
+@pytest.mark.slow
 def test_faiss_training_warnings_come_back_as_one_line_of_ours(tmp_path, capfd):
     """A PQ factory trained on a corpus smaller than FAISS advises printed FAISS's C++ warning once per
     sub-quantizer (64 identical stderr lines for PQ64): now one `[index] note:` line, nothing on stderr."""

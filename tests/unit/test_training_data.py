@@ -353,6 +353,7 @@ def test_qrels_examples_memory_does_not_grow_with_run_depth_or_corpus_size(tmp_p
     assert big < 1.5 * small, (small, big)
 
 
+@pytest.mark.slow
 def test_examples_built_in_a_child_process_equal_the_in_process_ones(corpus, tmp_path):
     """data.build_apart: the child's examples are the same files; its errors are raised here as they are."""
     from pipeline.errors import InputError
@@ -425,6 +426,7 @@ def test_the_loop_reads_ids_form_examples_with_their_texts_per_rank(corpus, tmp_
     assert got == {0: [rows[0], rows[2]], 1: [rows[1]]}
 
 
+@pytest.mark.slow
 def test_the_passage_store_scales_with_distinct_passages_not_with_examples(tmp_path):
     """500k pairs must not carry a text per example: 200 examples naming the same 20 long passages
     store each text once (the parts hold row numbers), and 10x the examples adds no text."""

@@ -81,6 +81,7 @@ def test_the_encoder_plan_follows_encode_and_says_why(tiny_model_dir, faq, tmp_p
     assert fp32.encoder_plan(model, "cpu", 200)[2].startswith("200 passages < 250: writing the weights into")
 
 
+@pytest.mark.slow
 def test_openvino_validation_scores_the_trained_weights_and_keeps_one_graph_per_architecture(tiny_model_dir, faq,
                                                                                             tmp_path, monkeypatch):
     """The model being trained is encoded with its weights as they are (not its folder's, which encode's export
@@ -135,6 +136,7 @@ def test_openvino_validation_scores_the_trained_weights_and_keeps_one_graph_per_
     assert sorted(p.parent.name for p in cache.rglob("tower.xml")) == graphs
 
 
+@pytest.mark.slow
 def test_a_freshly_initialised_model_is_refreshed_and_a_folded_weight_is_converted_at_every_validation(
         tiny_model_dir, faq, tmp_path, monkeypatch):
     """A freshly initialised model (layer norms exactly 1 and 0, which the converter drops for those values)
@@ -176,6 +178,7 @@ def test_a_freshly_initialised_model_is_refreshed_and_a_folded_weight_is_convert
     assert len(conversions) == 3  # the first: the graph for random weights, then the model as it is; one per later
 
 
+@pytest.mark.slow
 def test_every_validation_option_value_encodes_what_it_says(tiny_model_dir, faq):
     """validation.precision x validation.backend, every value the config allows (read from the dataclass, so
     a new value fails here until it is covered): each validation runs and names the encoder it used, its
@@ -338,6 +341,7 @@ def test_a_rank_that_fails_makes_every_rank_raise_naming_it(tiny_model_dir, faq)
     assert "validation failed on rank 1: ValueError: out of memory on this worker (this is rank 0)" in str(got[0])
 
 
+@pytest.mark.slow
 def test_every_rank_converts_its_own_openvino_tower_and_the_figures_hold(tiny_model_dir, faq):
     """validation.backend=openvino on 2 workers: each rank converts the model it holds (then refreshes it),
     and rank 0's figures are the single-worker OpenVINO figures, at both validations."""
