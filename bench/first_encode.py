@@ -26,12 +26,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from encode import ST_PROCESS, beir_copy, corpus_texts  # noqa: E402  (bench/encode.py's)
 from machine import cpu_line, scratch  # noqa: E402  (bench/machine.py)
 
-ST = ("import json, sys, torch; torch.set_num_threads(int(sys.argv[3])); "
-      "from sentence_transformers import SentenceTransformer; "
-      "m = SentenceTransformer(sys.argv[1], device='cpu'); m.max_seq_length = int(sys.argv[4]); "
-      "m.encode(json.load(open(sys.argv[2])), batch_size=int(sys.argv[5]))")
+
 
 
 def timed(argv: list[str], env: dict) -> tuple[float, str]:
@@ -54,8 +52,6 @@ def main() -> int:
     p.add_argument("--max-length", type=int, default=256)
     args = p.parse_args()
     print(cpu_line(), flush=True)
-    from encode import beir_copy, corpus_texts  # bench/encode.py's: the corpus's texts as encode reads them
-
     from pipeline.data.bundled import python_faq_dir
     from pipeline.data.ingest import ingest
     from pipeline.models.loading import resolve_model_path
@@ -86,7 +82,7 @@ def main() -> int:
 
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}:", flush=True)
-        st, _ = timed([sys.executable, "-c", ST, model, str(texts_file), str(T), str(L), str(B)], env)
+        st, _ = timed([sys.executable, "-c", ST_PROCESS, model, str(texts_file), str(T), str(L), str(B)], env)
         keep("sentence-transformers (whole process)", st)
         cache = tmp / f"exports-{rnd}"  # empty: a new machine
         e = {**env, "PIPELINE_EXPORT_CACHE": str(cache)}

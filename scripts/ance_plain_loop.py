@@ -204,8 +204,6 @@ def main(argv=None) -> int:
     args.model = args.model or _minilm()
     args.tau = args.temperature if args.temperature is not None else (1.0 if args.similarity == "dot" else 0.05)
     args.bf16 = args.precision == "bf16"
-    import torch
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = training_rows(args.corpus, args.negatives, args.positives_seed)
     loss = "in-batch + own hard negative" if args.in_batch else "pairwise (positive vs its own hard negative)"
     print(f"{len(rows)} training pairs; loss {loss}; {args.similarity}/{args.tau:g}; {args.precision}; "

@@ -161,11 +161,12 @@ class ShardEncoder:
         t0 = time.perf_counter()
         self.backend, self.runner, self.precision, self.backend_note = tower_runner(
             self.model, "doc", backend, wanted, torch_threads, self.device, calibration=calibration)
-        if self.runner is not None and getattr(self.runner, "converted", False) and getattr(self.runner, "folder", None):
-            # this encoder made the model's export: a one-time cost, said with what it was
-            made = (f"the model's OpenVINO export was made by this encode, once, in {time.perf_counter() - t0:.1f}s (converted, "
-                    "checked against torch, compiled): kept in the export cache, the next encode of this model "
-                    "does not pay it")
+        if self.runner is not None and self.runner.converted and self.runner.folder is not None:
+            # this encoder made the model's export: a one-time cost, said with what it was (in the shards' markers:
+            # worded so that a resumed encode reading them back says nothing untrue)
+            made = (f"the model's OpenVINO export was made when these shards were encoded, once, in "
+                    f"{time.perf_counter() - t0:.1f}s (converted, checked against torch, compiled): kept in the "
+                    "export cache, a later encode of this model does not pay it")
             self.backend_note = "; ".join(n for n in (self.backend_note, made) if n)
         self.backend_check = getattr(self.runner, "check", None)  # the figures of its check against torch
         if self.runner is None:  # torch runs the tower: a deferred one (the driver's) loads now, in the start-up

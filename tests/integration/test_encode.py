@@ -289,7 +289,7 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
                                                          "encode.runner=local"))
     assert ref["backend"] == "torch"
     va = np.concatenate([v for _, v in iter_shards(tmp_path / "torch")])
-    made = "the model's OpenVINO export was made by this encode, once, in "
+    made = "the model's OpenVINO export was made when these shards were encoded, once, in "
     for runner in ("local", "ray"):
         out = tmp_path / f"ov-{runner}"
         extra = ("encode.num_actors=1", "encode.cpus_per_actor=1") if runner == "ray" else ()
@@ -299,7 +299,7 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
         assert got["backend"] == "openvino" and got["precision"] == "fp32" and got["runner"] == runner
         said = capsys.readouterr().out
         if runner == "local":  # this process's first encode on an empty export cache made the export, and says so
-            assert made in said and "the next encode of this model does not pay it" in said, said
+            assert made in said and "a later encode of this model does not pay it" in said, said
         meta = json.loads((out / "embeddings.json").read_text())
         assert (meta["backend"], meta["backend_resolved"], meta["precision_resolved"]) == ("auto", "openvino", "fp32")
         assert all(m["backend"] == "openvino" for m in completed_shards(out).values())
