@@ -83,6 +83,9 @@ class Encoder:
     def __init__(self, path: str, bf16: bool):
         import torch
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()  # the summary lines are ours: no weight-loading bar, no notes
+        hf_logging.disable_progress_bar()
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path)
