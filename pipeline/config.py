@@ -194,7 +194,9 @@ class EncodeConfig(Section):
     runner: Literal["auto", "ray", "local"] = "auto"
     # What runs the model on a CPU: torch (eager), openvino (the tower converted once to OpenVINO's
     # IR, cached by the model's digest, and checked against torch's vectors: cosine >= 0.9999),
-    # or auto = openvino on a CPU when installed and its check passes, else torch (GPUs: torch).
+    # or auto = openvino on a CPU when installed and its check passes, else torch (GPUs: torch); auto
+    # makes a model's export only for a corpus that pays for it (1,000 passages to encode in fp32, 250 in
+    # bf16: index/encode.backend_by_cost), below that torch, and always uses an export already cached.
     # MiniLM on a 2-core AVX512-BF16 CPU: openvino 2.2x torch in fp32, 1.5x in bf16 (bench/encode.py).
     backend: Literal["auto", "torch", "openvino"] = "auto"
 

@@ -237,8 +237,10 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
     # the corpus's first passages, the same for every encoder and a resumed run: int8 is calibrated on
     # them, and bf16 / int8 towers are checked on them (models/backends.py)
     calibration = calibration_texts(specs, manifest["title_join"]) if todo else None
+    # encode.backend=auto on a CPU: OpenVINO where its export is cached or the corpus pays for making it, else torch
+    backend, backend_why = backend_by_cost(enc, probe, todo_rows, runner) if todo else (enc.backend, None)
     if todo:  # a model whose vectors are NaN/inf (or overflow float32's scores) is refused before anything is written
-        checked_model_vectors(probe, calibration[:8], meta["model"]["digest"], export_ok=enc.backend != "torch")
+        checked_model_vectors(probe, calibration[:8], meta["model"]["digest"], export_ok=backend != "torch")
         if runner != "local":  # the actors check their own towers: the driver's compiled fp32 export is let go
             from ..models.tower_check import release_references
 
@@ -266,11 +268,11 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
             remove(stray)  # a file, or a killed actor's temporary folder
         if todo and runner == "local":
             _run_local(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape[2], todo_rows, probe,
-                       calibration)
+                       calibration, backend, backend_why)
         elif todo:
             del probe  # the actors load their own
             _run(todo, out_dir, model_cfg, manifest["title_join"], dtype, enc, shape, todo_rows, tokenize_spec,
-                 calibration)
+                 calibration, backend, backend_why)
     except BaseException:
         if created and not completed_shards(out_dir):  # a folder this run made, holding nothing of use
             (out_dir / META_NAME).unlink(missing_ok=True)
@@ -320,6 +322,48 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
           f"encode.backend={enc.backend}) -> {out_dir}"
           + "".join(f"\n[encode] note: {n}" for n in notes), flush=True)
     return summary
+
+
+# encode.backend=auto makes a model's OpenVINO export (converted, checked against torch, compiled: a one-time
+# cost, 3.4 s for MiniLM on a 2-core AMX Xeon, 5-7 s on a 2-core AVX2 EPYC) only for a corpus that pays it back
+# in this run; below these counts of passages to encode it runs torch, and where the export is cached it always
+# runs OpenVINO (nothing to pay). An export from the architecture's cached graph (an earlier training run's
+# validation kept it) converts nothing: its thresholds are lower. The figures are validation's (index/validate.py,
+# measured there on one thread); measured for encode: the FAQ's 176 passages in fp32 took 21.0 s as a first run
+# with the export and 13.7 s with torch, sentence-transformers 20.1 s (AVX2 EPYC; bench/first_encode.py).
+EXPORT_FROM_PASSAGES = {"bf16": 250, "fp32": 1000}
+EXPORT_FROM_PASSAGES_GRAPH_CACHED = {"bf16": 64, "fp32": 250}
+
+
+def backend_by_cost(enc: EncodeConfig, model, todo_rows: int, runner: str) -> tuple[str, str | None]:
+    """(the backend the encoders are given, why torch was chosen or None) for `todo_rows` passages to encode.
+    Only encode.backend=auto on CPU encoders with OpenVINO installed is decided here (an explicit backend, int8,
+    GPU encoders are the encoders' own: tower_runner): torch when this model's export is not in the export
+    cache and the corpus has fewer passages than pay for making it (EXPORT_FROM_PASSAGES), else auto."""
+    if enc.backend != "auto" or enc.precision == "int8" or enc.gpus_per_actor > 0:
+        return enc.backend, None
+    from ..models.backends import export_cached, graph_cached, openvino_available
+    from ..models.precision import resolve_precision
+
+    if not openvino_available():
+        return enc.backend, None
+    if runner == "local":
+        import torch
+
+        if torch.cuda.is_available():
+            return enc.backend, None
+    if export_cached(model, "doc"):
+        return enc.backend, None
+    precision = "bf16" if resolve_precision(enc.precision, "cpu") == "bf16" else "fp32"
+    cached = graph_cached(model, "doc")
+    least = (EXPORT_FROM_PASSAGES_GRAPH_CACHED if cached else EXPORT_FROM_PASSAGES)[precision]
+    if todo_rows >= least:
+        return enc.backend, None
+    made = "from the architecture's cached graph" if cached else "converted, checked against torch, compiled"
+    return "torch", (f"torch used: {todo_rows:,} passages to encode in {precision} are fewer than the {least:,} "
+                     f"from which the model's OpenVINO export ({made}; made once, then kept in the export cache) "
+                     "pays back its cost; once a larger corpus has made it, every encode of this model runs "
+                     "OpenVINO (encode.backend=openvino makes it now)")
 
 
 def checked_model_vectors(model, texts: list[str], digest: str, export_ok: bool = False) -> None:
@@ -440,14 +484,15 @@ def _disk_error(out_dir, os_error: str) -> PipelineError:
 
 def _run_local(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
                enc: EncodeConfig, threads: int, todo_rows: int, model=None,
-               calibration: list[str] | None = None) -> None:
+               calibration: list[str] | None = None, backend: str | None = None,
+               backend_why: str | None = None) -> None:
     """encode.runner=local: the actors' own ShardEncoder in this process, shard after shard (no Ray
     start, no actor start, the receipts as the Ray runner's); `model` is the driver's loaded one."""
     import numpy as np
 
     encoder = ShardEncoder(asdict(model_cfg), title_join, threads, enc.precision, enc.batch_size, dtype,
-                           str(out_dir), model=model, backend=enc.backend,
-                           calibration=calibration)
+                           str(out_dir), model=model, backend=backend or enc.backend,
+                           calibration=calibration, backend_why=backend_why)
     bar = _progress_bar(todo_rows, enc.show_progress)
     _first_shard.clear()
     try:
@@ -480,7 +525,8 @@ def _check_output_writable(out_dir) -> None:
 
 def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dtype: str,
          enc: EncodeConfig, shape: tuple[int, float, int], todo_rows: int,
-         tokenize_spec: "TokenizeSpec | None" = None, calibration: list[str] | None = None) -> None:
+         tokenize_spec: "TokenizeSpec | None" = None, calibration: list[str] | None = None,
+         backend: str | None = None, backend_why: str | None = None) -> None:
     import ray
     from ray.data import DataContext
 
@@ -500,21 +546,23 @@ def _run(todo: list[dict], out_dir, model_cfg: ModelConfig, title_join: str, dty
                             num_cpus=enc.tokenize_cpus, max_calls=TOKENIZE_MAX_CALLS)
     with warnings.catch_warnings():  # Ray 2.60 deprecates the remote-args hook, with no named max_restarts yet
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
-        ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration)
+        ds = _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration,
+                            backend or enc.backend, backend_why)
     failure = _collect(ds, todo_rows, enc.show_progress, out_dir)
     if failure is not None:
         raise failure  # (the actor that raised has left: ShardEncoder.__call__)
 
 
-def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration=None):
+def _encoder_stage(ds, model_cfg, title_join, threads, enc, dtype, out_dir, cpus, actors, calibration=None,
+                   backend: str | None = None, backend_why: str | None = None):
     from ray.data import ActorPoolStrategy
 
     return ds.map_batches(
         ShardEncoder,
         fn_constructor_kwargs={"model_cfg": asdict(model_cfg), "title_join": title_join, "torch_threads": threads,
                                "precision": enc.precision, "batch_size": enc.batch_size, "dtype": dtype,
-                               "out_dir": str(out_dir), "backend": enc.backend,
-                               "calibration": calibration},
+                               "out_dir": str(out_dir), "backend": backend or enc.backend,
+                               "calibration": calibration, "backend_why": backend_why},
         batch_size=1,
         batch_format="numpy",
         num_cpus=cpus,

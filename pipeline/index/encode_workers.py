@@ -142,7 +142,8 @@ class ShardEncoder:
     `out_dir`, a receipt per shard out. Given token arrays, the actor only runs the model."""
 
     def __init__(self, model_cfg: dict, title_join: str, torch_threads: int, precision: str, batch_size: int,
-                 dtype: str, out_dir: str, model=None, backend: str = "torch", calibration: list[str] | None = None):
+                 dtype: str, out_dir: str, model=None, backend: str = "torch", calibration: list[str] | None = None,
+                 backend_why: str | None = None):
         import torch
 
         from ..models import BiEncoder
@@ -168,6 +169,8 @@ class ShardEncoder:
                     f"{time.perf_counter() - t0:.1f}s (converted, checked against torch, compiled): kept in the "
                     "export cache, a later encode of this model does not pay it")
             self.backend_note = "; ".join(n for n in (self.backend_note, made) if n)
+        if backend_why:  # the driver chose torch for encode.backend=auto (index/encode.backend_by_cost): why
+            self.backend_note = "; ".join(n for n in (backend_why, self.backend_note) if n)
         self.backend_check = getattr(self.runner, "check", None)  # the figures of its check against torch
         if self.runner is None:  # torch runs the tower: a deferred one (the driver's) loads now, in the start-up
             self.model.load_weights()

@@ -5,7 +5,9 @@
   run by its CPU plugin (fused attention, MLP and layer-norm kernels; bf16 through its inference
   precision where the CPU has it natively). Measured on the FAQ with MiniLM on a 2-core AVX512-BF16
   EPYC (bench/encode.py): 2.2x torch's fp32 at cosine 1.000000, 1.5x torch's bf16.
-- `auto`: openvino on a CPU when it is installed and passes its check, else torch.
+- `auto`: openvino on a CPU when it is installed and passes its check, else torch; `pipeline encode` makes
+  a model's export only for a corpus that pays it back (index/encode.backend_by_cost) and otherwise runs
+  torch, unless the export is cached.
 
 The conversion (~1.5 s for MiniLM) is kept in the export cache (models/export_cache.py: the keys, and
 how an entry is made under a lock, checked against its digests and repaired).
@@ -88,6 +90,18 @@ def resolve_backend(backend: str, device: str | torch.device = "cpu", precision:
             raise ConfigError("encode.backend=openvino: the openvino package is not installed "
                               "(pip install openvino; or encode.backend=torch / auto)")
     return backend
+
+
+def export_cached(model, side: str = "doc", cache: str | Path | None = None) -> bool:
+    """Whether the export cache holds this model's OpenVINO export, whole (its digests): read from the model's
+    files, no weights loaded."""
+    from .export_cache import entry_problem
+
+    try:
+        folder = export_cache_dir(cache) / "openvino" / tower_digest(model, side)[:32]
+    except Exception:  # a cache path that is a file, a model folder that cannot be read: not cached
+        return False
+    return entry_problem(folder, "export.json") is None
 
 
 def cpu_hint(core, precision: str) -> str:

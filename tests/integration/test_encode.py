@@ -280,8 +280,12 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
     made the model's export says what it cost, once, and the next one does not pay it."""
     import numpy as np
 
+    import pipeline.index.encode as encode_mod
+
     pytest.importorskip("openvino")
     monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(tmp_path / "exports"))  # empty: a new machine
+    # this small corpus counts as one that pays for the export (the cost rule has its own test below)
+    monkeypatch.setattr(encode_mod, "EXPORT_FROM_PASSAGES", {"bf16": 1, "fp32": 1})
     corpus = tmp_path / "corpus"
     ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
     common = ("encode.shard_rows=40", "encode.precision=fp32")
@@ -308,6 +312,40 @@ def test_the_openvino_backend_writes_torchs_vectors_and_says_so(ray_session, tin
     capsys.readouterr()
     again = encode_corpus(corpus, tmp_path / "ov-again", _cfg(tiny_model_dir, *common, "encode.runner=local"))
     assert again["backend"] == "openvino" and made not in capsys.readouterr().out  # read from the cache: not made again
+
+
+def test_auto_makes_the_export_only_for_a_corpus_that_pays_for_it(tiny_model_dir, collection, tmp_path,
+                                                                    monkeypatch, capsys):
+    """encode.backend=auto on an empty export cache: a corpus with fewer passages to encode than pay for the
+    model's OpenVINO export runs torch, says why and makes no export; one with enough makes it (and says what it
+    cost); once it is cached, the small corpus runs OpenVINO too, with nothing to pay and no note."""
+    import pipeline.index.encode as encode_mod
+
+    pytest.importorskip("openvino")
+    cache = tmp_path / "exports"
+    monkeypatch.setenv("PIPELINE_EXPORT_CACHE", str(cache))  # empty: a new machine
+    corpus = tmp_path / "corpus"
+    ingest([collection], "msmarco", corpus, part_rows=100, progress=False)
+    rows = json.loads((corpus / "manifest.json").read_text())["rows"]
+    monkeypatch.setattr(encode_mod, "EXPORT_FROM_PASSAGES", {"bf16": rows + 1, "fp32": rows + 1})
+    common = ("encode.shard_rows=40", "encode.precision=fp32", "encode.runner=local")
+    capsys.readouterr()
+    small = encode_corpus(corpus, tmp_path / "small", _cfg(tiny_model_dir, *common))
+    said = capsys.readouterr().out
+    assert small["backend"] == "torch", said
+    assert (f"[encode] note: torch used: {rows:,} passages to encode in fp32 are fewer than the {rows + 1:,} from "
+            "which the model's OpenVINO export") in said and "encode.backend=openvino makes it now" in said, said
+    meta = json.loads((tmp_path / "small" / "embeddings.json").read_text())
+    assert (meta["backend"], meta["backend_resolved"]) == ("auto", "torch") and "torch used" in meta["backend_notes"][0]
+    assert not (cache / "openvino").exists()  # nothing exported
+    monkeypatch.setattr(encode_mod, "EXPORT_FROM_PASSAGES", {"bf16": rows, "fp32": rows})  # now it pays
+    big = encode_corpus(corpus, tmp_path / "big", _cfg(tiny_model_dir, *common))
+    said = capsys.readouterr().out
+    assert big["backend"] == "openvino" and "the model's OpenVINO export was made" in said and "torch used" not in said
+    monkeypatch.setattr(encode_mod, "EXPORT_FROM_PASSAGES", {"bf16": rows + 1, "fp32": rows + 1})
+    cached = encode_corpus(corpus, tmp_path / "cached", _cfg(tiny_model_dir, *common))
+    said = capsys.readouterr().out
+    assert cached["backend"] == "openvino" and "[encode] note" not in said, said  # cached: nothing to pay
 
 
 def test_int8_is_an_opt_in_of_the_openvino_backend(tiny_model_dir, collection, tmp_path):
