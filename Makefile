@@ -8,6 +8,10 @@ TORCH   ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FAISS)
 PYTEST_ARGS ?= --durations=30
+# the unit tests run in this many processes (pytest-xdist; 0 = in pytest's own): each process has its own
+# session fixtures, export cache and staging folder (tests/conftest.py). The integration tests run in one
+# process, on one local Ray.
+TEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -30,16 +34,18 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/pipeline demo $(DEMO_ARGS)
 
+# every test: the unit tests in TEST_WORKERS processes, then the integration tests (both run, whatever the first gave)
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@rc=0; $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS) || rc=$$?; \
+	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS) || rc=$$?; exit $$rc
 
 # the quick loop: the unit tests but those marked slow (each over 2 s: a process, a model conversion, a training
 # run, a memory measurement); `make test` runs every test, those included
 test-unit: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests/unit
 
 test-unit-all: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 test-integration: setup
 	$(BIN)/python -m pytest -q tests/integration

@@ -28,15 +28,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-tests-hf"))
+_MADE = "PIPELINE_TESTS_MADE"  # the folders a test process of this run made (not the user's)
+
+
+def _own_temp_dir(var: str, prefix: str) -> None:
+    """`var` names a folder of this test process's, removed when it ends, unless the user set it. A process of
+    pytest-xdist (make test's unit tests) inherits the starting process's and makes its own: its tests make,
+    break and prune export-cache entries, which another process's tests must not see."""
+    made = [p for p in os.environ.get(_MADE, "").split(os.pathsep) if p]
+    if os.environ.get(var) and os.environ[var] not in made:
+        return  # the user's
+    os.environ[var] = tempfile.mkdtemp(prefix=prefix)
+    os.environ[_MADE] = os.pathsep.join([*made, os.environ[var]])
+    atexit.register(shutil.rmtree, os.environ[var], True)
+
+
 # encode.backend=openvino's converted towers: a folder of this session's, not the user's cache, removed
 # when the session ends (a test run leaves nothing behind in the temporary folder)
-if not os.environ.get("PIPELINE_EXPORT_CACHE"):
-    os.environ["PIPELINE_EXPORT_CACHE"] = tempfile.mkdtemp(prefix="pipeline-tests-exports-")
-    atexit.register(shutil.rmtree, os.environ["PIPELINE_EXPORT_CACHE"], True)
+_own_temp_dir("PIPELINE_EXPORT_CACHE", "pipeline-tests-exports-")
 # local copies of what the tests put on object stores (each test's bucket is new): this session's, removed too
-if not os.environ.get("PIPELINE_STAGING_DIR"):
-    os.environ["PIPELINE_STAGING_DIR"] = tempfile.mkdtemp(prefix="pipeline-tests-staging-")
-    atexit.register(shutil.rmtree, os.environ["PIPELINE_STAGING_DIR"], True)
+_own_temp_dir("PIPELINE_STAGING_DIR", "pipeline-tests-staging-")
 
 from pipeline.runtime_env import setup_offline_env  # noqa: E402
 
