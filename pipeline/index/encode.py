@@ -41,6 +41,8 @@ from ..errors import ConfigError, PipelineError, ResourceError, worker_error, wo
 from ..io_utils import missing_dirs, remove_empty_dirs
 from ..storage import RemotePath, remove
 from .encode_output import LOCK_NAME, check_embeddings_output, output_lock  # noqa: F401 (LOCK_NAME: re-exported)
+from .export_cost import (OPENVINO_MIN_PASSAGES, OPENVINO_MIN_PASSAGES_CACHED, OPENVINO_MIN_PASSAGES_FP32,
+                          OPENVINO_MIN_PASSAGES_FP32_CACHED)
 from .encode_workers import SPEC_KEYS, TOKENIZE_MAX_CALLS, ShardEncoder, TokenizeSpec, tokenize_shards
 from .shards import (META_NAME, completed_shards, first_bad_row, layout_matches, location, plan_part,
                      remove_shard, shard_problem, stray_files, vectors_problem, verify_shards, write_json)
@@ -325,14 +327,15 @@ def _encode_locked(corpus_dir: Path, out_dir, cfg: PipelineConfig, t_entry: floa
 
 
 # encode.backend=auto makes a model's OpenVINO export (converted, checked against torch, compiled: a one-time
-# cost, 3.4 s for MiniLM on a 2-core AMX Xeon, 5-7 s on a 2-core AVX2 EPYC) only for a corpus that pays it back
-# in this run; below these counts of passages to encode it runs torch, and where the export is cached it always
-# runs OpenVINO (nothing to pay). An export from the architecture's cached graph (an earlier training run's
-# validation kept it) converts nothing: its thresholds are lower. The figures are validation's (index/validate.py,
-# measured there on one thread); measured for encode: the FAQ's 176 passages in fp32 took 21.0 s as a first run
-# with the export and 13.7 s with torch, sentence-transformers 20.1 s (AVX2 EPYC; bench/first_encode.py).
-EXPORT_FROM_PASSAGES = {"bf16": 250, "fp32": 1000}
-EXPORT_FROM_PASSAGES_GRAPH_CACHED = {"bf16": 64, "fp32": 250}
+# cost, 3.4 s for MiniLM on a 2-core AMX Xeon, 7.5-7.7 s on a 2-core AVX2 EPYC) only for a corpus that pays it
+# back in this run; below these counts of passages to encode it runs torch, and where the export is cached it
+# always runs OpenVINO (nothing to pay). An export from the architecture's cached graph (an earlier training
+# run's validation kept it) converts nothing: its thresholds are lower. The counts are validation's
+# (index/export_cost.py); measured for encode (bench/results/first-encode-avx2-2026-12-02.txt, AVX2 EPYC): the
+# FAQ's 176 passages in fp32, a first run 21.3 s with torch chosen, 29.9 s making the export, sentence-transformers
+# 27.2 s.
+EXPORT_FROM_PASSAGES = {"bf16": OPENVINO_MIN_PASSAGES, "fp32": OPENVINO_MIN_PASSAGES_FP32}
+EXPORT_FROM_PASSAGES_GRAPH_CACHED = {"bf16": OPENVINO_MIN_PASSAGES_CACHED, "fp32": OPENVINO_MIN_PASSAGES_FP32_CACHED}
 
 
 def backend_by_cost(enc: EncodeConfig, model, todo_rows: int, runner: str) -> tuple[str, str | None]:

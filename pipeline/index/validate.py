@@ -32,19 +32,10 @@ from ..data.manifest import join_title, load_manifest
 from ..data.readers import load_qrels, load_queries
 from ..eval.metrics import evaluate_run, measure_name, measures_for
 from ..eval.runs import read_run, write_run
-
-# auto uses OpenVINO from this many passages per worker on. The model being trained is converted at the
-# first validation (~1.7 s for MiniLM on one thread, with seeded random weights so that each weight's constant
-# is found by its values), and its weights are written in and compiled at every validation (~0.3 s on one
-# thread, the check on short probe texts included); the graph is kept in the export cache by architecture,
-# so a later run of it (the next trial of a sweep) converts nothing (the _CACHED thresholds). In bf16 on an
-# AVX512-BF16 CPU OpenVINO encodes MiniLM ~1.25x torch on one thread; in fp32 (and on AVX2, where bf16 is not
-# native) ~1.05x with a costlier conversion (bench/encode.py), so it waits for larger corpora. Measured:
-# `python bench/batching.py --skip-encoders --skip-st --threads 1 --dev-sizes 176,400,800` (docs/performance.md).
-OPENVINO_MIN_PASSAGES = 250
-OPENVINO_MIN_PASSAGES_FP32 = 1000
-OPENVINO_MIN_PASSAGES_CACHED = 64
-OPENVINO_MIN_PASSAGES_FP32_CACHED = 250
+# validation.backend=auto uses OpenVINO from these many passages per worker on (index/export_cost.py says why;
+# read here, so that a test can set them for validation alone)
+from .export_cost import (OPENVINO_MIN_PASSAGES, OPENVINO_MIN_PASSAGES_CACHED, OPENVINO_MIN_PASSAGES_FP32,
+                          OPENVINO_MIN_PASSAGES_FP32_CACHED)
 
 
 class Validator:
