@@ -326,6 +326,7 @@ class Refresh:
 
         from ..eval.metrics import evaluate_run, measure_name
         from ..models import BiEncoder
+        from .faiss_index import new_index
 
         cfg = self.cfg
         t0 = time.time()
@@ -338,7 +339,7 @@ class Refresh:
             dev_vectors = model.embed([self.dev[1][q] for q in dq], "query", batch_size=cfg.batch_size,
                                       device=self.device, precision=cfg.precision)
         dev_k = min(100, len(self.pids))
-        index = faiss.index_factory(queries.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
+        index = new_index(queries.shape[1], cfg.factory, faiss.METRIC_INNER_PRODUCT)
         parts_searched = None
         if index.is_trained:
             # Flat: the version's index in parts, one corpus part each, searched as it is made and let go: the

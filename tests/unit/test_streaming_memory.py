@@ -404,12 +404,12 @@ def test_an_index_with_one_code_array_is_sized_once_and_never_copied(factory):
     peaked at ~1.4x the index): sized up front, its storage never moves while the vectors go in."""
     import faiss
 
-    from pipeline.index.faiss_index import _reserve_codes
+    from pipeline.index.faiss_index import _reserve_codes, new_index
 
     x = np.random.default_rng(0).random((6_000, 16), dtype=np.float32)
 
     def storage_moves(reserve: bool) -> int:
-        index = faiss.index_factory(16, factory)
+        index = new_index(16, factory, faiss.METRIC_L2)  # as the build makes it
         if not index.is_trained:
             index.train(x[:2_000])
         if reserve:
