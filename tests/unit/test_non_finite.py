@@ -216,22 +216,27 @@ def test_index_refuses_a_shard_with_an_overflowing_vector(faq, tmp_path, factory
     assert "DAMAGED" in info(emb) and f"passage {pid}" in info(emb)
 
 
-def _encode_cli(model_dir, corpus, out) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "encode", "--corpus", str(corpus), "--out", str(out),
-                           "--model", str(model_dir), "encode.runner=local", "encode.backend=torch",
-                           "encode.precision=fp32", "encode.shard_rows=48"],
-                          capture_output=True, text=True, timeout=300)
+def _encode_cli(model_dir, corpus, out, capsys) -> subprocess.CompletedProcess:
+    """`pipeline encode` through the CLI's main in this process (the subprocess is not what is tested: a
+    process of its own cost ~10 s of imports a run), its status and what it printed."""
+    from pipeline.cli import main
+
+    capsys.readouterr()
+    rc = main(["encode", "--corpus", str(corpus), "--out", str(out), "--model", str(model_dir), "encode.runner=local",
+               "encode.backend=torch", "encode.precision=fp32", "encode.shard_rows=48"])
+    got = capsys.readouterr()
+    return subprocess.CompletedProcess(["pipeline", "encode"], rc, got.out, got.err)
 
 
 @pytest.mark.slow
-def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, faq, tmp_path):
+def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, faq, tmp_path, capsys):
     """A complete set whose shards were damaged since (a NaN, a finite 3e38) is not "already
     complete": a re-run names each damaged shard in one line, encodes those again (the vectors the
     first run wrote) and reuses the others untouched; the set then indexes."""
     from pipeline.index.faiss_index import build_index
 
     out = tmp_path / "emb"
-    r = _encode_cli(tiny_model_dir, faq, out)
+    r = _encode_cli(tiny_model_dir, faq, out, capsys)
     assert r.returncode == 0, r.stdout + r.stderr
     names = json.loads((out / "embeddings.json").read_text())["shard_names"]
     assert len(names) >= 3
@@ -239,7 +244,7 @@ def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, 
     nan_pid = _plant(out, names[0], 3, np.nan)
     big_pid = _plant(out, names[2], 7, 3e38)
     kept = {n: (out / f"{n}.npy").stat().st_mtime_ns for n in names if n not in (names[0], names[2])}
-    r = _encode_cli(tiny_model_dir, faq, out)
+    r = _encode_cli(tiny_model_dir, faq, out, capsys)
     assert r.returncode == 0, r.stdout + r.stderr
     again = [ln for ln in r.stdout.splitlines() if "encoding this shard again" in ln]
     assert again == [f"[encode] {names[0]}.npy row 3 (passage {nan_pid}) holds a non-finite value (NaN or inf): "
@@ -252,7 +257,7 @@ def test_encode_again_reencodes_shards_damaged_after_completion(tiny_model_dir, 
     assert {n: (out / f"{n}.npy").stat().st_mtime_ns for n in kept} == kept  # the sound shards: reused as they are
     assert json.loads((out / "embeddings.json").read_text())["complete"] is True
     build_index(out, tmp_path / "idx", load_config(None, []).index, progress=False)
-    r = _encode_cli(tiny_model_dir, faq, out)  # now sound: nothing to do
+    r = _encode_cli(tiny_model_dir, faq, out, capsys)  # now sound: nothing to do
     assert r.returncode == 0 and f"{len(names)} shards already complete" in r.stdout, r.stdout + r.stderr
 
 
