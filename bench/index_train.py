@@ -16,7 +16,7 @@ Printed, and written to bench/results/index-train-<date>.txt: the CPU line, the 
 
 from __future__ import annotations
 
-from machine import cpu_line  # bench/machine.py (run as python bench/<name>.py)
+from machine import cpu_line, parse_size  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import sys
@@ -29,12 +29,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(ROOT))
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().lower()
-    mult = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
-    return int(float(text[:-1] if text[-1:] in "km" else text) * mult)
 
 
 def vectors(n: int, dim: int, seed: int) -> np.ndarray:

@@ -3,7 +3,9 @@ real lever with AMX or AVX512-BF16 and emulated, slow, with AVX2 only)."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 from pathlib import Path
 
 # what caps the kernels below the CPU's ISA: oneDNN's (torch's and OpenVINO's), MKL's and ATen's own; an
@@ -52,3 +54,11 @@ def scratch(prefix: str) -> Path:
     if not os.environ.get("BENCH_KEEP"):
         atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def parse_size(text: str) -> int:
+    """A count as benchmarks take it: `100k`, `1m`, `2.5m`, `250000`."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 100k, 1m, 3m, 250000)")
+    return int(float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()])

@@ -33,7 +33,7 @@ a bigger disk resumes?).
 
 from __future__ import annotations
 
-from machine import cpu_line, print_cpu  # bench/machine.py (run as python bench/<name>.py)
+from machine import cpu_line, parse_size, print_cpu  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import hashlib
@@ -59,13 +59,6 @@ TARGET = {"dpr-wiki": ("Wikipedia (DPR)", WIKI), "msmarco": ("MS MARCO passage",
 # docs/SCALING.md §2: MiniLM on one A10G (derived there from FLOPs and an assumed sustained throughput)
 GPU_RATE = {"dpr-wiki": 5_550.0, "msmarco": 9_960.0}
 GEN_VERSION = 1  # bump when the generator changes: cached corpora are re-made
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 100k, 1m, 3m, 250000)")
-    return int(float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()])
 
 
 def human(n: int) -> str:
@@ -542,7 +535,7 @@ def main() -> None:
 
         import sharded
 
-        sharded.run(types.SimpleNamespace(work=str(Path(args.work) / "sharded"), rows=sharded.parse_size(args.rows),
+        sharded.run(types.SimpleNamespace(work=str(Path(args.work) / "sharded"), rows=parse_size(args.rows),
                                           dim=args.dim, shard_rows=100_000, parts=args.parts, queries=1000,
                                           top_k=100, no_ivf=False, out=args.out))
         return

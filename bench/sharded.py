@@ -18,7 +18,7 @@ difference) and the IVF recall rows.
 
 from __future__ import annotations
 
-from machine import cpu_line  # bench/machine.py (run as python bench/<name>.py)
+from machine import cpu_line, parse_size  # bench/machine.py (run as python bench/<name>.py)
 
 import argparse
 import json
@@ -32,12 +32,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().lower()
-    mult = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
-    return int(float(text[:-1] if text[-1:] in "km" else text) * mult)
 
 
 def write_embeddings(folder: Path, rows: int, dim: int, shard_rows: int, seed: int = 0, clusters: int = 0) -> Path:

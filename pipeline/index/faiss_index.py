@@ -49,9 +49,9 @@ def new_index(dim: int, factory: str, metric):
     every 8-bit PQ (IndexPQ, IndexIVFPQ, inside any transform, refine or HNSW), an annealing that reorders each
     sub-quantizer's centroids so Hamming distances between codes track real ones. Only polysemous search
     (polysemous_ht, which nothing here sets) reads that order; the centroids and every search result are the
-    same without it (tests/unit/test_index_training.py), and it cost ~1.3 s per sub-quantizer whatever the
-    sample size on a 2-core AVX2 EPYC: 10.4 s of PQ8's 10.5 s training, ~85 s for a 768-d PQ64
-    (bench/index_train.py)."""
+    same without it (tests/unit/test_index_training.py), and it cost ~1.3-1.4 s per sub-quantizer whatever the
+    sample size on a 2-core AVX2 EPYC: 10.4 s of PQ8's 10.5 s training, 91 s of a 768-d PQ64's 94 s
+    (bench/results/index-train-2026-12-03.txt)."""
     faiss = _faiss()
     index = faiss.index_factory(dim, factory, metric)
     for part in _nested(index):

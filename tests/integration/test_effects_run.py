@@ -1,8 +1,9 @@
 """The effects experiment's machinery end to end on the bundled FAQ with the tests' tiny BERT, two seeds, three
 arms and two steps each (CI keeps the machinery honest; the figures are the NFCorpus run's, not asserted here):
 every arm and seed runs, the result holds each comparison's statistics on every part (DPR against the zero-shot
-run it pairs with every seed: differences that are not zero), a planted no-op method is reported as no
-difference, a re-run runs nothing that finished, a run whose marker is gone runs again alone.
+run it pairs with every seed: each seed's difference is that seed's DPR figure less the zero-shot one), a planted
+no-op method is reported as no difference, a re-run runs nothing that finished, a run whose marker is gone runs
+again alone.
 Each run is 4-5 `pipeline` processes (what `reproduce run` starts, so they are what is tested): a third trained
 arm would add 10 processes and ~50 s and assert nothing the DPR arm does not."""
 
