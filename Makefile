@@ -9,9 +9,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FAISS)
 PYTEST_ARGS ?= --durations=30
 # the unit tests run in this many processes (pytest-xdist; 0 = in pytest's own): each process has its own
-# session fixtures, export cache and staging folder (tests/conftest.py). The integration tests run in one
-# process, on one local Ray.
+# session fixtures, export cache, staging and temporary folder (tests/conftest.py). The integration tests run in
+# TEST_WORKERS_INTEGRATION processes, each with its own local Ray (tests/integration/conftest.py shares them out):
+# on 2 cores three take 26 min where one took 38, since a Ray test waits on its processes' start-up part of the time.
 TEST_WORKERS ?= 2
+TEST_WORKERS_INTEGRATION ?= 3
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
@@ -37,7 +39,8 @@ demo: setup
 # every test: the unit tests in TEST_WORKERS processes, then the integration tests (both run, whatever the first gave)
 test: setup
 	@rc=0; $(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS) || rc=$$?; \
-	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS) || rc=$$?; exit $$rc
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS_INTEGRATION) --dist loadgroup tests/integration $(PYTEST_ARGS) \
+	  || rc=$$?; exit $$rc
 
 # the quick loop: the unit tests but those marked slow (each over 2 s: a process, a model conversion, a training
 # run, a memory measurement); `make test` runs every test, those included
@@ -48,7 +51,7 @@ test-unit-all: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 test-integration: setup
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS_INTEGRATION) --dist loadgroup tests/integration
 
 # the manual as a site (properdocs.yml): built into site/ with warnings as errors, or served with live reload
 docs: setup

@@ -30,6 +30,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HOME", os.path.join(tempfile.gettempdir(), "pipeline-tests-hf"))
 _MADE = "PIPELINE_TESTS_MADE"  # the folders a test process of this run made (not the user's)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A process of several running side by side (make test's two tiers): a temporary folder of its own, inside
+    # the machine's, removed when it ends. Its Ray and everything that Ray starts inherit it (Ray's default
+    # folder is $TMPDIR/ray), so a test that reads the temporary folder (the workers' scratch files, a local
+    # Ray's sessions) sees what its own process made, not its neighbours'. Short: Ray's unix sockets live in it.
+    _tmp = tempfile.mkdtemp(prefix=f"pt{os.environ['PYTEST_XDIST_WORKER'][2:]}-")
+    os.environ["TMPDIR"] = _tmp
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, _tmp, True)
+
 
 def _own_temp_dir(var: str, prefix: str) -> None:
     """`var` names a folder of this test process's, removed when it ends, unless the user set it. A process of

@@ -79,7 +79,10 @@ SCRIPT = textwrap.dedent('''
         alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         from ray.util.state import list_actors
         # the state API's answer waited for as long as `limit` (its default: 30 s)
-        actors = {a.pid: [a.node_id, a.state] for a in list_actors(detail=True, limit=1000, timeout=int(limit))
+        # (this cluster's address: with none the state API looks for every Ray on the machine, and more than one
+        # runs when tests run side by side)
+        listed = list_actors(address=cluster.address, detail=True, limit=1000, timeout=int(limit))
+        actors = {a.pid: [a.node_id, a.state] for a in listed
                   if "MapWorker" in a.class_name and a.pid}
         print("RESULT " + json.dumps({"summary": summary, "writers": [[m["node"], m["pid"]] for m in markers],
                                       "cluster_nodes": alive, "encoder_actors": actors, "pids": pids,

@@ -81,7 +81,9 @@ SCRIPT = textwrap.dedent('''
         summary = train(job, progress=False)
         print("STAGE trained on two nodes", flush=True)
         # the state API's answer waited for as long as `limit` (its default: 30 s)
-        workers = [a for a in list_actors(detail=True, limit=1000, timeout=int(limit)) if "TrainWorker" in a.class_name]
+        # (this cluster's address: with none the state API looks for every Ray on the machine)
+        listed = list_actors(address=cluster.address, detail=True, limit=1000, timeout=int(limit))
+        workers = [a for a in listed if "TrainWorker" in a.class_name]
         alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         # ANCE: one training worker and the index refresher, 0.6 CPU each: one per node
         ance = load_train_config(None, [
@@ -97,7 +99,7 @@ SCRIPT = textwrap.dedent('''
             f"ance.dev_qrels={tmp / 'corpus' / 'qrels' / 'test.trec'}", "ance.keep_versions=2"])
         ance_summary = run_ance(ance, validate_fn=first_version_published, progress=False)
         print("STAGE ANCE trained", flush=True)
-        actors = list_actors(detail=True, limit=1000, timeout=int(limit))
+        actors = list_actors(address=cluster.address, detail=True, limit=1000, timeout=int(limit))
         refreshers = [a for a in actors if "IndexRefresher" in a.class_name]
         ance_workers = [a for a in actors if "TrainWorker" in a.class_name and a.actor_id not in
                         {w.actor_id for w in workers}]
