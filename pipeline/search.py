@@ -54,12 +54,9 @@ class _PyseriniIndex:
         if len(self.pids) != self.index.ntotal:
             raise InputError(folder / PYSERINI_DOCID, None, f"{len(self.pids)} ids for {self.index.ntotal} vectors")
         self.meta = index_meta(folder)
-        cfg = cfg or IndexConfig()
-        params = faiss.ParameterSpace()
-        if cfg.nprobe:
-            params.set_index_parameter(self.index, "nprobe", cfg.nprobe)
-        if cfg.ef_search:
-            params.set_index_parameter(self.index, "efSearch", cfg.ef_search)
+        from .index.search_params import set_search_params
+
+        set_search_params(self.index, cfg)
 
     def search(self, queries: np.ndarray, k: int):
         return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)

@@ -28,6 +28,7 @@ from ..io_utils import (OutputError, atomic_path, differing_keys, is_rerun, reco
 from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
+from .search_params import search_settings, set_search_params
 from .shards import META_NAME, first_bad_row, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
@@ -233,6 +234,10 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
     except RuntimeError as e:
         raise ConfigError(f"index.factory={cfg.factory!r} is not a valid FAISS factory string: "
                           f"{_faiss_reason(e)}") from None
+    # the search settings given here are kept in the index file (FAISS writes nprobe and efSearch with it), so
+    # retrieve and Searcher search as built unless they are given their own; refused now when
+    # the factory has no such setting. (Parts are clones of this index: each keeps them.)
+    set_search_params(index, cfg, cfg.factory)
     nlist = _ivf_lists(index)
     if nlist > n_total:
         raise ConfigError(f"index.factory={cfg.factory!r} asks for {nlist:,} inverted lists but the corpus has only "
@@ -349,10 +354,12 @@ _VOLATILE = ("seconds", "gpu_build")  # index.json fields that say how a build w
 
 
 def _same_request(out_dir, emb_dir, cfg: IndexConfig) -> None:
-    """A re-run into an index this tool wrote (a folder or a storage URI): the same embeddings, factory and
-    metric, or refused now."""
+    """A re-run into an index this tool wrote (a folder or a storage URI): the same embeddings, factory, metric and
+    search settings, or refused now."""
     old = json.loads((out_dir / META_FILE).read_text(encoding="utf-8"))
-    differs = request_differs(old, {"embeddings": str(emb_dir), "factory": cfg.factory, "metric": cfg.metric})
+    recorded = {**old, "search": old.get("search") or {}}  # (an index.json from before search settings: none)
+    differs = request_differs(recorded, {"embeddings": str(emb_dir), "factory": cfg.factory, "metric": cfg.metric,
+                                         "search": search_settings(cfg)})
     if differs:
         refuse_different(out_dir, "index", differs)
 
@@ -399,6 +406,7 @@ def _write_index(faiss, emb_dir, out_dir, cfg, work, on_gpu: bool, n_total: int,
             **{k: meta.get(k) for k in ("corpus_fingerprint", "variant", "title_join", "model", "model_config", "corpus",
                                         "precision", "precision_resolved", "backend_resolved")},
             "query_precision": query_precision(),  # how retrieve, Searcher and QueryEncoder encode queries
+            "search": search_settings(cfg),  # kept in the index file: searched with these unless given others
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
@@ -612,11 +620,7 @@ class LoadedIndex:
         if len(self.pids) != self.index.ntotal:
             raise InputError(index_dir / PIDS_FILE, None, f"{len(self.pids)} ids for {self.index.ntotal} vectors")
         cfg = cfg or IndexConfig()
-        params = faiss.ParameterSpace()
-        if cfg.nprobe:
-            params.set_index_parameter(self.index, "nprobe", cfg.nprobe)
-        if cfg.ef_search:
-            params.set_index_parameter(self.index, "efSearch", cfg.ef_search)
+        set_search_params(self.index, cfg, self.meta.get("factory"))
         if _want_gpu(cfg):
             try:
                 self.index = faiss.index_cpu_to_all_gpus(self.index)

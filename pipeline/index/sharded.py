@@ -138,12 +138,18 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
     # the embedding set as written (its model, shards and their digests): vectors encoded again into the same folder
     # are another plan, so a killed build's parts of the old vectors are never kept beside parts of the new
     written = hashlib.sha256((location(emb_dir) / META_NAME).read_bytes()).hexdigest()[:16]
+    from .search_params import search_settings
+
+    # the search settings are part of the plan: a resume asked for other ones is another plan, refused
     plan = {"embeddings": str(emb_dir), "embeddings_sha256": written, "factory": cfg.factory, "metric": cfg.metric,
-            "dim": int(meta["dim"]), "corpus_fingerprint": meta.get("corpus_fingerprint"), "parts": parts}
+            "dim": int(meta["dim"]), "corpus_fingerprint": meta.get("corpus_fingerprint"), "parts": parts,
+            "search": search_settings(cfg)}
     old_plan = _read_json(out_dir / PLAN_FILE)
+    if isinstance(old_plan, dict):
+        old_plan.setdefault("search", {})  # (a plan written before search settings were part of it: none)
     if old_plan is not None and old_plan != plan:
-        raise PipelineError(f"{out_dir}: holds an unfinished build of another plan (other embeddings, factory or "
-                            "parts); give another --out, or remove that folder to start again")
+        raise PipelineError(f"{out_dir}: holds an unfinished build of another plan (other embeddings, factory, "
+                            "parts or search settings); give another --out, or remove that folder to start again")
     write_json_atomic(out_dir / PLAN_FILE, plan)
     if not trained.is_trained:
         raise PipelineError("the shared quantizer is not trained")
@@ -181,7 +187,8 @@ def build_sharded(emb_dir, out_dir: Path, cfg, meta: dict, trained, bytes_per_ve
             "parts": [{k: p[k] for k in ("name", "offset", "rows", "shards", "bytes")} for p in parts],
             "shared_quantizer": TRAINED_FILE if (out_dir / TRAINED_FILE).exists() else None,
             "embeddings_sha256": plan["embeddings_sha256"],
-            "train_sample": sample_rows}
+            "train_sample": sample_rows,
+            "search": plan["search"]}  # kept in every part's file (clones of the index they were set on)
     write_json_atomic(out_dir / "index.json", info)
     (out_dir / PLAN_FILE).unlink(missing_ok=True)
     return info
@@ -415,11 +422,9 @@ class ShardedIndex:
             reason = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:200]
             raise InputError(path, None, f"part {part['name']}: not a readable FAISS index ({reason}); "
                              "rebuild the index") from None
-        params = faiss.ParameterSpace()
-        if self.cfg.nprobe:
-            params.set_index_parameter(index, "nprobe", self.cfg.nprobe)
-        if self.cfg.ef_search:
-            params.set_index_parameter(index, "efSearch", self.cfg.ef_search)
+        from .search_params import set_search_params
+
+        set_search_params(index, self.cfg, part.get("factory") or self.meta.get("factory"))
         gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         if self.cfg.use_gpu != "no" and gpus:  # faiss-gpu: the part searched on the GPUs (a search actor's own)
             try:

@@ -203,3 +203,69 @@ def test_a_killed_build_never_keeps_parts_of_vectors_encoded_again_into_the_same
     monkeypatch.undo()
     with pytest.raises(PipelineError, match="unfinished build of another plan"):
         build_index(emb, tmp_path / "idx", IndexConfig(shards=4), progress=False)
+
+
+def _nprobe(path: Path) -> int:
+    import faiss
+
+    return faiss.extract_index_ivf(faiss.read_index(str(path))).nprobe
+
+
+def test_search_settings_given_to_index_are_kept_in_the_index_and_a_search_may_override_them(tmp_path, vectors):
+    """`pipeline index ... index.nprobe=4` (it was accepted and ignored): the index file keeps nprobe 4 (each part's
+    file too), index.json records it, a search given none probes 4 lists, one given its own probes those; a re-run
+    asking other settings, or a resume of a killed build asking other ones, is refused; a factory without the
+    setting is refused before anything is built."""
+    emb = _embeddings(tmp_path / "emb", vectors, 100)
+    cfg = dict(factory="IVF16,Flat", train_sample=1200)
+    info = build_index(emb, tmp_path / "one", IndexConfig(**cfg, nprobe=4), progress=False)
+    parts = build_index(emb, tmp_path / "parts", IndexConfig(**cfg, nprobe=4, shards=3), progress=False)
+    plain = build_index(emb, tmp_path / "plain", IndexConfig(**cfg), progress=False)
+    assert info["search"] == {"nprobe": 4} and parts["search"] == {"nprobe": 4} and plain["search"] == {}
+    assert _nprobe(tmp_path / "one" / "index.faiss") == 4 and _nprobe(tmp_path / "plain" / "index.faiss") == 1
+    assert [_nprobe(tmp_path / "parts" / p["name"] / "index.faiss") for p in parts["parts"]] == [4, 4, 4]
+
+    q = np.random.default_rng(5).standard_normal((40, 16)).astype(np.float32)
+
+    def ids(path, **kw):
+        return load_index(path, IndexConfig(**kw) if kw else None).search(q, 10)[1]
+
+    assert np.array_equal(ids(tmp_path / "one"), ids(tmp_path / "plain", nprobe=4))  # searched as built
+    assert np.array_equal(ids(tmp_path / "parts"), ids(tmp_path / "one"))
+    assert not np.array_equal(ids(tmp_path / "one"), ids(tmp_path / "plain"))  # 4 lists, not FAISS's 1
+    assert np.array_equal(ids(tmp_path / "one", nprobe=1), ids(tmp_path / "plain"))  # a search's own wins
+    assert np.array_equal(ids(tmp_path / "parts", nprobe=16), ids(tmp_path / "plain", nprobe=16))
+
+    with pytest.raises(PipelineError, match="nprobe"):  # a re-run asking other settings: another request
+        build_index(emb, tmp_path / "one", IndexConfig(**cfg, nprobe=8), progress=False, overwrite=False)
+    build_index(emb, tmp_path / "one", IndexConfig(**cfg, nprobe=4), progress=False, overwrite=False)  # the same
+    with pytest.raises(ConfigError, match=r"index.nprobe=4: the Flat index has no nprobe \(only IVF indexes do\)"):
+        build_index(emb, tmp_path / "flat", IndexConfig(nprobe=4), progress=False)
+    with pytest.raises(ConfigError, match=r"index.ef_search=32: the IVF16,Flat index has no efSearch"):
+        build_index(emb, tmp_path / "ivf-ef", IndexConfig(**cfg, ef_search=32), progress=False)
+    assert not (tmp_path / "flat").exists() and not (tmp_path / "ivf-ef").exists()
+    build_index(emb, tmp_path / "flat-ok", IndexConfig(), progress=False)
+    with pytest.raises(ConfigError, match="index.nprobe=3: the Flat index has no nprobe"):  # at search too
+        load_index(tmp_path / "flat-ok", IndexConfig(nprobe=3))
+
+
+def test_a_killed_build_resumed_with_other_search_settings_is_refused(tmp_path, vectors, monkeypatch):
+    emb = _embeddings(tmp_path / "emb", vectors, 100)
+    cfg = dict(factory="IVF16,Flat", train_sample=1200, shards=3)
+    real = sharded._build_part
+    built = []
+
+    def dies_after_one(*args, **kw):
+        if built:
+            raise KeyboardInterrupt
+        built.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sharded, "_build_part", dies_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(emb, tmp_path / "idx", IndexConfig(**cfg, nprobe=4), progress=False)
+    monkeypatch.setattr(sharded, "_build_part", real)
+    with pytest.raises(PipelineError, match="another plan .*search settings"):
+        build_index(emb, tmp_path / "idx", IndexConfig(**cfg, nprobe=2), progress=False)
+    info = build_index(emb, tmp_path / "idx", IndexConfig(**cfg, nprobe=4), progress=False)
+    assert info["search"] == {"nprobe": 4}
