@@ -3,11 +3,17 @@
 `ListenWatch(pid)` samples `pid` and all its descendants every `interval` seconds in a thread
 until it is stopped, so sockets that live only for part of a run (a training worker's TCPStore,
 a Tune trial's workers) are seen too.
+
+A sample reads the listening TCP sockets once from /proc/net/tcp and tcp6 and looks for their owners among the
+tree's processes (their /proc/<pid>/fd) only when a socket or a process is new: psutil's per-process
+`net_connections` parses those tables once per process, ~8 ms of CPU each, which for a sweep's 30-40 processes
+every 0.25 s kept a core busy beside the run it watched (835 ms a sample over 105 processes, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 
 import psutil
@@ -40,6 +46,45 @@ def listening(procs) -> list[tuple[int, str, str, int]]:
     return out
 
 
+def listening_sockets() -> dict[int, tuple[str, int]]:
+    """inode -> (ip, port) of every listening TCP socket of this network namespace (/proc/net/tcp and tcp6)."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{table}", encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                continue
+            addr, port = fields[1].split(":")
+            raw = bytes.fromhex(addr)  # each 32-bit word in the kernel's (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(raw)
+            mapped = getattr(ip, "ipv4_mapped", None)  # written as psutil writes it: ::ffff:127.0.0.1
+            out[int(fields[9])] = (f"::ffff:{mapped}" if mapped else str(ip), int(port, 16))
+    return out
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets `pid` holds open (none when it has ended or cannot be read)."""
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
+
+
 class ListenWatch:
     """Samples the listening sockets of `root_pid`'s process tree until `stop()` (or the `with` ends)."""
 
@@ -49,20 +94,32 @@ class ListenWatch:
         self.sockets: set[tuple[int, str, int]] = set()  # (pid, ip, port) of every listening socket seen
         self.titles: dict[int, list[str]] = {}  # pid -> every command line it showed while listening
         self.samples = 0
+        self._owner: dict[int, int] = {}  # listening socket inode -> the pid of the tree holding it
+        self._looked: tuple = ()  # (unowned inodes, tree pids) of the last look for owners
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="listen-watch", daemon=True)
 
     def _sample(self) -> None:
         try:
-            procs = [self.root] + self.root.children(recursive=True)
+            pids = {self.root.pid} | {p.pid for p in self.root.children(recursive=True)}
         except psutil.Error:
             return
-        for pid, name, ip, port in listening(procs):
+        sockets = listening_sockets()
+        self._owner = {i: pid for i, pid in self._owner.items() if i in sockets and pid in pids}
+        unowned = frozenset(i for i in sockets if i not in self._owner)  # new, or another tree's (another Ray's)
+        if unowned and self._looked != (unowned, pids):
+            for pid in pids:
+                for inode in socket_inodes(pid) & unowned:
+                    self._owner[inode] = pid
+            self._looked = (frozenset(i for i in unowned if i not in self._owner), pids)
+        for inode, pid in self._owner.items():
+            ip, port = sockets[inode]
             self.sockets.add((pid, ip, port))
             try:  # a Ray worker's title changes (ray::IDLE, then ray::RayTrainWorker): keep every one seen
-                title = cmdline(psutil.Process(pid)) or name
+                proc = psutil.Process(pid)
+                title = cmdline(proc) or proc.name()
             except psutil.Error:
-                title = name
+                continue
             if title not in self.titles.setdefault(pid, []):
                 self.titles[pid].append(title)
         self.samples += 1
