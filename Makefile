@@ -11,7 +11,7 @@ PYTEST_ARGS ?= --durations=30
 # the unit tests run in this many processes (pytest-xdist; 0 = in pytest's own): each process has its own
 # session fixtures, export cache, staging and temporary folder (tests/conftest.py). The integration tests run in
 # TEST_WORKERS_INTEGRATION processes, each with its own local Ray (tests/integration/conftest.py shares them out):
-# on 2 cores three take 26 min where one took 38, since a Ray test waits on its processes' start-up part of the time.
+# one at a time they keep 2 cores 65-82 % busy, three at a time 96 % (docs/performance.md, "Tests").
 TEST_WORKERS ?= 2
 TEST_WORKERS_INTEGRATION ?= 3
 
