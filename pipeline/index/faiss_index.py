@@ -28,7 +28,7 @@ from ..io_utils import (OutputError, atomic_path, differing_keys, is_rerun, reco
 from ..models.precision import query_precision
 from ..storage import RemotePath
 from .pid_table import PidTable
-from .search_params import search_settings, set_search_params
+from .search_params import said, search_settings, set_search_params
 from .shards import META_NAME, first_bad_row, iter_shards, load_meta, location, shard_shapes
 
 INDEX_FILE, PIDS_FILE, META_FILE = "index.faiss", "pids.txt", "index.json"
@@ -312,7 +312,7 @@ def build_index(emb_dir: str | Path, out_dir: str | Path, cfg: IndexConfig, prog
             return old
     if progress and say_done:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}), "
-              f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
+              f"{'GPU' if on_gpu else 'CPU'} build in {info['seconds']:.1f}s{said(cfg)} -> {out_dir}", flush=True)
     return info
 
 
@@ -346,7 +346,7 @@ def _build_in_parts(emb_dir, out_dir: Path, cfg: IndexConfig, meta: dict, traine
                              sample_rows)
     if progress and say_done:
         print(f"[index] done: {info['ntotal']:,} vectors in {len(parts)} parts, {cfg.factory} ({cfg.metric}), "
-              f"CPU build in {info['seconds']:.1f}s -> {out_dir}", flush=True)
+              f"CPU build in {info['seconds']:.1f}s{said(cfg)} -> {out_dir}", flush=True)
     return info
 
 
@@ -478,7 +478,7 @@ def _build_index_remote(emb_dir, out: RemotePath, cfg: IndexConfig, progress: bo
     shutil.rmtree(local, ignore_errors=True)
     if progress:
         print(f"[index] done: {info['ntotal']:,} vectors, {cfg.factory} ({cfg.metric}) in {info['seconds']:.1f}s, "
-              f"uploaded -> {out}", flush=True)
+              f"uploaded{said(cfg)} -> {out}", flush=True)
     return info
 
 

@@ -34,13 +34,13 @@ def _actor_class():
             from ..config import IndexConfig
             from .sharded import ShardedIndex
 
+            import json
+
             holder = ShardedIndex.__new__(ShardedIndex)
             holder.dir, holder.cfg, holder.resident, holder._loaded = Path(index_dir), IndexConfig(**index_cfg), \
                 True, {}
-            self.part, self.metric = part, None
-            import json
-
-            self.metric = json.loads((Path(index_dir) / "index.json").read_text()).get("metric", "ip")
+            holder.meta = json.loads((Path(index_dir) / "index.json").read_text())
+            self.part, self.metric = part, holder.meta.get("metric", "ip")
             self.index = holder.load_part(part)
 
         def search(self, queries, k: int):

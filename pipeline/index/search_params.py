@@ -38,3 +38,11 @@ def set_search_params(index, cfg: IndexConfig | None, factory: str | None = None
             raise ConfigError(f"index.{key}={value}: the {kind} index has no {name} (only {has} do); leave index.{key} "
                               "unset for it") from None
 
+
+def said(cfg: IndexConfig) -> str:
+    """The search settings for a build's done line: ", searched with nprobe 64 unless a search sets its own", or ""."""
+    asked = search_settings(cfg)
+    if not asked:
+        return ""
+    return ", searched with " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asked.items()) + \
+        " unless a search sets its own"

@@ -424,8 +424,7 @@ class ShardedIndex:
                              "rebuild the index") from None
         from .search_params import set_search_params
 
-        # (a search actor's holder of one part has no index.json read: the message then names FAISS's class)
-        set_search_params(index, self.cfg, (getattr(self, "meta", None) or {}).get("factory"))
+        set_search_params(index, self.cfg, self.meta.get("factory"))
         gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         if self.cfg.use_gpu != "no" and gpus:  # faiss-gpu: the part searched on the GPUs (a search actor's own)
             try:

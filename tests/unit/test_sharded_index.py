@@ -211,7 +211,8 @@ def _nprobe(path: Path) -> int:
     return faiss.extract_index_ivf(faiss.read_index(str(path))).nprobe
 
 
-def test_search_settings_given_to_index_are_kept_in_the_index_and_a_search_may_override_them(tmp_path, vectors):
+def test_search_settings_given_to_index_are_kept_in_the_index_and_a_search_may_override_them(tmp_path, vectors,
+                                                                                                capsys):
     """`pipeline index ... index.nprobe=4` (it was accepted and ignored): the index file keeps nprobe 4 (each part's
     file too), index.json records it, a search given none probes 4 lists, one given its own probes those; a re-run
     asking other settings, or a resume of a killed build asking other ones, is refused; a factory without the
@@ -244,6 +245,13 @@ def test_search_settings_given_to_index_are_kept_in_the_index_and_a_search_may_o
     with pytest.raises(ConfigError, match=r"index.ef_search=32: the IVF16,Flat index has no efSearch"):
         build_index(emb, tmp_path / "ivf-ef", IndexConfig(**cfg, ef_search=32), progress=False)
     assert not (tmp_path / "flat").exists() and not (tmp_path / "ivf-ef").exists()
+    # through the CLI as the manual shows it: `pipeline index ... index.nprobe=4`, then retrieve with none given
+    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "cli"), "--factory", "IVF16,Flat",
+                 "index.train_sample=1200", "index.nprobe=4"]) == 0
+    assert "searched with nprobe 4 unless a search sets its own ->" in capsys.readouterr().out
+    assert _nprobe(tmp_path / "cli" / "index.faiss") == 4
+    assert main(["index", "--embeddings", str(emb), "--out", str(tmp_path / "cli-flat"), "index.nprobe=4"]) == 2
+    assert not (tmp_path / "cli-flat").exists()
     build_index(emb, tmp_path / "flat-ok", IndexConfig(), progress=False)
     with pytest.raises(ConfigError, match="index.nprobe=3: the Flat index has no nprobe"):  # at search too
         load_index(tmp_path / "flat-ok", IndexConfig(nprobe=3))
