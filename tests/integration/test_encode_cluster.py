@@ -16,7 +16,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_result_script
+from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_cluster_script
 
 pytestmark = pytest.mark.integration
 
@@ -95,8 +95,9 @@ SCRIPT = textwrap.dedent('''
 
 def test_two_nodes_write_their_own_shards_every_pid_once(tiny_model_dir, tmp_path):
     # stuck only after IDLE_LIMIT_S without a new output line or a file change under tmp_path (shards)
-    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), IDLE_LIMIT_S, timeout=6 * IDLE_LIMIT_S,
-                            idle=IDLE_LIMIT_S, watch=tmp_path, env=RAY_START_WINDOWS, what="two-node encode")
+    res, _ = run_cluster_script(SCRIPT, tmp_path, lambda d: (d, tiny_model_dir, free_port(), IDLE_LIMIT_S),
+                                timeout=6 * IDLE_LIMIT_S, idle=IDLE_LIMIT_S, env=RAY_START_WINDOWS,
+                                what="two-node encode")
     assert res["summary"]["actors"] == 2 and res["summary"]["shards"] == 8
     assert len(res["cluster_nodes"]) == 2
     # Placement is forced (1-CPU nodes, 1-CPU actors: at most one encoder actor per node). Which actor

@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_result_script
+from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_cluster_script
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,9 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_search_actors_on_two_nodes_answer_as_one_part_and_survive_a_dead_actor(tmp_path):
-    res = run_result_script(SCRIPT, tmp_path, free_port(), IDLE_LIMIT_S, timeout=6 * IDLE_LIMIT_S,
-                            idle=IDLE_LIMIT_S, watch=tmp_path, env=RAY_START_WINDOWS, what="two-node search")
+    res, _ = run_cluster_script(SCRIPT, tmp_path, lambda d: (d, free_port(), IDLE_LIMIT_S),
+                                timeout=6 * IDLE_LIMIT_S, idle=IDLE_LIMIT_S, env=RAY_START_WINDOWS,
+                                what="two-node search")
     assert len(res["cluster_nodes"]) == 2
     assert set(res["nodes"]) == set(res["cluster_nodes"])  # parts on both nodes
     assert all(res["nodes"].count(n) == 2 for n in res["cluster_nodes"])

@@ -21,7 +21,7 @@ import json
 import textwrap
 
 import pytest
-from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_result_script
+from subprocs import IDLE_LIMIT_S, RAY_START_WINDOWS, free_port, run_cluster_script
 
 pytestmark = pytest.mark.integration
 
@@ -117,12 +117,13 @@ SCRIPT = textwrap.dedent('''
 
 def test_training_spreads_over_two_nodes(tiny_model_dir, tmp_path):
     # stuck only after IDLE_LIMIT_S without a new output line or file under tmp_path (checkpoints, versions)
-    res = run_result_script(SCRIPT, tmp_path, tiny_model_dir, free_port(), IDLE_LIMIT_S, timeout=6 * IDLE_LIMIT_S,
-                            idle=IDLE_LIMIT_S, watch=tmp_path, env=RAY_START_WINDOWS, what="two-node training")
+    res, folder = run_cluster_script(SCRIPT, tmp_path, lambda d: (d, tiny_model_dir, free_port(), IDLE_LIMIT_S),
+                                     timeout=6 * IDLE_LIMIT_S, idle=IDLE_LIMIT_S, env=RAY_START_WINDOWS,
+                                     what="two-node training")
     assert res["steps"] == 4
     assert len(res["cluster_nodes"]) == 2
     assert res["worker_nodes"] == res["cluster_nodes"]  # one training worker on each simulated node
-    run = tmp_path / "storage" / "two_node"
+    run = folder / "storage" / "two_node"
     assert (run / "model" / "modules.json").exists()  # the final model where train.storage_path says
     assert "step-00000004" in {p.name for p in run.glob("step-*")}  # the last checkpoint, in the storage path
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
@@ -131,4 +132,4 @@ def test_training_spreads_over_two_nodes(tiny_model_dir, tmp_path):
     assert len(res["refresher_nodes"]) == 1 and len(res["ance_worker_nodes"]) == 1
     assert res["refresher_nodes"] != res["ance_worker_nodes"]
     assert sorted(set(res["refresher_nodes"] + res["ance_worker_nodes"])) == res["cluster_nodes"]
-    assert list((tmp_path / "storage" / "two_node_ance" / "negatives").glob("v-*"))
+    assert list((folder / "storage" / "two_node_ance" / "negatives").glob("v-*"))
