@@ -10,12 +10,12 @@ STAMP   := $(VENV)/.installed-$(FAISS)
 PYTEST_ARGS ?= --durations=30
 # the unit tests run in this many processes (pytest-xdist; 0 = in pytest's own): each process has its own
 # session fixtures, export cache, staging and temporary folder (tests/conftest.py). The integration tests run in
-# pytest's own process by default; TEST_WORKERS_INTEGRATION=3 runs them in three, each with its own local Ray
-# (tests/integration/conftest.py shares them out). On 2 cores three keep the machine ~96 % busy (one: 65-82 %), but
-# there a simulated cluster's node missed Ray's fixed 30 s start-up window once in three clean-clone runs: one
-# process stays the default until those tests wait on their own (docs/performance.md, "Tests").
+# three, each with its own local Ray (tests/integration/conftest.py shares them out; TEST_WORKERS_INTEGRATION=0 runs
+# them in pytest's own process): on 2 cores three keep the machine ~96 % busy where one keeps it 65-82 %. A simulated
+# cluster whose node missed Ray's fixed 30 s registration window is started once more (tests/subprocs.py,
+# docs/performance.md, "Tests").
 TEST_WORKERS ?= 2
-TEST_WORKERS_INTEGRATION ?= 0
+TEST_WORKERS_INTEGRATION ?= 3
 
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
