@@ -7,7 +7,7 @@ FAISS   ?= cpu
 TORCH   ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FAISS)
-PYTEST_ARGS ?= --durations=30
+PYTEST_ARGS ?= --durations=0 --durations-min=20
 # the unit tests run in this many processes (pytest-xdist; 0 = in pytest's own): each process has its own
 # session fixtures, export cache, staging and temporary folder (tests/conftest.py). The integration tests run in
 # three, each with its own local Ray (tests/integration/conftest.py shares them out; TEST_WORKERS_INTEGRATION=0 runs
