@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import cpu_line  # noqa: E402  (bench/machine.py)
+from machine import cpu_line, scratch  # noqa: E402  (bench/machine.py)
 
 
 def machine_cpu_s() -> float:
@@ -43,7 +42,7 @@ def main() -> int:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     time.sleep(5)  # Ray's own start-up settled
-    storage = tempfile.mkdtemp(prefix="bench-fit-")
+    storage = str(scratch("bench-fit-"))
     for i in range(args.fits):
         c0, t0 = machine_cpu_s(), time.perf_counter()
         TorchTrainer(report_once, scaling_config=ScalingConfig(num_workers=args.workers,

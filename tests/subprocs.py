@@ -239,30 +239,40 @@ def run_result_script(script: str, *args: str, timeout: float, what: str, idle: 
         run.end()
     stdout, stderr = run.output, run.errors
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert rc == 0 and lines, f"{what} failed (exit {rc}):\n{stdout[-3000:]}\n{stderr[-6000:]}"
+    if rc != 0 or not lines:
+        raise ScriptFailed(f"{what} failed (exit {rc}):\n{stdout[-3000:]}\n{stderr[-6000:]}", stdout, stderr)
     return json.loads(lines[0][len("RESULT "):])
+
+
+class ScriptFailed(AssertionError):
+    """A script of `run_result_script` that failed (the test fails on it as on an assert); its whole output."""
+
+    def __init__(self, message: str, stdout: str, stderr: str):
+        super().__init__(message)
+        self.stdout, self.stderr = stdout, stderr
 
 
 # what Ray's `Node` raises when its raylet has not registered with the GCS within its fixed 30 s
 NODE_START_TIMEOUT = "The current node timed out during startup"
 
 
-def run_cluster_script(script: str, tmp: Path, args, **kw) -> tuple[dict, Path]:
-    """`run_result_script` for a simulated cluster's script: `args(folder)` gives its arguments for a folder
-    under `tmp`; (the RESULT, that folder).
+def run_cluster_script(script: str, tmp: Path, args, up: str = "STAGE two nodes up", **kw) -> tuple[dict, Path]:
+    """`run_result_script` for a simulated cluster's script, which prints `up` once its nodes are up: `args(folder)`
+    gives its arguments for a folder under `tmp`; (the RESULT, that folder).
 
-    A run that ended because a node's raylet missed Ray's fixed 30 s registration window (`NODE_START_TIMEOUT`
-    in its output: the cluster never came up, so nothing the test asserts had run) is started once more in a new
-    folder, its first session's processes killed; it says so on stderr. Any other failure, or the window missed
-    twice, fails the test as `run_result_script` does.
+    A run that ended because a node's raylet missed Ray's fixed 30 s registration window (`NODE_START_TIMEOUT` in
+    its output) before the script said `up` (the cluster never came up, so nothing the test asserts had run) is
+    started once more in a new folder, its first session's processes killed; it says so on stderr. Any other
+    failure, that window missed after `up`, or missed twice, fails the test as `run_result_script` does.
     """
     for attempt in (1, 2):
         folder = tmp / f"run-{attempt}"
         folder.mkdir(parents=True)
         try:
             return run_result_script(script, *args(folder), watch=folder, **kw), folder
-        except AssertionError as e:
-            if attempt == 2 or NODE_START_TIMEOUT not in str(e):
+        except ScriptFailed as e:
+            missed = NODE_START_TIMEOUT in e.stdout + e.stderr and up not in e.stdout
+            if attempt == 2 or not missed:
                 raise
             print(f"[test] {kw.get('what', 'the script')}: a node missed Ray's fixed 30 s start-up window (a busy "
                   "machine); started once more in a new folder", file=sys.stderr)
