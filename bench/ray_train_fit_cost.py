@@ -40,7 +40,10 @@ def main() -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from pipeline.config import RayConfig
+    from pipeline.ray_runtime import init_ray
+
+    init_ray(RayConfig(num_cpus=2))  # a local Ray as the pipeline starts one: loopback, no dashboard, quiet
     time.sleep(5)  # Ray's own start-up settled
     storage = str(scratch("bench-fit-"))
     for i in range(args.fits):
