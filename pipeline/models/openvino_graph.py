@@ -35,12 +35,39 @@ class _Tower(torch.nn.Module):
 _CONVERTING = threading.Lock()
 
 
+def _telemetry_off() -> None:
+    """OpenVINO's converter reports each conversion to Google Analytics unless the user has opted out
+    (openvino_telemetry: ~38 events a conversion, each from a forked copy of this process waiting up to 3 s
+    for the network; ~1.3 s a conversion where the network refuses at once, more where it drops packets,
+    and a "Fatal Python error: Aborted" where the fork lands beside a running thread). Nothing of this tool
+    reaches the network on its own: the converter's modules are pointed at the do-nothing Telemetry that
+    OpenVINO ships for installs without openvino_telemetry (openvino.tools.ovc.telemetry_stub)."""
+    import importlib
+    import sys
+
+    try:
+        stub = importlib.import_module("openvino.tools.ovc.telemetry_stub")
+    except ImportError:
+        return  # another OpenVINO layout: nothing of ours to point
+    for name in ("openvino.tools.ovc.convert_impl", "openvino.tools.ovc.telemetry_utils", "openvino.tools.ovc.utils",
+                 "openvino.tools.ovc.main"):  # (the converter's command line, only where it is loaded)
+        module = sys.modules.get(name)
+        if module is None and not name.endswith(".main"):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+        if getattr(module, "tm", stub) is not stub:
+            module.tm = stub
+
+
 def convert_tower(model, side: str, share_weights: bool = True):
     """One side of `model` as OpenVINO's model, in memory (dynamic batch and length)."""
     import warnings
 
     import openvino as ov
 
+    _telemetry_off()
     names = input_names(model, side)
     tower = _Tower(model, side).eval()
     example = tuple(torch.from_numpy(probe_batches(model, side)[0][n]) for n in names)

@@ -372,3 +372,22 @@ def test_a_conversion_that_fails_is_a_reason_and_auto_falls_back_to_torch(tiny_m
     assert tower.is_of(model, "doc")  # known for this model: a validator does not try it again
     used, runner, _, note = tower_runner(model, "doc", "auto", "fp32", 1, keep=False, refreshable=tower)
     assert (used, runner) == ("torch", None) and "could not convert" in note
+
+
+@pytest.mark.slow
+def test_a_conversion_reports_nothing_to_openvinos_telemetry(tiny_model_dir, monkeypatch):
+    """OpenVINO's converter sends each conversion to Google Analytics from forked processes unless the user
+    opted out (CI=true is one way it declines: unset here, as on a user's machine). Converting a tower starts
+    no process and hands openvino_telemetry nothing to send."""
+    import multiprocessing
+
+    monkeypatch.delenv("CI", raising=False)
+    started, sent = [], []
+    monkeypatch.setattr(multiprocessing.Process, "start", lambda self: started.append(self))
+    telemetry = pytest.importorskip("openvino_telemetry")
+    from openvino_telemetry.utils.sender import TelemetrySender
+
+    monkeypatch.setattr(TelemetrySender, "send", lambda self, *a, **k: sent.append(a))
+    monkeypatch.setattr(telemetry.Telemetry, "send_event", lambda self, *a, **k: sent.append(a), raising=False)
+    graph = openvino_graph.convert_tower(_model(tiny_model_dir), "doc")
+    assert graph.inputs and started == [] and sent == []
