@@ -97,13 +97,15 @@ def kill_session(sid: int) -> None:
 def tree_state(root) -> tuple[int, int]:
     """(files, bytes) under `root`: what changes while a run writes its checkpoints, events, versions."""
     n = size = 0
-    for p in Path(root).rglob("*"):
-        try:
-            if p.is_file():
+    # os.walk skips a folder that is gone by the time it is listed (a temporary version folder renamed
+    # into place, an old checkpoint removed); Path.rglob raises FileNotFoundError there on Python 3.11
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                size += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
                 n += 1
-                size += p.stat().st_size
-        except OSError:
-            continue  # removed meanwhile (an old checkpoint, a temporary file)
+            except OSError:
+                continue  # removed meanwhile (an old checkpoint, a temporary file)
     return n, size
 
 

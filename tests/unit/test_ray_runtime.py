@@ -138,3 +138,26 @@ def test_the_cli_exits_with_its_status_when_ray_will_not_stop(tmp_path, how, rc)
     assert "working" in r.stdout and "Traceback" not in r.stderr
     if how == "error":
         assert "error: boom" in r.stderr
+
+
+def test_the_progress_clock_skips_a_folder_removed_while_it_scans(tmp_path, monkeypatch):
+    """A run renames its temporary version folders into place while a test's clock scans its files:
+    a folder listed and gone before it is read is skipped, never a FileNotFoundError (CI hit one)."""
+    import os
+
+    from subprocs import tree_state
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "a").write_bytes(b"12345")
+    (tmp_path / ".tmp-v-000001").mkdir()
+    (tmp_path / ".tmp-v-000001" / "b").write_bytes(b"1")
+    real = os.scandir
+
+    def renamed_before_read(path="."):
+        if str(path).endswith(".tmp-v-000001"):
+            (tmp_path / ".tmp-v-000001" / "b").unlink()
+            (tmp_path / ".tmp-v-000001").rmdir()
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", renamed_before_read)
+    assert tree_state(tmp_path) == (1, 5)
