@@ -8,8 +8,10 @@ with every run (`save_config`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -77,10 +79,17 @@ def bounds_text(bounds) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls, extras: bool = False) -> dict:
+    """`typing.get_type_hints` of a config section, resolved once per class (it evaluates every string annotation
+    each call: 2.5 s of `pipeline reproduce check`'s 17.5, 10,472 calls for 1,101 commands). Read, never changed."""
+    return typing.get_type_hints(cls, include_extras=extras)
+
+
 def check_ranges(cls, values: dict, prefix: str) -> None:
     """Refuse a numeric value of config section `cls` outside its declared range (or not finite),
     naming the key (`prefix` + field name)."""
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _hints(cls, True)
     for f in dataclasses.fields(cls):
         if f.name not in values:
             continue
@@ -365,7 +374,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls, data: dict, prefix: str = ""):
     """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
@@ -450,7 +459,13 @@ def _construct_mapping(loader, node, deep=False):
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+_PARSED: dict = {}  # a YAML text -> the mapping it parses to (each caller gets a deep copy)
+
+
 def read_yaml(path: str | Path | None) -> dict:
+    """The mapping of YAML file `path` (strict: a key given twice is refused). The file is read every call; a text
+    parsed before is not parsed again (`pipeline reproduce check` loads the shipped configs 2,076 times for its 1,101
+    commands: 3.9 s of its 17.5). Each call gets its own deep copy."""
     if path is None:
         return {}
     path = Path(path)
@@ -464,6 +479,15 @@ def read_yaml(path: str | Path | None) -> dict:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    if text not in _PARSED:
+        data = _parse_yaml(path, text)
+        if len(_PARSED) >= 256:
+            _PARSED.clear()
+        _PARSED[text] = data
+    return copy.deepcopy(_PARSED[text])
+
+
+def _parse_yaml(path: Path, text: str) -> dict:
     try:
         data = yaml.load(text, Loader=_StrictLoader) or {}
     except ConfigError as e:

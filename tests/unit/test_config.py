@@ -263,3 +263,22 @@ def test_config_path_that_is_a_folder_or_not_text(tmp_path):
     p.write_bytes(b"encode:\n  batch_size: \xff\n")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config(p)
+
+
+def test_a_yaml_file_read_again_is_its_current_text_and_each_caller_its_own_mapping(tmp_path):
+    """read_yaml parses a text once (pipeline reproduce check loads the shipped configs ~2,000 times): a file
+    rewritten in the same instant with a text of the same length is read as it is now, a caller's changes to its
+    mapping never reach the next caller's, and a broken file is refused however often a good one was read."""
+    from pipeline.config import read_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("encode:\n  batch_size: 16\n")
+    first = read_yaml(path)
+    first["encode"]["batch_size"] = 999
+    assert read_yaml(path) == {"encode": {"batch_size": 16}}
+    path.write_text("encode:\n  batch_size: 32\n")  # same size, same second
+    assert read_yaml(path) == {"encode": {"batch_size": 32}}
+    assert load_config(path).encode.batch_size == 32
+    path.write_text("encode:\n  batch_size: 32\n  batch_size: 8\n")
+    with pytest.raises(ConfigError, match="given twice"):
+        read_yaml(path)
