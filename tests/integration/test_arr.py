@@ -1,4 +1,6 @@
-"""ARR on local Ray: CL, MLL and ARR distillation on a tiny BERT, a few steps each, 2 workers."""
+"""ARR on a tiny BERT, a few steps each: CL on local Ray with 2 workers (each batch's authors are its worker's
+alone), then MLL and ARR's distillation in this process (train.runner=local: one worker, the same loop and
+methods; what they assert is the method's, not Ray Train's, and a Ray Train fit costs ~12 CPU-s of start-up)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ def _job(tiny_model_dir, split_dir, storage, name, method, *extra):
         "train.report_every=1", "optim.lr=1e-3", "train.max_steps=2", "train.log_batches=true", *extra])
 
 
+LOCAL = ("train.num_workers=1", "train.runner=local")
+
+
 def test_cl_mll_then_arr_distillation(ray_session, tiny_model_dir, split_dir, tmp_path):
     # step A, CL: 2 workers, each batch 2 authors x 2 texts, authors disjoint across workers
     job = _job(tiny_model_dir, split_dir, tmp_path, "cl", "arr_cl")
@@ -56,7 +61,7 @@ def test_cl_mll_then_arr_distillation(ray_session, tiny_model_dir, split_dir, tm
     assert per_rank[0] and per_rank[1] and not per_rank[0] & per_rank[1]
 
     # step A, MLL: the classifier head is trained and checkpointed, not saved with the model
-    mll = train(_job(tiny_model_dir, split_dir, tmp_path, "mll", "arr_mll", "train.num_workers=1"), progress=False)
+    mll = train(_job(tiny_model_dir, split_dir, tmp_path, "mll", "arr_mll", *LOCAL), progress=False)
     assert "mll" in mll["final_metrics"]
     from safetensors import safe_open
 
@@ -69,7 +74,8 @@ def test_cl_mll_then_arr_distillation(ray_session, tiny_model_dir, split_dir, tm
     assert state["heads"]["classifier.weight"].shape[0] == len({r["author"] for r in examples})
 
     # steps B + C: F from the pretrained encoder, distilled from the frozen CL model
-    arr = train(_job(tiny_model_dir, split_dir, tmp_path, "arr", "arr", f"authorship.teacher={tmp_path / 'cl' / 'model'}"),
+    arr = train(_job(tiny_model_dir, split_dir, tmp_path, "arr", "arr", f"authorship.teacher={tmp_path / 'cl' / 'model'}",
+                     *LOCAL),
                 progress=False)
     m = arr["final_metrics"]
     assert {"distill", "B", "agreement"} <= set(m) and 0 <= m["B"] <= 1 and m["distill"] > 0

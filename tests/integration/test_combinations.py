@@ -294,11 +294,12 @@ def test_every_value_of_the_new_keys_is_taken_through_the_steps_after_it():
 AMPS = ("auto", "no", "bf16", "fp16")
 
 
-def test_every_train_amp_value_trains_in_what_it_says_or_is_refused(ray_session, tiny_model_dir, faq, tmp_path,
-                                                                    capsys):
-    """`train.amp` on this machine's CPU workers, through `pipeline train`: each value trains in the
-    precision it resolves to (the summary line, summary.json and the checkpoint say which), or is refused
-    before anything is written, naming why. Values that resolve alike share one run."""
+def test_every_train_amp_value_trains_in_what_it_says_or_is_refused(tiny_model_dir, faq, tmp_path, capsys):
+    """`train.amp` on this machine's CPU, through `pipeline train`: each value trains in the precision it
+    resolves to (the summary line, summary.json and the checkpoint say which), or is refused before anything
+    is written, naming why. Values that resolve alike share one run. The runs train in this process
+    (train.runner=local: the loop Ray Train's workers run, which resolves and applies train.amp; the device
+    check before it is the same for both runners)."""
     from pipeline.cli import main
     from pipeline.errors import PipelineError
     from pipeline.train.config import TrainConfig
@@ -315,7 +316,7 @@ def test_every_train_amp_value_trains_in_what_it_says_or_is_refused(ray_session,
         argv = ["train", "--config", "jobs/configs/dpr.yaml", f"model.name_or_path={tiny_model_dir}",
                 "model.pooling=mean", "model.normalize=true", f"data.corpus={faq}", "validation.dev_split=0",
                 f"train.storage_path={store}", "train.name=a", "train.max_steps=2", "train.num_workers=1",
-                "train.cpus_per_worker=1", f"train.amp={amp}"]
+                "train.cpus_per_worker=1", "train.runner=local", f"train.amp={amp}"]
         if want not in ("fp32", "bf16", "fp16"):
             assert main(argv) == 2
             err = capsys.readouterr().err

@@ -82,25 +82,20 @@ def _is_watchdog(p) -> bool:
     return " -c " in c and "driver = psutil.Process(pid)" in c
 
 
-@pytest.mark.parametrize("dashboard", [False, True])
-def test_local_ray_listens_on_loopback_only(tmp_path, dashboard):
-    p, _ = start_driver(tmp_path, sleep=60, dashboard=dashboard)
-    try:
-        procs = [psutil.Process(p.pid)] + tree(p.pid)
-        names = {q.name() for q in procs}
-        assert {"gcs_server", "raylet"} <= names and any("DashboardAgent" in n for n in names), names
-        socks = listening(procs)
-        assert len(socks) >= 6, socks  # driver, gcs, raylet, agents, workers: all listen somewhere
-        exposed = [s for s in socks if not is_loopback(s[2])]
-        print(f"\n[loopback] dashboard={dashboard}: {len(socks)} listening sockets in "
-              f"{len({s[0] for s in socks})} of {len(procs)} processes: "
-              + ", ".join(sorted({s[1] for s in socks})) + f"; beyond loopback: {len(exposed)}")
-        assert exposed == [], f"listening beyond loopback: {exposed}"
-        if dashboard:
-            assert any(s[3] == 8265 or "dashboard" in cmdline(psutil.Process(s[0])) for s in socks)
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(60)
+def assert_listens_on_loopback_only(p, dashboard: bool) -> None:
+    """Every socket the CLI's process and its Ray's listen on is a loopback one (with the dashboard on or off)."""
+    procs = [psutil.Process(p.pid)] + tree(p.pid)
+    names = {q.name() for q in procs}
+    assert {"gcs_server", "raylet"} <= names and any("DashboardAgent" in n for n in names), names
+    socks = listening(procs)
+    assert len(socks) >= 6, socks  # driver, gcs, raylet, agents, workers: all listen somewhere
+    exposed = [s for s in socks if not is_loopback(s[2])]
+    print(f"\n[loopback] dashboard={dashboard}: {len(socks)} listening sockets in "
+          f"{len({s[0] for s in socks})} of {len(procs)} processes: "
+          + ", ".join(sorted({s[1] for s in socks})) + f"; beyond loopback: {len(exposed)}")
+    assert exposed == [], f"listening beyond loopback: {exposed}"
+    if dashboard:
+        assert any(s[3] == 8265 or "dashboard" in cmdline(psutil.Process(s[0])) for s in socks)
 
 
 def survivors(procs, wait: float = 20.0) -> list[str]:
@@ -118,11 +113,25 @@ def survivors(procs, wait: float = 20.0) -> list[str]:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP", "SIGKILL", "SIGKILL-2", "SIGKILL-3", "exit"])
-def test_cli_ray_is_gone_when_the_cli_is(tmp_path, sig):
+# (signal, dashboard): two of the Rays are first checked to listen on loopback only, one with the dashboard on
+ENDINGS = [("SIGTERM", False), ("SIGINT", True), ("SIGHUP", None), ("SIGKILL", None), ("SIGKILL-2", None),
+           ("SIGKILL-3", None), ("exit", None)]
+
+
+@pytest.mark.parametrize("sig,loopback_dashboard", ENDINGS, ids=[s if d is None else f"{s}-loopback-dashboard-{d}"
+                                                                 for s, d in ENDINGS])
+def test_cli_ray_is_gone_when_the_cli_is(tmp_path, sig, loopback_dashboard):
     """However the CLI ends, no process of its Ray survives it (DashboardAgent, RuntimeEnvAgent,
-    workers, gcs, raylet), and the driver exits without a traceback."""
-    p, temp = start_driver(tmp_path, sleep=0 if sig in ("exit", "error") else 120)
+    workers, gcs, raylet), and the driver exits without a traceback. Before two of the endings, every
+    socket of the CLI's Ray is checked to listen on loopback only (the dashboard off, then on)."""
+    p, temp = start_driver(tmp_path, sleep=0 if sig in ("exit", "error") else 120,
+                           dashboard=bool(loopback_dashboard))
+    if loopback_dashboard is not None:
+        try:
+            assert_listens_on_loopback_only(p, loopback_dashboard)
+        except BaseException:
+            p.kill()
+            raise
     procs = tree(p.pid)
     assert any("RuntimeEnvAgent" in q.name() for q in procs), [q.name() for q in procs]
     sig = sig.split("-")[0]  # SIGKILL is tried three times: workers may be starting at the kill

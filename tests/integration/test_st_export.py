@@ -1,5 +1,7 @@
 """A model fine-tuned by `pipeline train` opens in sentence-transformers, with unit-norm vectors
-equal to `pipeline encode`'s (documents) and to the Searcher's / `pipeline retrieve`'s (queries)."""
+equal to `pipeline encode`'s (documents, on Ray Data's encoder actors) and to the Searcher's / `pipeline
+retrieve`'s (queries). The training runs in this process (train.runner=local): the driver exports the model
+from the final checkpoint for either runner, and test_train's Ray Train export is loaded by transformers."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def test_trained_model_is_a_sentence_transformers_model(ray_session, tiny_model_
     job = load_train_config(None, [
         f"model.name_or_path={tiny_model_dir}", "model.pooling=mean", "model.normalize=true",
         "model.query_prefix='query: '", "model.query_max_length=32", "model.doc_max_length=64",
-        f"data.corpus={faq}", "train.num_workers=2", "train.cpus_per_worker=0.5", "train.batch_size=8",
+        f"data.corpus={faq}", "train.num_workers=1", "train.runner=local", "train.batch_size=8",
         f"train.storage_path={tmp_path / 'runs'}", "train.name=st", "train.max_steps=2", "optim.lr=1e-4"])
     model_dir = train(job, progress=False)["model"]
 
