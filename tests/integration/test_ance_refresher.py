@@ -162,7 +162,11 @@ def _failing_job(tiny_model_dir, faq, tmp_path, name, *extra):
         "train.max_steps=16", "train.report_every=2", "train.negatives_poll_every=2", f"train.storage_path={tmp_path}",
         f"train.name={name}", "optim.lr=1e-4", "ance.refresh_every=4", "ance.top_k=30", "ance.negatives=5",
         "ance.cpus=1", "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.factory=IVF4096,Flat",
-        "ance.refresh_retries=1", "ance.retry_backoff_s=0", "ance.max_missed_refreshes=2", *extra])
+        "ance.refresh_retries=1", "ance.retry_backoff_s=0", "ance.max_missed_refreshes=2",
+        # the trainer in this process beside the refresher actor: what these tests assert is the loop's
+        # reading of the refresher's state (its polls, the missed-refresh count, the report lines), the same
+        # for both runners; test_refresher_runs_beside_training_and_survives_a_kill trains on Ray Train
+        "train.runner=local", *extra])
 
 
 def test_a_refresher_that_always_fails_ends_the_run_with_its_error(ray_session, tiny_model_dir, faq, tmp_path):
@@ -212,7 +216,8 @@ def test_an_external_refresher_killed_mid_run_ends_the_run_with_one_line(ray_ses
         "train.max_steps=2000", "train.report_every=2", "train.negatives_poll_every=2", "train.step_sleep_s=0.1",
         f"train.storage_path={tmp_path}", "train.name=ext", "optim.lr=1e-4", "ance.refresh_every=4",
         "ance.top_k=30", "ance.negatives=5", "ance.precision=fp32", "ance.poll_seconds=0.2",
-        "ance.start_refresher=false", "ance.max_missed_refreshes=1000", "ance.heartbeat_timeout_s=4"])
+        "ance.start_refresher=false", "ance.max_missed_refreshes=1000", "ance.heartbeat_timeout_s=4",
+        "train.runner=local"])  # the heartbeat is read by the loop, whichever runner runs it
     config = tmp_path / "ext.yaml"
     config.write_text(dump_job(job))
     run_dir, versions = tmp_path / "ext", tmp_path / "ext" / "negatives"
