@@ -270,7 +270,11 @@ def test_ance_dar_with_a_dev_split_killed_and_resumed_through_the_cli(ray_sessio
             f"data.corpus={faq}", "validation.dev_split=0.2", "train.num_workers=1", "train.cpus_per_worker=1",
             "train.batch_size=8", "train.max_steps=8", "train.report_every=2", "train.negatives_poll_every=2",
             f"train.storage_path={tmp_path}", "train.name=ad", "ance.refresh_every=4", "ance.cpus=1",
-            "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.max_missed_refreshes=0", "loss.n_perturb=2"]
+            "ance.poll_seconds=0.2", "ance.precision=fp32", "ance.max_missed_refreshes=0", "loss.n_perturb=2",
+            # the trainer in this process (what is asserted is the recipe's resume, the same for both runners);
+            # ANCE on Ray Train's workers: test_refresher_runs_beside_training_and_survives_a_kill, test_jobs'
+            # ANCE job, and a Ray Train run killed right after a checkpoint: test_train
+            "train.runner=local"]
     with pytest.raises(Exception, match="simulated failure right after the checkpoint of step 4"):
         main(args + ["train.fail_after_checkpoint=4"])  # (a test-only knob: not a PipelineError)
     run = tmp_path / "ad"
