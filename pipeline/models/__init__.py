@@ -10,7 +10,19 @@ sentence-transformers directories that are also plain HF models.
     checkpoint.py the training checkpoint format; tiny.py: a tiny random BERT for tests
 """
 
-from .encoder import BiEncoder  # noqa: F401
-from .heads import POOLING_MODES  # noqa: F401
-from .loading import resolve_model_path  # noqa: F401
-from .st_layout import read_st_layout  # noqa: F401
+
+# imported on first use (PEP 562): a submodule without torch (precision.py's constants, which `pipeline index`
+# records) does not import torch and transformers with the package
+_LAZY = {"BiEncoder": "encoder", "POOLING_MODES": "heads", "resolve_model_path": "loading",
+         "read_st_layout": "st_layout"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

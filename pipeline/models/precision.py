@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -86,6 +88,8 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu", cpuinf
         raise ConfigError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
     if precision != "auto":
         return precision
+    import torch  # here, not at the top: `pipeline index` reads this module's constants without torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
