@@ -156,7 +156,8 @@ class TrainConfig(Section):
     # Who runs the loop: ray = Ray Train's TorchTrainer (any number of workers, GPUs, a cluster, Tune);
     # local = the one worker in this process, no Ray (start-up seconds shorter, checkpoints written in
     # place, a plain loop's speed on a small machine); auto = local for one worker when nothing asks for
-    # Ray (no ray.address / RAY_ADDRESS, Ray not running in this process, a local storage_path), else ray
+    # Ray (no ray.address / RAY_ADDRESS, Ray not running in this process, a local storage_path), else ray;
+    # a one-worker DPR/DAR/ARR Tune trial on one node trains in the trial's own process unless this is ray
     runner: Literal["auto", "ray", "local"] = "auto"
     step_sleep_s: NonNegFloat = 0.0               # testing: pause after each step (a slower trainer, for ANCE tests)
 

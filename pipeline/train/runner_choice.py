@@ -3,6 +3,7 @@ uploaded or reached over the network:
 
     resolve_runner   `train.runner`: ray or local (auto: local for one worker when nothing asks for Ray);
                      `local` with something that needs Ray is refused with the key that needs it
+    check_runner     the same refusal for a caller that chose the runner (a Tune trial: tune/drivers.py)
     check_device     what the run asks of the device: GPUs on a machine without one, fp16 (training or
                      validation) on CPU workers, bf16 on a CPU without it; returns the precision the
                      workers will train in where this machine decides it (part of the run's identity)
@@ -22,23 +23,41 @@ def _ray_running() -> bool:
     return ray_mod is not None and ray_mod.is_initialized()
 
 
+def needs_ray(job, connect: bool = True) -> list[str]:
+    """What in `job` only Ray Train can run (with `connect`, also a cluster to connect to)."""
+    tc = job.train
+    return [why for why, bad in (
+        (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
+        ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
+        ("data.streaming=ray-data", job.data.streaming == "ray-data"),
+        ("ray.address / RAY_ADDRESS (a cluster)", connect and bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
+        if bad]
+
+
+def check_runner(job, runner: str) -> str:
+    """A caller's own choice of runner (a Tune trial that trains in its own process, already inside Ray, so
+    a cluster's address asks for nothing): `local` with what only Ray Train runs is refused, naming it."""
+    if runner not in ("local", "ray"):
+        raise ValueError(f"runner {runner!r}: local or ray")
+    needs = needs_ray(job, connect=False) if runner == "local" else []
+    if needs:
+        raise ConfigError(f"the local runner trains one worker in this process; {', '.join(needs)} "
+                          "needs train.runner=ray")
+    return runner
+
+
 def resolve_runner(job) -> str:
     """`train.runner`: `ray` or `local` (auto: local for one worker when nothing asks for Ray)."""
     tc = job.train
     if tc.runner == "ray":
         return "ray"
-    needs_ray = [why for why, bad in (
-        (f"train.num_workers={tc.num_workers} (local runs one worker)", tc.num_workers != 1),
-        ("a storage URI as train.storage_path", is_uri(tc.storage_path)),
-        ("data.streaming=ray-data", job.data.streaming == "ray-data"),
-        ("ray.address / RAY_ADDRESS (a cluster)", bool(job.ray.address or os.environ.get("RAY_ADDRESS"))))
-        if bad]
+    needs = needs_ray(job)
     if tc.runner == "local":
-        if needs_ray:
-            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(needs_ray)} "
+        if needs:
+            raise ConfigError(f"train.runner=local trains one worker in this process; {', '.join(needs)} "
                               "needs train.runner=ray")
         return "local"
-    if needs_ray or _ray_running():
+    if needs or _ray_running():
         return "ray"  # several workers, a cluster, a Tune trial or a recipe that runs Ray (ANCE's refresher)
     return "local"
 

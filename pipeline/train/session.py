@@ -3,11 +3,12 @@
     RaySession    a worker of Ray Train's TorchTrainer (any number of workers, GPUs, a cluster, Tune):
                   its rank and world, device, restored checkpoint, DDP wrapping, reports and checkpoints
                   through `ray.train`
-    LocalSession  the one worker in the command's own process (train.runner=local): no Ray start, no
-                  controller, no worker process; checkpoints are written in place (a temporary folder in
-                  the run folder renamed to `step-XXXXXXXX`, the `keep_checkpoints` newest kept), so
-                  nothing is copied; on 2 cores it trains at a plain loop's speed (Ray's own processes
-                  otherwise share the cores: bench/train.py)
+    LocalSession  the one worker in the command's own process (train.runner=local, or a one-worker Tune
+                  trial: tune/drivers.trains_in_process): no Ray start, no controller, no worker process;
+                  checkpoints are written in place (a temporary folder in the run folder renamed to
+                  `step-XXXXXXXX`, the `keep_checkpoints` newest kept), so nothing is copied; on 2 cores it
+                  trains at a plain loop's speed (Ray's own processes otherwise share the cores:
+                  bench/train.py); each report also goes to the session's `reporters` (a Tune trial's)
 
 Both give the loop the same checkpoint format (models/checkpoint.py), the same resume and the same
 batches: the runner decides who runs the loop, never what it computes.
@@ -78,13 +79,31 @@ class RaySession:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(folder)), checkpoint_dir_name=name)
 
 
+def cpus_here() -> int:
+    """The CPUs the loop's threads may use in this process: inside a Ray task or actor (a Tune trial), the CPUs
+    Ray assigned it, rounded down as a Ray Train worker's `train.cpus_per_worker` is (at least 1); elsewhere
+    the CPUs this process may run on."""
+    import sys
+
+    ray_mod = sys.modules.get("ray")
+    if ray_mod is not None and ray_mod.is_initialized():
+        try:
+            assigned = ray_mod.get_runtime_context().get_assigned_resources().get("CPU")
+        except Exception:  # noqa: BLE001 - the driver of a Ray: no assignment
+            assigned = None
+        if assigned:
+            return max(1, int(assigned))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class LocalSession:
     """The loop in the command's own process: rank 0 of 1, checkpoints written in place. `last_written` is
-    the newest checkpoint this session wrote (None before the first): a retry resumes from it."""
+    the newest checkpoint this session wrote (None before the first): a retry resumes from it. `reporters`
+    (callables of the metrics) get every report once its checkpoint, if any, is in place."""
 
     local = True
 
-    def __init__(self, run_dir: Path, keep: int, use_gpu: bool = False):
+    def __init__(self, run_dir: Path, keep: int, use_gpu: bool = False, reporters: tuple = ()):
         import torch
 
         from ..errors import PipelineError
@@ -95,7 +114,8 @@ class LocalSession:
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self.run_dir, self.keep = Path(run_dir), keep
         self.last_written: Path | None = None
-        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.cpus = cpus_here()
+        self.reporters = tuple(reporters)
 
     def restored_checkpoint(self, run_loc):
         return None  # the driver names the checkpoint to resume from (loop_cfg["resume_from"])
@@ -123,9 +143,13 @@ class LocalSession:
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
         """A checkpoint becomes `run_dir/name` in one rename (complete: its state.json was written last),
-        then the oldest complete ones beyond `keep` go; the newest is never removed."""
-        if folder is None:
-            return
+        then the oldest complete ones beyond `keep` go; the newest is never removed; then the reporters."""
+        if folder is not None:
+            self._place(folder, name)
+        for report in self.reporters:
+            report(dict(metrics))
+
+    def _place(self, folder: Path, name: str) -> None:
         from ..models.checkpoint import list_checkpoints
 
         final = self.run_dir / name

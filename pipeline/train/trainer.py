@@ -22,6 +22,7 @@ import shutil
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +37,7 @@ from .config import TrainJobConfig, dump_job, job_to_dict
 from .identity import check_identity, check_resume_early, run_identity
 from .loop import train_loop_per_worker
 from .methods import get_method
-from .runner_choice import check_device, resolve_runner
+from .runner_choice import check_device, check_runner, resolve_runner
 
 DATA_TASK_CPUS = 0.1
 
@@ -258,12 +259,15 @@ def _examples_sink(name: str) -> Callable[[dict], None]:
 
 
 def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bool = True,
-          negatives_provider=None, callbacks: list | None = None) -> dict:
+          negatives_provider=None, callbacks: list | None = None, runner: str | None = None) -> dict:
     """Run (or resume) one training run; returns the summary written to <run_dir>/summary.json.
 
     `validate_fn(model) -> {"val_…": …}` and `negatives_provider` (see data/negatives.py) are
     handed down from above, so `train/` never imports `index/`. `callbacks` are Ray Train
-    callbacks for its RunConfig (e.g. Tune's `TuneReportCallback`). A run whose newest checkpoint
+    callbacks for its RunConfig (e.g. Tune's `TuneReportCallback`); with the local runner, callables of
+    (metrics, total steps) called with each report (a Tune trial training in its own process). `runner`
+    is the caller's choice of where the loop runs (`local`: a Tune trial's own process, tune/drivers.py),
+    else `train.runner` decides (runner_choice.resolve_runner). A run whose newest checkpoint
     already reached the last step is not started again: its summary and model are rebuilt (the
     summary keeps the wall time of the call that trained it).
     """
@@ -273,7 +277,7 @@ def train(job: TrainJobConfig, validate_fn: Callable | None = None, progress: bo
     t_entry = time.time()  # the wall-time split (start-up, training, validation, checkpoints, export) starts here
     # first: a refused runner or device leaves the storage path untouched (nothing written, uploaded or
     # asked of the network); `amp` is what the workers will train in where this machine decides it
-    runner = resolve_runner(job)
+    runner = resolve_runner(job) if runner is None else check_runner(job, runner)
     amp = check_device(job, runner)
     method = get_method(job.loss.name)
     if tc.grad_cache:
@@ -506,7 +510,7 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     n_examples = meta["examples"]
     if runner == "local":
         return _fit_local(job, method, validate_fn, negatives_provider, run_dir, meta, spe, total, identity, resume,
-                          progress, work)
+                          progress, work, callbacks)
     _start_ray(job)
     gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
     dc = job.data
@@ -598,11 +602,12 @@ class _Printer:
 
 
 def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, meta: dict, spe: int,
-               total: int, identity: dict, resume, progress: bool, work: Path) -> None:
+               total: int, identity: dict, resume, progress: bool, work: Path, callbacks: list | None = None) -> None:
     """train.runner=local: the loop in this process (train/session.LocalSession): no Ray, checkpoints written
     in place. A failure is retried up to train.max_failures times, as Ray's would, from the newest checkpoint
     the failed attempts wrote, else from the one the first attempt started from (`resume`, which may be a
-    train.resume path outside the run): never from the base model when the run did not start there."""
+    train.resume path outside the run): never from the base model when the run did not start there.
+    `callbacks` are called with each report and the run's total steps (a Tune trial's report)."""
     from .session import LocalSession, clean_stale
 
     tc = job.train
@@ -612,10 +617,14 @@ def _fit_local(job: TrainJobConfig, method, validate_fn, negatives_provider, run
     materialize = dc.materialize == "always" or (dc.materialize == "auto" and n <= dc.materialize_max_examples)
     if progress:
         print(f"[train] {tc.name}: {method.name}, {n:,} examples ({'held in memory' if materialize else 'read from files'}), "
-              f"1 worker in this process (train.runner=local, no Ray) x batch {tc.batch_size}, {spe} steps/epoch, "
+              f"1 worker in this process (no Ray Train) x batch {tc.batch_size}, {spe} steps/epoch, "
               f"{total} steps, {job.loss.similarity}/τ={job.loss.tau:g}" + _regularizers_text(tc, job)
               + (f", resuming from {resume.name}" if resume else ""), flush=True)
-    session = LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu)
+    for cb in callbacks or []:
+        if not callable(cb):
+            raise ConfigError(f"{type(cb).__name__} is a Ray Train callback: it needs train.runner=ray")
+    session = LocalSession(run_dir, tc.keep_checkpoints, tc.use_gpu,
+                           reporters=[partial(cb, total_steps=total) for cb in callbacks or []])
     loop_cfg = {"job": job_to_dict(job), "steps_per_epoch": spe, "total_steps": total, "examples": n,
                 "identity": identity, "run_dir": str(run_dir), "validate_fn": validate_fn,
                 "negatives_provider": negatives_provider, "resume_from": str(resume) if resume else None,

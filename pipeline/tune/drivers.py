@@ -7,6 +7,13 @@ to Tune, and the resources the trial holds while it runs.
     ance       ance, ance_dar      recipes/ance.run_ance: refresher + trainer           every report of the run
     rcl        rcl                 recipes/rcl.run_rcl: stages 0-3 in the trial         the final model's reports
 
+Where a trial trains (`trains_in_process`): a one-worker DPR/DAR/ARR trial (train.runner auto or
+local, local storage, no Ray Data streaming, one node) runs the training loop in the trial's own
+process (train/session.LocalSession), its reports going to Tune directly: no Train controller, no
+worker process, no second torch import per trial. Its placement group's first bundle then holds the
+worker's CPUs (and GPU) beside the driver's. Every other trial (several workers, train.runner=ray,
+an object-store output, a multi-node cluster, ANCE, RCL) runs a Ray Train run.
+
 Resources (Ray 2.60): a trial is a placement group, and every task or actor its driver starts
 without its own placement group is captured in it (`placement_group_capture_child_tasks`). Ray
 Train's workers get their own placement group, so a trial's group holds the driver bundle
@@ -21,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
+from ..storage import is_uri
 
 KINDS = ("train", "authorship", "ance", "rcl")
 
@@ -89,6 +97,7 @@ class Demand:
     cpus_per_worker: float
     gpus_per_worker: float
     encoder_cpus: float = 0.0      # RCL stage 2: the spine's Ray Data encoder actors (not in the group)
+    in_process: bool = False       # the trial trains in its own process: its worker is in bundle 0, workers=0
 
     @property
     def cpus(self) -> float:
@@ -158,9 +167,21 @@ def _probe_fallback(job) -> bool:
         return True
 
 
-def trial_demand(job, trial_cpus: float, cluster_cpus: float) -> Demand:
+def trains_in_process(job, multi_node: bool, storage: str | None = None) -> bool:
+    """Whether a trial of `job` trains in the trial's own process (the module's docstring): one worker of a
+    DPR/DAR/ARR run that asks nothing of Ray Train, on a one-node Ray (a trial's run folder on its own node
+    is then the driver's). `storage` is where the trials train (the sweep's `trials/`)."""
+    tc = job.train
+    return (kind_of(job) in ("train", "authorship") and tc.runner != "ray" and tc.num_workers == 1
+            and not is_uri(storage if storage is not None else tc.storage_path)
+            and job.data.streaming != "ray-data" and not multi_node)
+
+
+def trial_demand(job, trial_cpus: float, cluster_cpus: float, in_process: bool = False) -> Demand:
     tc = job.train
     gpw = tc.gpus_per_worker if tc.use_gpu else 0.0
+    if in_process:  # the worker's CPUs (and GPU) in the trial's own bundle
+        return Demand((_bundle(trial_cpus + tc.cpus_per_worker, gpw),), 0, tc.cpus_per_worker, gpw, in_process=True)
     bundles = [_bundle(trial_cpus)]
     workers, cpw, encoder = tc.num_workers, tc.cpus_per_worker, 0.0
     kind = kind_of(job)
@@ -222,9 +243,10 @@ def check_space(cfg, base) -> None:
 
 # --------------------------------------------------------------------------- running one trial
 
-def run_job(job, callbacks: list) -> dict:
+def run_job(job, callbacks: list, runner: str | None = None) -> dict:
     """Train `job` as `pipeline train` would (cli/training.cmd_train's dispatch), reporting to Tune through
-    `callbacks` (Ray Train callbacks: the runner's StepReport)."""
+    `callbacks` (Ray Train callbacks: the runner's StepReport; with `runner="local"`, a DPR/DAR/ARR trial
+    training in its own process: callables of each report, the runner's LocalStepReport)."""
     from ..index.validate import make_validator
     from ..train.dev_split import apply_dev_split
     from ..train.trainer import train
@@ -244,7 +266,7 @@ def run_job(job, callbacks: list) -> dict:
             return train(j, validate_fn=validate_fn, progress=progress, callbacks=list(callbacks) if final else None)
 
         return run_rcl(job, progress=False, train_fn=train_fn)
-    return train(job, validate_fn=make_validator(job), progress=False, callbacks=list(callbacks))
+    return train(job, validate_fn=make_validator(job), progress=False, callbacks=list(callbacks), runner=runner)
 
 
 def run_ance_trial(job, validate_fn, callbacks: list) -> dict:

@@ -4,7 +4,9 @@ Ray 2.60 (docs/RAY.md §4): Train V2 is the default and `Tuner(trainer)` fails, 
 small driver function (0.1 CPU by default) that applies the trial's values to the base training
 config and calls `pipeline.train.trainer.train` -- exactly `pipeline train` with those overrides --
 with Tune's `TuneReportCallback` on the Train run. The trainer's workers ask for their own
-resources. Each trial trains under `<output>/trials/<trial id>` with `train.resume=auto`, so a
+resources. A one-worker DPR/DAR/ARR trial on one node trains in the trial's own process instead
+(tune/drivers.trains_in_process), reporting to Tune from the loop (LocalStepReport): same steps,
+checkpoints, resume and reports, without a Train controller and worker process per trial. Each trial trains under `<output>/trials/<trial id>` with `train.resume=auto`, so a
 trial restored by `Tuner.restore` continues from its own checkpoints. ASHA's `time_attr` is the
 trainer's own `step` (restored trials restart Tune's `training_iteration`, and ASHA's rungs are
 not saved by `Tuner.restore`). The dashboard runs (bound to 127.0.0.1): without it, Train runs of
@@ -58,6 +60,17 @@ from ray import tune as _tune  # noqa: E402  (module-level classes: pickled into
 from ray.tune.integration.ray_train import TuneReportCallback as _TuneReportCallback  # noqa: E402
 
 
+def tune_metrics(metrics: dict, total) -> dict | None:
+    """What a run's report sends to Tune: the metrics with the run's total steps, or None for the run's last
+    report (its final step, or the step its validation hook stopped it at), which the trial sends itself once
+    the run has returned (StepReport, run_trial)."""
+    if total is None:
+        return metrics
+    if metrics.get("stopped_early") or ("step" in metrics and int(metrics["step"]) >= int(total)):
+        return None
+    return dict(metrics, total_steps=total)
+
+
 class StepReport(_TuneReportCallback):
     """Tune's report callback, plus the run's total steps (to tell early-stopped from complete).
 
@@ -69,12 +82,25 @@ class StepReport(_TuneReportCallback):
 
     def after_report(self, run_context, metrics, checkpoint):
         total = (getattr(run_context, "train_loop_config", None) or {}).get("total_steps")
-        if metrics and total is not None:
-            m = metrics[0]
-            if m.get("stopped_early") or ("step" in m and int(m["step"]) >= int(total)):
+        if metrics:
+            m = tune_metrics(metrics[0], total)
+            if m is None:
                 return
-            metrics = [dict(m, total_steps=total), *metrics[1:]]
+            metrics = [m, *metrics[1:]]
         super().after_report(run_context, metrics, checkpoint)
+
+
+class LocalStepReport:
+    """StepReport for a trial that trains in its own process (train/session.LocalSession calls it with each
+    report): the same metrics, the same held-back last report, sent to Tune from the loop's thread. Tune
+    keeps no checkpoint of such a trial: a restored trial resumes from its run folder (train.resume=auto)."""
+
+    def __call__(self, metrics: dict, total_steps: int) -> None:
+        from ray import tune
+
+        m = tune_metrics(metrics, total_steps)
+        if m is not None:
+            tune.report(m)
 
 
 def final_report(result: dict) -> dict | None:
@@ -111,7 +137,11 @@ def run_trial(config: dict, ctx: dict) -> None:
     setup_offline_env()
     trial_id = tune.get_context().get_trial_id()
     job = trial_job(ctx["base"], config, ctx["storage"], trial_id)
-    result = run_job(job, [StepReport()])  # as `pipeline train` dispatches it (ANCE, RCL, ARR: drivers.py)
+    # as `pipeline train` dispatches it (ANCE, RCL, ARR: drivers.py); a one-worker run in this process
+    if ctx.get("in_process"):  # the sweep's choice (trials_in_process), which its placement group holds
+        result = run_job(job, [LocalStepReport()], runner="local")
+    else:
+        result = run_job(job, [StepReport()])
     final = final_report(result or {})
     if final is not None:
         tune.report(final)  # the held-back last report (StepReport), now that the model is exported
@@ -227,35 +257,64 @@ def replay_asha(scheduler, events: list[dict], metric: str, mode: str) -> int:
 
 # --------------------------------------------------------------------------- resources
 
-def trial_demand(cfg: SweepConfig, base, cluster_cpus: float | None = None):
+def multi_node_ray() -> bool:
+    """The Ray this process is connected to has more than one live node."""
+    import ray
+
+    return ray.is_initialized() and len([n for n in ray.nodes() if n.get("Alive")]) > 1
+
+
+def _candidate_jobs(cfg: SweepConfig, base) -> list:
+    """The base job and the base with each candidate value of each searched key."""
+    jobs = [base]
+    for p in cfg.space:
+        for v in p.candidates():
+            jobs.append(load_job(set_key(cfg.base_data(), p.key, v), f"space.{p.key}"))
+    return jobs
+
+
+def trials_in_process(cfg: SweepConfig, base, storage: str | None = None, multi_node: bool | None = None) -> bool:
+    """Whether the sweep's trials train in their own processes (drivers.trains_in_process): all of them or
+    none, as every trial gets the same placement group. Each searched key's candidates are checked with the
+    base's other values; the rule is one condition per key, so every combination of them agrees."""
+    from .drivers import trains_in_process
+
+    if multi_node is None:
+        multi_node = multi_node_ray()
+    return all(trains_in_process(j, multi_node, storage) for j in _candidate_jobs(cfg, base))
+
+
+def trial_demand(cfg: SweepConfig, base, cluster_cpus: float | None = None, storage: str | None = None,
+                 multi_node: bool | None = None):
     """The hungriest trial's resources (drivers.Demand): its placement group's bundles (driver,
-    plus ANCE's refresher or RCL's regulator tasks) and its Train workers at their peak."""
+    plus ANCE's refresher or RCL's regulator tasks, or the worker of a trial that trains in its own
+    process) and its Train workers at their peak. `storage`: where the trials train (the sweep's
+    `trials/`); `multi_node`: the cluster has several nodes (None: ask the connected Ray)."""
     from .drivers import trial_demand as demand_of
 
     if cluster_cpus is None:
         from ..ray_runtime import cluster_resources
 
         cluster_cpus = cluster_resources()["CPU"]
-    jobs = [base]
-    for p in cfg.space:
-        for v in p.candidates():
-            jobs.append(load_job(set_key(cfg.base_data(), p.key, v), f"space.{p.key}"))
+    jobs = _candidate_jobs(cfg, base)
+    in_process = trials_in_process(cfg, base, storage, multi_node)
     best = None
     for j in jobs:
-        d = demand_of(j, cfg.search.trial_cpus, cluster_cpus)
+        d = demand_of(j, cfg.search.trial_cpus, cluster_cpus, in_process=in_process)
         if best is None or (d.cpus, d.gpus) > (best.cpus, best.gpus):
             best = d
     return best
 
 
 def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: dict | None = None,
-                     nodes: list | None = None) -> int:
+                     nodes: list | None = None, storage: str | None = None) -> int:
     """How many trials run at once: search.max_concurrent_trials, checked against the cluster,
     or (0) as many as fit. A shape Ray would wait on forever is a ResourceError."""
     from ..ray_runtime import check_resources, cluster_resources, node_resources
 
     res = resources or cluster_resources()
-    d = trial_demand(cfg, base, res["CPU"])
+    d = trial_demand(cfg, base, res["CPU"], storage=storage,
+                     multi_node=(len(nodes) > 1) if nodes is not None else (False if resources else None))
     cpu, gpu = d.cpus, d.gpus
     world, cpw, gpw = d.workers, d.cpus_per_worker, d.gpus_per_worker
     keep = 1.0 if base.data.materialize == "never" else 0.0  # streamed examples: Ray Data's read tasks
@@ -266,13 +325,18 @@ def plan_concurrency(cfg: SweepConfig, base, n_trials: int | None, resources: di
             n = min(n, math.floor(res["GPU"] / gpu + 1e-9))
         n = max(1, min(n, n_trials or n))
     side = "".join(f" + {_fmt_bundle(b)} {_side_name(base)}" for b in d.side())
-    what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver{side} + {world} worker(s) x "
-            f"{cpw:g} CPU{f' + {gpw:g} GPU' if gpw else ''})")
+    if d.in_process:
+        what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver + {cpw:g} CPU"
+                f"{f' + {gpw:g} GPU' if gpw else ''} training in the trial's own process)")
+    else:
+        what = (f"tune: {n} concurrent trial(s) x ({cfg.search.trial_cpus:g} CPU trial driver{side} + {world} "
+                f"worker(s) x {cpw:g} CPU{f' + {gpw:g} GPU' if gpw else ''})")
     nodes_ = nodes if nodes is not None else ([res] if resources else None)
     check_resources(what, n * cpu, n * gpu, keep, nodes=[res] if nodes is None and resources else nodes)
-    check_resources(what, n * world * cpw, n * world * gpw, count=n * world,
-                    nodes=nodes_ if nodes_ is not None else node_resources())
-    for b in d.side():  # each trial's side bundle must fit on a node too
+    if world:
+        check_resources(what, n * world * cpw, n * world * gpw, count=n * world,
+                        nodes=nodes_ if nodes_ is not None else node_resources())
+    for b in d.bundles if d.in_process else d.side():  # each trial's own or side bundle must fit on a node too
         check_resources(what, n * b.get("CPU", 0.0), n * b.get("GPU", 0.0), count=n,
                         nodes=nodes_ if nodes_ is not None else node_resources())
     return n
@@ -370,7 +434,7 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
     if not ray.is_initialized():
         init_ray(replace(base.ray, dashboard=True))  # Train inside Tune needs the dashboard (docs/RAY.md §4)
     n_trials = count_trials(cfg)
-    conc = plan_concurrency(cfg, base, n_trials)
+    conc = plan_concurrency(cfg, base, n_trials, storage=str(out.trials))
     s = cfg.search
     max_t = s.max_t or base.train.max_steps
     local = out.prepare(resume)  # the output itself, or the local staging folder of a URI's
@@ -380,10 +444,13 @@ def run_sweep(cfg: SweepConfig, resume: bool = False, print_fn=print) -> dict:
         out.upload("sweep.json")  # a URI holds the sweep before its first trial
     param_space, search_alg, scheduler = build_search(cfg, metric, mode, max_t)
     keep_credentials_out_of_runtime_envs()
-    ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": out.trials}
+    multi_node = multi_node_ray()
+    ctx = {"cwd": os.getcwd(), "base": cfg.base_data(), "storage": out.trials,
+           "in_process": trials_in_process(cfg, base, str(out.trials), multi_node)}
     from .drivers import placement
 
-    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx), placement(trial_demand(cfg, base)))
+    trainable = tune.with_resources(tune.with_parameters(run_trial, ctx=ctx),
+                                    placement(trial_demand(cfg, base, storage=str(out.trials), multi_node=multi_node)))
     events = local / "events.jsonl"
     progress = Progress(events, metric, [p.key for p in cfg.space], n_trials, print_fn,
                         sync=(lambda: out.sync_events(print_fn)) if out.remote else None)

@@ -141,7 +141,7 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
         for run in runs:
             run.end()
     print(f"\n[loopback] tune sweep: {watch.summary()}")
-    watch.assert_loopback_only("gcs_server", "RayTrainWorker")
+    watch.assert_loopback_only("gcs_server", "ImplicitFunc")  # the trials train in their own processes
     assert "ASHA's rungs refilled" in log2
     events = _events(out)
     later = events[len(first):]
@@ -200,14 +200,16 @@ def test_sweep_interrupted_resumed_early_stops_and_writes_outputs(tiny_model_dir
 
 
 def test_more_concurrent_trials_than_the_cluster_holds_is_refused_before_any_trial(tiny_model_dir, faq, tmp_path):
-    """3 concurrent trials x (0.1 CPU driver + 0.6 CPU worker) = 2.1 CPUs on a 2-CPU Ray: exit 2, nothing run."""
+    """3 concurrent trials x (0.1 CPU driver + 0.6 CPU training in the trial's process) = 2.1 CPUs on a 2-CPU
+    Ray: exit 2, nothing run."""
     out = tmp_path / "sweep"
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump(_sweep(tiny_model_dir, faq, out)))
     proc = _cli(sweep, "search.max_concurrent_trials=3", "train.cpus_per_worker=0.6")
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, log
-    assert "error: tune: 3 concurrent trial(s) x (0.1 CPU trial driver + 1 worker(s) x 0.6 CPU)" in log
+    assert "error: tune: 3 concurrent trial(s) x (0.1 CPU trial driver + 0.6 CPU training in the trial's own process)" \
+        in log
     assert "2.1 CPUs asked, the cluster has 2" in log and "Traceback" not in log
     assert not (out / "events.jsonl").exists() and not (out / "tune").exists()
 

@@ -374,3 +374,42 @@ def test_a_real_resume_with_another_lr_is_refused_and_a_new_run_from_its_checkpo
     with pytest.raises(PipelineError, match=r"train.init_from \(.*step-00000002 in the checkpoint, none now\)"):
         train(dpr_job(tiny_model_dir, faq, tmp_path, "next", "train.runner=local", "train.num_workers=1", "train.max_steps=2",
                       "optim.lr=1e-30"), progress=False)
+
+
+def test_a_caller_chosen_local_runner_refuses_what_only_ray_train_runs(tiny_model_dir, faq, tmp_path, monkeypatch):
+    """`train(runner="local")` (a Tune trial training in its own process, inside Ray already): a cluster's
+    address asks nothing of it, several workers or a Ray Train callback are refused before anything is written."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    with pytest.raises(ConfigError, match=r"the local runner .*train.num_workers=2 .*needs train.runner=ray"):
+        train(_job(tiny_model_dir, faq, storage, "train.num_workers=2"), progress=False, runner="local")
+    _untouched(storage)
+    assert runner_choice.check_runner(_job(tiny_model_dir, faq, storage, "ray.address=127.0.0.1:6379"),
+                                      "local") == "local"
+
+    class RayTrainCallback:  # (not callable: Ray Train's UserCallback)
+        def after_report(self, run_context, metrics, checkpoint):
+            pass
+
+    with pytest.raises(ConfigError, match="RayTrainCallback is a Ray Train callback: it needs train.runner=ray"):
+        train(_job(tiny_model_dir, faq, storage, "train.report_every=1"), progress=False, runner="local",
+              callbacks=[RayTrainCallback()])
+
+
+@pytest.mark.slow
+def test_the_local_runner_hands_every_report_to_its_callbacks_after_the_checkpoint(tiny_model_dir, faq, tmp_path):
+    """What a Tune trial training in its own process sends Tune: each report of the loop with the run's total
+    steps, a checkpointing report only once its `step-XXXXXXXX` is complete in the run folder."""
+    storage = tmp_path / "runs"
+    seen = []
+
+    def report(metrics, total_steps):
+        ckpt = storage / "run" / f"step-{int(metrics['step']):08d}"
+        seen.append((int(metrics["step"]), total_steps, (ckpt / "state.json").exists(), float(metrics["loss"])))
+
+    summary = train(_job(tiny_model_dir, faq, storage, "train.max_steps=4", "train.report_every=1",
+                         "train.checkpoint_every=2"), progress=False, runner="local", callbacks=[report])
+    assert [s[:2] for s in seen] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [s[2] for s in seen if s[0] % 2 == 0] == [True, True]
+    assert summary["steps"] == 4 and seen[-1][3] == pytest.approx(summary["final_metrics"]["loss"])

@@ -195,10 +195,11 @@ def test_trials_dispatch_as_pipeline_train(tmp_path, tiny_model_dir, monkeypatch
     import pipeline.train.trainer as trainer_mod
     import pipeline.tune.drivers as drivers
 
-    calls = []
+    calls, runners = [], []
 
-    def fake_train(job, validate_fn=None, progress=True, negatives_provider=None, callbacks=None):
+    def fake_train(job, validate_fn=None, progress=True, negatives_provider=None, callbacks=None, runner=None):
         calls.append((job.train.name, validate_fn, negatives_provider, callbacks))
+        runners.append(runner)
         return {"steps": 1}
 
     monkeypatch.setattr(trainer_mod, "train", fake_train)
@@ -207,9 +208,12 @@ def test_trials_dispatch_as_pipeline_train(tmp_path, tiny_model_dir, monkeypatch
     cb = object()
     arr = trial_job(ARR, {"loss.temperature": 0.1}, str(tmp_path), "arr_t")
     drivers.run_job(arr, [cb])
-    assert calls == [("arr_t", "validator of arr_cl", None, [cb])]
+    assert calls == [("arr_t", "validator of arr_cl", None, [cb])] and runners == [None]
+    drivers.run_job(arr, [cb], runner="local")  # a trial training in its own process says so
+    assert runners == [None, "local"]
 
     calls.clear()
+    runners.clear()
     seen = {}
 
     def fake_rcl(job, progress=True, train_fn=None, validator_fn=None):

@@ -123,6 +123,34 @@ def test_cli_overrides_split_between_sweep_and_training(tmp_path):
     assert (job.train.name, job.train.storage_path, job.train.resume) == ("abc_00001", "/tmp/sw/trials", "auto")
 
 
+def test_one_worker_trials_train_in_their_own_process_and_hold_its_cpus(tmp_path):
+    """A one-worker DAR sweep on one node, on local storage: each trial trains in its own process, so its
+    placement group's one bundle holds the driver's and the worker's CPUs, and the refusal names that
+    shape. Two workers, train.runner=ray, an object-store output or several nodes keep Ray Train runs."""
+    from pipeline.tune.drivers import placement
+    from pipeline.tune.runner import trial_demand, trials_in_process
+
+    cfg = sweep(tmp_path)
+    base = trial_job(cfg.base_data(), {}, "/tmp/s", "t")
+    assert trials_in_process(cfg, base, "/tmp/s/trials", multi_node=False)
+    d = trial_demand(cfg, base, 2.0, storage="/tmp/s/trials", multi_node=False)
+    assert d.in_process and d.workers == 0 and d.bundles == ({"CPU": pytest.approx(1.0)},)
+    assert placement(d).bundles == [{"CPU": pytest.approx(1.0)}]
+    cfg3 = sweep(tmp_path, search={"max_concurrent_trials": 3})
+    with pytest.raises(ResourceError, match=r"3 concurrent trial\(s\) x \(0.1 CPU trial driver \+ 0.9 CPU training "
+                                            r"in the trial's own process\).*3 CPUs asked, the cluster has 2"):
+        plan_concurrency(cfg3, base, 4, resources={"CPU": 2.0, "GPU": 0.0})
+    # what keeps the trials in Ray Train runs
+    assert not trials_in_process(cfg, base, "s3://bucket/sweep/trials", multi_node=False)
+    assert not trials_in_process(cfg, base, "/tmp/s/trials", multi_node=True)
+    ray_runner = sweep(tmp_path, base={**BASE, "train": {**BASE["train"], "runner": "ray"}})
+    assert not trials_in_process(ray_runner, trial_job(ray_runner.base_data(), {}, "/tmp/s", "t"), "/tmp/s/trials", False)
+    cfgw = sweep(tmp_path, space={"train.num_workers": {"grid": [1, 2]}})  # all trials or none: one placement group
+    assert not trials_in_process(cfgw, base, "/tmp/s/trials", multi_node=False)
+    dw = trial_demand(cfgw, base, 2.0, storage="/tmp/s/trials", multi_node=False)
+    assert not dw.in_process and dw.bundles == ({"CPU": 0.1},) and dw.workers == 2
+
+
 def test_base_file_relative_to_the_sweep_file(tmp_path):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
     cfg = sweep(tmp_path, base="base.yaml")
@@ -289,6 +317,23 @@ def test_last_report_is_held_back_until_the_run_returns():
     cb.after_report(ctx, [{"step": 2, "loss": 0.5, "stopped_early": 1.0}], None)  # the hook's stop
     assert [m["step"] for m in sent] == [1, 2, 3] and all(m["total_steps"] == 4 for m in sent)
 
+    # a trial training in its own process: the same reports, sent by the loop's session (LocalSession)
+    import ray.tune
+
+    from pipeline.tune.runner import LocalStepReport
+
+    local_sent = []
+    orig = ray.tune.report
+    ray.tune.report = lambda metrics, **kw: local_sent.append(metrics)
+    try:
+        report = LocalStepReport()
+        for m in ({"step": 1, "loss": 1.0}, {"step": 2, "loss": 1.0}, {"step": 3, "loss": 1.0},
+                  {"step": 4, "loss": 0.5}, {"step": 2, "loss": 0.5, "stopped_early": 1.0}):
+            report(m, total_steps=4)
+    finally:
+        ray.tune.report = orig
+    assert local_sent == sent
+
     summary = {"final_metrics": {"step": 4, "loss": 0.5, "val_metric": 0.7, "note": "x"}, "total_steps": 4}
     assert final_report(summary) == {"step": 4, "loss": 0.5, "val_metric": 0.7, "total_steps": 4}
     rcl = {"stages": {"final": {"final_metrics": {"step": 3, "loss": 0.2}, "total_steps": 6}}}
@@ -303,27 +348,31 @@ def test_trial_reports_its_runs_final_metrics_after_the_run_returns(monkeypatch,
     import ray.tune
 
     import pipeline.tune.drivers as drivers
-    from pipeline.tune.runner import StepReport, run_trial
+    from pipeline.tune.runner import LocalStepReport, StepReport, run_trial
 
     monkeypatch.setattr(StepReport, "__init__", lambda self: None)  # (needs a Tune session)
     monkeypatch.setattr(ray.tune, "get_context", lambda: type("C", (), {"get_trial_id": lambda self: "t0"})())
     reported, runs = [], []
     monkeypatch.setattr(ray.tune, "report", lambda metrics, **kw: reported.append(metrics))
 
-    def fake_run_job(job, callbacks):
-        runs.append((job.train.name, job.train.resume, job.loss.n_perturb, callbacks))
+    def fake_run_job(job, callbacks, runner=None):
+        runs.append((job.train.name, job.train.resume, job.loss.n_perturb, callbacks, runner))
         return {"final_metrics": {"step": 20, "loss": 0.3, "val_metric": 0.61},
                 "total_steps": 20}
 
     monkeypatch.setattr(drivers, "run_job", fake_run_job)
     cwd = os.getcwd()
+    ctx = {"cwd": str(tmp_path), "base": BASE, "storage": str(tmp_path / "trials")}
     try:
-        run_trial({"loss.n_perturb": 5}, {"cwd": str(tmp_path), "base": BASE, "storage": str(tmp_path / "trials")})
+        run_trial({"loss.n_perturb": 5}, ctx)
+        run_trial({"loss.n_perturb": 5}, {**ctx, "in_process": True})  # the sweep's trials train in their process
     finally:
         os.chdir(cwd)
-    name, resume, n, callbacks = runs[0]
-    assert (name, resume, n) == ("t0", "auto", 5) and isinstance(callbacks[0], StepReport)
-    assert reported == [{"step": 20, "loss": 0.3, "val_metric": 0.61, "total_steps": 20}]
+    name, resume, n, callbacks, runner = runs[0]
+    assert (name, resume, n, runner) == ("t0", "auto", 5, None) and isinstance(callbacks[0], StepReport)
+    name, resume, n, callbacks, runner = runs[1]
+    assert (name, resume, n, runner) == ("t0", "auto", 5, "local") and isinstance(callbacks[0], LocalStepReport)
+    assert reported == [{"step": 20, "loss": 0.3, "val_metric": 0.61, "total_steps": 20}] * 2
 
 
 @pytest.mark.parametrize("validation, rejected", [
