@@ -17,8 +17,9 @@ RCLSettings: entropy_lambdas, entropy_init, patience, eval_every, dev_batches, d
 initial_metric, final_select, pairs, sts_dev, encode.*), `loss.*` (losses/rcl.py), and the
 usual `train.*`, `optim.*`, `data.*`, `validation.*` of each stage's run.
 
-The entropy models run as separate Ray Train runs at the same time (one driver thread each,
-sharing the cluster's CPUs), each early-stopped when its dev loss has not improved for
+The initial and final models train alone: with train.runner=auto and one worker, in this process
+(`lone_stage_runner`), as `pipeline train` would. The entropy models run as separate Ray Train runs
+at the same time (one driver thread each, sharing the cluster's CPUs), each early-stopped when its dev loss has not improved for
 `rcl.patience` evaluations. A complete stage is reused on re-run; a killed run resumes from
 its newest checkpoint (the trainer resumes runs by name), and its early-stop state is kept in
 its run folder.
@@ -225,11 +226,22 @@ def stage_validator(validator_fn, job):
     return validator_fn(job)
 
 
-def _run(train_fn, job, validate_fn, progress: bool) -> dict:
-    """One Ray Train run to its end: its last step, or the step where its hook asked to stop
+def lone_stage_runner(job) -> str | None:
+    """Where a stage that trains one run alone (stage 0's initial model, stage 3's final model) trains:
+    `local` (in this process, as `pipeline train` trains one worker without Ray) where train.runner is
+    auto and nothing of the run asks for Ray Train (one worker, local storage, no Ray Data stream, no
+    cluster address), though stage 1 may have started a Ray in this process for its concurrent runs;
+    else None (train.runner decides: runner_choice.resolve_runner)."""
+    from ..train.runner_choice import needs_ray
+
+    return "local" if job.train.runner == "auto" and not needs_ray(job) else None
+
+
+def _run(train_fn, job, validate_fn, progress: bool, runner: str | None = None) -> dict:
+    """One training run to its end: its last step, or the step where its hook asked to stop
     (the trainer's early-stop hook; a stopped run counts as complete and is not trained again)."""
     run_dir = Path(job.train.storage_path).expanduser().resolve() / job.train.name
-    summary = train_fn(job, validate_fn=validate_fn, progress=progress)
+    summary = train_fn(job, validate_fn=validate_fn, progress=progress, **({"runner": runner} if runner else {}))
     rec = {"early_stopped": bool(summary.get("stopped_early")), "steps": summary["steps"],
            "wall_seconds": summary["wall_seconds"]}
     if rec["early_stopped"] and (run_dir / EARLY_STOP_FILE).exists():
@@ -362,7 +374,8 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
             if progress:
                 print(f"[rcl] stage 0: initial model (eq. 1, selected on dev {s.initial_metric})", flush=True)
             val = stage_validator(validator_fn, j0)
-            run = _run(train_fn, j0, SelectBest(root / "initial", val) if val is not None else None, progress)
+            run = _run(train_fn, j0, SelectBest(root / "initial", val) if val is not None else None, progress,
+                       lone_stage_runner(j0) if on_ray else None)
             chosen = _chosen_model(root / "initial")
             sel = root / "initial" / SELECT_STATE
             rec = stages.put("initial", inputs, {"model": str(chosen), **run,
@@ -469,7 +482,9 @@ def run_rcl(job, progress: bool = True, train_fn=None, validator_fn=None) -> dic
             print(f"[rcl] stage 3: final model from the base with {2 * len(tables)} regulators", flush=True)
         val = stage_validator(validator_fn, j3)
         select = s.final_select == "best" and val is not None
-        summary = train_fn(j3, validate_fn=SelectBest(root / "final", val) if select else val, progress=progress)
+        lone = lone_stage_runner(j3) if on_ray else None
+        summary = train_fn(j3, validate_fn=SelectBest(root / "final", val) if select else val, progress=progress,
+                           **({"runner": lone} if lone else {}))
         sel = root / "final" / SELECT_STATE
         rec = stages.put("final", inputs, {"model": str(_chosen_model(root / "final") if select else root / "final" / "model"),
                                            "steps": summary["steps"], "wall_seconds": summary["wall_seconds"],

@@ -21,6 +21,42 @@ from pipeline.train.config import load_train_config
 from pipeline.train.methods import StepContext, check_frozen, get_method
 from pipeline.train.methods.rcl import RegulatorTable, text_key
 
+def test_the_stages_that_train_alone_train_in_this_process(tmp_path, monkeypatch):
+    """With the trainer itself (no injected train_fn) and train.runner=auto: the initial and final models, each
+    trained alone, train in this process (runner "local"); the entropy models, side by side, as Ray Train runs
+    (the trainer's own choice: no runner given). train.runner=ray or several workers keep every stage on Ray."""
+    import pipeline.ray_runtime as ray_runtime
+    import pipeline.recipes.rcl as rcl
+    import pipeline.train.trainer as trainer
+
+    calls: dict[str, str | None] = {}
+
+    def fake_train(job, validate_fn=None, progress=True, runner=None):
+        calls[job.train.name] = runner
+        run = Path(job.train.storage_path) / job.train.name
+        (run / "model").mkdir(parents=True, exist_ok=True)
+        (run / "model" / "modules.json").write_text(json.dumps([job.train.name, job.loss.entropy_lambda]))
+        return {"steps": 1, "wall_seconds": 0.0}
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.setattr(ray_runtime, "init_ray", lambda *a, **k: None)  # (no Ray: the stages' runners are asserted)
+    monkeypatch.setattr(ray_runtime, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(rcl, "build_regulators",
+                        lambda models, job, ex, out, progress=True: [str(out / Path(p).parent.name) for p in models.values()])
+    monkeypatch.setattr(rcl, "dev_pairs", lambda job, limit=None: [("q", "d")])
+    monkeypatch.setattr(type(get_method("rcl")), "build_examples",
+                        lambda self, job, out, progress=True: {"digest": "x", "examples": 4})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for runner, workers, lone in (("auto", 1, "local"), ("ray", 1, None), ("auto", 2, None)):
+        calls.clear()
+        job = load_train_config(None, ["loss.name=rcl", f"train.storage_path={tmp_path}", f"train.name=r-{runner}-{workers}",
+                                       "rcl.entropy_lambdas=[0.01,0.02]", "rcl.entropy_init=initial", "rcl.eval_every=2",
+                                       "validation.corpus=unused", f"train.runner={runner}", f"train.num_workers={workers}",
+                                       "rcl.anisotropy_sentences=0"])
+        run_rcl(job, progress=False, validator_fn=lambda j: None)
+        assert calls == {"initial": lone, "entropy-0.01": None, "entropy-0.02": None, "final": lone}
+
+
 ROWS = [{"idx": i, "qid": f"q{i}", "query": f"question number {i} about python",
          "positive": f"answer {i}: the python documentation says {i * 7}", "negatives": []} for i in range(4)]
 
