@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -176,10 +177,9 @@ class ShardEncoder:
             self.model.load_weights()
         self.title_join, self.batch_size, self.dtype = title_join, batch_size, dtype
         self.out_dir = location(out_dir)  # a local path or a storage URI, resolved on this worker
-        self.node = None  # outside Ray (tests, plain use): no node id
-        import ray
-
-        if ray.is_initialized():  # get_runtime_context() would start a local Ray otherwise
+        self.node = None  # outside Ray (tests, plain use, encode.runner=local): no node id, and no Ray imported
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():  # get_runtime_context() would start a local Ray otherwise
             self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -493,7 +493,14 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
          spe: int, total: int, identity: dict, resume, progress: bool,
          callbacks: list | None = None, work: Path | None = None, *, runner: str) -> None:
     """Build the TorchTrainer (resources checked first) and run it to `total` steps (`runner` local: the
-    loop in this process instead)."""
+    loop in this process instead, with no Ray imported)."""
+    tc = job.train
+    work = work or run_dir
+    world, B = tc.num_workers, tc.batch_size
+    n_examples = meta["examples"]
+    if runner == "local":
+        return _fit_local(job, method, validate_fn, negatives_provider, run_dir, meta, spe, total, identity, resume,
+                          progress, work, callbacks)
     import ray
     from ray.data import ExecutionOptions
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -504,13 +511,6 @@ def _fit(job: TrainJobConfig, method, validate_fn, negatives_provider, run_dir, 
     from ..ray_runtime import check_resources
     from .process_group import NodeBoundTorchConfig
 
-    tc = job.train
-    work = work or run_dir
-    world, B = tc.num_workers, tc.batch_size
-    n_examples = meta["examples"]
-    if runner == "local":
-        return _fit_local(job, method, validate_fn, negatives_provider, run_dir, meta, spe, total, identity, resume,
-                          progress, work, callbacks)
     _start_ray(job)
     gpus = tc.gpus_per_worker if tc.use_gpu else 0.0
     dc = job.data

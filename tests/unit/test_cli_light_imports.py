@@ -75,3 +75,26 @@ def test_pipeline_index_builds_an_index_without_torch_transformers_or_ray(tmp_pa
                            tmp_path)
     assert rc == 0 and (tmp_path / "index" / "index.faiss").stat().st_size > 0, out  # it built the index
     assert loaded == [], f"pipeline index imported {loaded}"
+
+
+@pytest.mark.slow
+def test_the_in_process_runners_train_and_encode_without_ray_installed(tiny_model_dir, faq, tmp_path):
+    """`pipeline train` with one worker (train.runner auto: local) and `pipeline encode encode.runner=local` never
+    import Ray (1.5-2 s of each process's start-up on a 2-core AVX2 EPYC; and the GPU machine has none): with a `ray`
+    on the path that cannot be imported, both run to the end."""
+    import os
+
+    fake = tmp_path / "no-ray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('Ray is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "no-ray"), os.environ.get("PYTHONPATH", "")])}
+    for argv in (["train", f"data.corpus={faq}", f"model.name_or_path={tiny_model_dir}", "model.pooling=cls",
+                  f"train.storage_path={tmp_path / 'runs'}", "train.name=t", "train.max_steps=2", "train.batch_size=8",
+                  "train.eval_every=1", "validation.dev_split=0.1"],
+                 ["encode", "--corpus", str(faq), "--out", str(tmp_path / "emb"), "--model", str(tmp_path / "runs" / "t" / "model"),
+                  "encode.runner=local"]):
+        p = subprocess.run([sys.executable, "-c", SCRIPT, *argv], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=300, env=env)
+        assert "\nRC 0" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+        assert "ray" not in p.stdout.splitlines()[-1].split()[1:], p.stdout[-500:]
+    assert (tmp_path / "runs" / "t" / "summary.json").exists() and list((tmp_path / "emb").glob("shard-*.npy"))
