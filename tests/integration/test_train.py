@@ -179,7 +179,11 @@ class _SwitchingProvider:
         return self.inner.load(version)
 
 
-def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_dir, faq, tmp_path):
+def test_negatives_provider_versions_switch_and_resume(tiny_model_dir, faq, tmp_path):
+    """The trainer's side of a negatives provider (versions seen, loaded in the background, swapped in at a poll,
+    recorded per step and in the checkpoint a resume continues from), trained in this process (train.runner=local:
+    what is asserted is the loop's, not Ray Train's; the provider inside Ray Train workers, beside a live refresher
+    actor, is test_ance_refresher's)."""
     import pyarrow.parquet as pq
 
     from pipeline.data.negatives import publish_version
@@ -201,12 +205,7 @@ def test_negatives_provider_versions_switch_and_resume(ray_session, tiny_model_d
         publish_version(root, v, negs, {"checkpoint_step": 2 * v, "dev_metric": 0.1 * v})
     common = ("loss.name=dpr", "data.hard_negatives=1", f"data.negatives_run={run}", "train.max_steps=6", "train.checkpoint_every=2",
               "train.log_batches=true", "train.negatives_poll_every=2", "train.num_workers=1",
-              "train.cpus_per_worker=1", "train.keep_checkpoints=5")
-    import sys
-
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+              "train.cpus_per_worker=1", "train.keep_checkpoints=5", "train.runner=local")
     job = dpr_job(tiny_model_dir, faq, tmp_path, "ance_like", *common, "train.fail_after_checkpoint=4")
     with pytest.raises(Exception, match="simulated failure"):
         train(job, negatives_provider=_SwitchingProvider(root, faq), progress=False)
